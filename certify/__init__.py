@@ -1,0 +1,1 @@
+"""dgr-certify: the certification stage and the `dgr` command line."""

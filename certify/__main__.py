@@ -1,0 +1,3 @@
+from certify.cli import entry
+
+entry()

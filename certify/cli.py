@@ -1,0 +1,76 @@
+"""`dgr`: one thin subcommand per stage; logic lives in the stage packages.
+
+Every stage module named in COMMANDS exposes ``configure(parser)`` and ``run(args, ctx) -> int``.
+Those modules import their heavy dependencies inside ``run`` so that ``dgr --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from certify.context import Context
+from certify.errors import DgrError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fetch": ("fetch.cli", "fetch llama.cpp at the pinned commit into the workspace (verified)"),
+    "patch": ("patches.cli", "apply the numbered patch stack onto a copy of the pristine tree"),
+    "build": ("lanes.cli_build", "configure and build a lane (libllama + the shard worker)"),
+    "doctor": ("lanes.cli_doctor", "probe every lane's toolchain and print a table"),
+    "seal": ("fetch.cli_seal", "compute an artifact set's digests and write them into its manifest"),
+    "provision": ("fetch.cli_provision", "provision a recipe's artifact set into the store (resumable)"),
+    "certify": ("certify.cli_certify", "run the parity and speed gates and write a signed certificate"),
+    "verify": ("certify.cli_verify", "verify a certificate's signature, digests and HTML"),
+    "report": ("reports.cli", "rebuild the report index (lane x recipe matrix)"),
+    "matrix": ("certify.cli_matrix", "print the CI matrix (lane, recipe, runner labels) as JSON"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="dgr",
+        description="dgr-certify: build, provision and certify Distributed GGUF Runtime shard workers.",
+        epilog="exit codes: 0 ok, 2 usage/configuration, 3 integrity, 4 toolchain missing, "
+        "5 gate failed, 6 runtime failure",
+    )
+    top.add_argument("-v", "--verbose", action="store_true", help="log every command run")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            p.set_defaults(_unavailable=name)
+            continue
+        mod.configure(p)
+        p.set_defaults(_module=module)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
+    )
+    if getattr(args, "_unavailable", None):
+        print(f"dgr: {args._unavailable} is not available in this version", file=sys.stderr)
+        return 2
+    try:
+        ctx = Context.from_env()
+        return int(importlib.import_module(args._module).run(args, ctx) or 0)
+    except DgrError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dgr: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pinned data of the pipeline (pins, recipes, artifact sets, schemas, trusted keys) and its loader."""

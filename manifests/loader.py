@@ -1,0 +1,109 @@
+"""Load a manifest once, validate it against its JSON Schema (Draft 2020-12), then trust it.
+
+Unknown keys are rejected with the key named and the likely typo suggested, so a misspelt
+threshold can never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from certify.errors import ConfigurationError
+from certify.workspace import MANIFESTS
+
+SCHEMAS = MANIFESTS / "schemas"
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    path = SCHEMAS / f"{name}.schema.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(data)
+    return data
+
+
+def _pointer(path: typing.Iterable[Any]) -> str:
+    parts = [str(p) for p in path]
+    return "/" + "/".join(parts) if parts else "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = _pointer(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = list(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        notes = []
+        for key in extra:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            notes.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return f"at {where}: " + "; ".join(notes)
+    return f"at {where}: {error.message}"
+
+
+def validate(data: Any, schema_name: str, *, source: str) -> None:
+    validator = jsonschema.Draft202012Validator(schema(schema_name))
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        detail = "; ".join(_describe(e) for e in errors[:5])
+        more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise ConfigurationError(f"{source} is invalid: {detail}{more}")
+
+
+def load_json(path: Path, schema_name: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigurationError(f"manifest {path} does not exist") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
+    validate(data, schema_name, source=str(path))
+    return data
+
+
+def build(cls: type, data: dict[str, Any], *, where: str = "") -> Any:
+    """Turn validated JSON into a frozen keyword-only dataclass tree.
+
+    Nested dataclasses, tuples of dataclasses and mappings of dataclasses are converted by their
+    type hints; keys are matched on field names with '-' spelled '_'.
+    """
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in names:
+            close = difflib.get_close_matches(name, sorted(names), n=1)
+            tip = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigurationError(f"unknown key {where}/{key}{tip}")
+        kwargs[name] = _convert(hints[name], value, f"{where}/{key}")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return build(hint, value, where=where)
+    if origin is tuple and isinstance(value, list):
+        item = args[0] if args else Any
+        return tuple(_convert(item, v, f"{where}/{i}") for i, v in enumerate(value))
+    if origin in (dict, typing.Mapping) or str(origin).endswith("Mapping'>"):
+        item = args[1] if len(args) == 2 else Any
+        return types.MappingProxyType({k: _convert(item, v, f"{where}/{k}") for k, v in value.items()})
+    return value

@@ -1,0 +1,118 @@
+"""Nox sessions: each installs the project and calls one `dgr` subcommand; no logic lives here."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = False
+nox.options.sessions = ["tests"]
+
+LANES = ("cpu", "cuda", "rocm", "vulkan", "metal")
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    spec = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", spec)
+
+
+def _posargs(session: nox.Session) -> list[str]:
+    """Arguments after `--` belong to the session the user named, not to the ones it requires."""
+    requested = getattr(getattr(session, "_runner", None), "global_config", None)
+    named = getattr(requested, "sessions", None) or []
+    if named and session.name not in named:
+        return []
+    return list(session.posargs)
+
+
+@nox.session
+def fetch(session: nox.Session) -> None:
+    """Fetch llama.cpp at the pinned commit (git, else the package-index sdist mirror)."""
+    _install(session)
+    session.run("dgr", "fetch", *_posargs(session))
+
+
+@nox.session(requires=["fetch"])
+def patch(session: nox.Session) -> None:
+    """Apply patches/series onto a copy of the pristine tree."""
+    _install(session)
+    session.run("dgr", "patch", *_posargs(session))
+
+
+def _build_session(lane: str) -> None:
+    @nox.session(name=f"build-{lane}", requires=["patch"])
+    def build(session: nox.Session) -> None:
+        _install(session)
+        session.run("dgr", "build", "--lane", lane, *_posargs(session))
+
+    build.__doc__ = f"Build the {lane} lane: patched libllama + dgr-shard-worker."
+
+
+for _lane in LANES:
+    _build_session(_lane)
+
+
+@nox.session
+def provision(session: nox.Session) -> None:
+    """Provision a recipe's artifact set into the store (default: the embedded tiny model)."""
+    _install(session)
+    session.run("dgr", "provision", *_posargs(session))
+
+
+@nox.session(requires=["fetch"])
+def seal(session: nox.Session) -> None:
+    """Seal an artifact set: `nox -s seal -- --artifacts NAME --from DIR`."""
+    _install(session)
+    session.run("dgr", "seal", *_posargs(session))
+
+
+@nox.session(requires=["build-cpu", "provision"])
+def certify(session: nox.Session) -> None:
+    """Certify a recipe on a lane (default: the embedded tiny-llama recipe on the CPU lane)."""
+    _install(session)
+    session.run("dgr", "certify", *_posargs(session))
+
+
+@nox.session
+def verify(session: nox.Session) -> None:
+    """Verify a certificate: `nox -s verify -- PATH`."""
+    _install(session)
+    session.run("dgr", "verify", *_posargs(session))
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Rebuild the report index."""
+    _install(session)
+    session.run("dgr", "report", *_posargs(session))
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """Print the CI matrix as JSON."""
+    _install(session)
+    session.run("dgr", "matrix", *_posargs(session))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Fast unit tests first, then the slow integration suite (real build, real workers)."""
+    _install(session, "test")
+    args = _posargs(session)
+    session.run("pytest", "-m", "not slow", *args)
+    session.run("pytest", "-m", "slow", *args)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff over the project."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks that report figures (hashing, download, re-verify, decode speed)."""
+    _install(session, "test")
+    session.run("pytest", "tests/bench", "--benchmark-only", "-p", "no:cacheprovider", *_posargs(session))
