@@ -1,0 +1,394 @@
+"""The driver: run prompts through a placement's running stages and record what the gates need.
+
+The driver relays every seam itself: stage k's boundary tensor comes back to the driver and goes,
+byte for byte as the worker sent it, into stage k+1's request.  That is the same traffic a real
+multi-host pipeline has per seam, and it lets the trace keep each boundary for the parity gate.
+
+Public API (numpy only; the gate math lives in certify/gates.py):
+  * ``run_placement(stages, prompts, n_decode, capture=(), boundary_dtype="f32") -> Trace``
+    prefill + greedy decode per prompt: last-stage logits for every position, the boundary at every
+    seam, captured residuals, greedy tokens, timings.  Run it on the monolithic stage with
+    ``capture=<the cut layers>`` to get the reference residuals the staged boundaries are compared to.
+  * ``measure_speed(stages, prompt, n_decode, repetitions=5, warmup=1) -> SpeedSamples``
+  * ``route_change(stages, prompt, n_decode, switch_at, after=None) -> RouteChange``
+
+Positions: prompt positions are 0..P-1; decode step i feeds the token chosen at step i at position
+P+i.  With ``all_logits`` the trace holds P + n_decode - 1 logits rows (every position fed), else
+n_decode rows (the last prompt position and each decode step).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from certify.errors import ConfigurationError
+from worker.client import Forwarded, StageClient, StageFailed, StageInfo
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One pass of n_tokens positions through every stage."""
+
+    n_tokens: int
+    wall_seconds: float  # driver-side, first request sent to last reply decoded
+    stage_wall: tuple[float, ...]  # per stage: the client's round trip of its Forward
+    stage_compute: tuple[float, ...]  # per stage: the worker's own llama_decode time
+    seam_bytes: tuple[int, ...]  # per seam k (stage k -> k+1): boundary payload bytes
+    # Per seam k: stage k+1's round trip minus its compute, i.e. moving seam k's boundary in, plus
+    # stage k+1's reply out, plus gRPC overhead: what the seam costs beyond the work itself.
+    seam_seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptTrace:
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]  # the greedy continuation (n_decode tokens)
+    logit_positions: tuple[int, ...]  # the position each logits row belongs to
+    logits: np.ndarray  # [rows, n_vocab] float32
+    boundaries: dict[int, np.ndarray]  # cut layer -> [positions, width] float32, the seam's traffic
+    captures: dict[int, np.ndarray]  # layer -> [positions, width] float32, residual entering it
+    prefill: Step
+    decode: tuple[Step, ...]
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill.n_tokens / self.prefill.wall_seconds
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Decode steps per second (llama-bench's tg counts the same thing: one token per pass)."""
+        seconds = sum(s.wall_seconds for s in self.decode)
+        return len(self.decode) / seconds if seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace:
+    placement: tuple[tuple[int, int], ...]
+    cuts: tuple[int, ...]  # the first layer of every stage but the first
+    boundary_dtype: str
+    infos: tuple[StageInfo, ...]
+    prompts: tuple[PromptTrace, ...]
+
+    def stage_compute_seconds(self) -> tuple[float, ...]:
+        """Total worker compute per stage over every prompt, prefill and decode."""
+        total = np.zeros(len(self.placement))
+        for p in self.prompts:
+            for step in (p.prefill, *p.decode):
+                total += step.stage_compute
+        return tuple(float(v) for v in total)
+
+    def seam_bytes(self) -> tuple[int, ...]:
+        """Total boundary payload bytes per seam over every prompt."""
+        total = [0] * len(self.cuts)
+        for p in self.prompts:
+            for step in (p.prefill, *p.decode):
+                total = [a + b for a, b in zip(total, step.seam_bytes, strict=True)]
+        return tuple(total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedSamples:
+    """One value per timed repetition (warm-up runs excluded)."""
+
+    n_prompt: int
+    n_decode: int
+    prefill_tok_s: tuple[float, ...]
+    decode_tok_s: tuple[float, ...]
+    seam_seconds: tuple[tuple[float, ...], ...]  # [rep][seam]: median over that rep's decode steps
+    seam_bytes_per_token: tuple[int, ...]  # per seam, one decode token (the physical model)
+    stage_compute_per_token: tuple[tuple[float, ...], ...]  # [rep][stage]: median decode compute
+
+    @staticmethod
+    def median_iqr(values: Sequence[float]) -> tuple[float, float]:
+        q1, med, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
+        return float(med), float(q3 - q1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouteChange:
+    reference: tuple[int, ...]  # tokens of one uninterrupted session
+    switched: tuple[int, ...]  # tokens when the route epoch changes after ``switch_at`` tokens
+    switch_at: int
+    reprefill_tokens: int  # positions re-prefilled under the new epoch
+    cache_miss: str  # how the new epoch answered a request that assumed the old KV (status code)
+    epochs: tuple[int, int] = field(default=(1, 2))
+
+    @property
+    def identical(self) -> bool:
+        return self.reference == self.switched
+
+
+# Placement checks --------------------------------------------------------------------------------
+def describe(stages: Sequence[StageClient]) -> tuple[StageInfo, ...]:
+    """Info of every stage, checked to form one pipeline: contiguous ranges from 0 to n_layer, the
+    first stage first, the last stage last, one boundary width."""
+    if not stages:
+        raise ConfigurationError("a placement needs at least one stage")
+    infos = tuple(s.info() for s in stages)
+    expect = 0
+    for k, (stage, info) in enumerate(zip(stages, infos, strict=True)):
+        problems = []
+        if info.layer_begin != expect or info.layer_end <= info.layer_begin:
+            problems.append(f"owns {info.layer_begin}:{info.layer_end}, expected to start at {expect}")
+        if info.first_stage != (k == 0) or info.last_stage != (k == len(stages) - 1):
+            problems.append(f"says first={info.first_stage} last={info.last_stage} at position {k}")
+        if info.n_layer != infos[0].n_layer or info.boundary_width != infos[0].boundary_width:
+            problems.append("disagrees with stage 0 on n_layer or boundary width")
+        if problems:
+            raise stage.failure("WRONG_STAGE", "; ".join(problems))
+        expect = info.layer_end
+    if expect != infos[0].n_layer:
+        detail = f"the placement ends at layer {expect} of {infos[0].n_layer}"
+        raise stages[-1].failure("WRONG_STAGE", detail)
+    return infos
+
+
+def _session(tag: str) -> str:
+    return f"dgr-{tag}-{uuid.uuid4().hex[:12]}"
+
+
+# One pass ----------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class _Pass:
+    logits: np.ndarray
+    boundaries: list[np.ndarray]
+    captures: dict[int, np.ndarray]
+    step: Step
+
+
+def _forward_all(
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    session: str,
+    epoch: int,
+    positions: list[int],
+    tokens: list[int],
+    *,
+    boundary_dtype: str,
+    all_logits: bool,
+    capture: Sequence[int],
+    keep_boundaries: bool = True,
+) -> _Pass:
+    n = len(positions)
+    width = infos[0].boundary_width
+    replies: list[Forwarded] = []
+    boundaries: list[np.ndarray] = []
+    captures: dict[int, np.ndarray] = {}
+    started = time.perf_counter()
+    relay = None
+    for k, (stage, info) in enumerate(zip(stages, infos, strict=True)):
+        mine = [il for il in capture if info.layer_begin <= il < info.layer_end]
+        reply = stage.forward(
+            session, epoch, positions,
+            tokens=tokens if (k == 0 or info.needs_token_sideband) else (),
+            boundary=relay, boundary_dtype=boundary_dtype,
+            all_logits=all_logits, capture_layers=mine,
+        )
+        if sorted(reply.captures) != sorted(mine):
+            raise stage.failure("BAD_REPLY", f"asked to capture layers {mine}, got {sorted(reply.captures)}")
+        for il, arr in reply.captures.items():
+            if arr.shape != (n, width):
+                raise stage.failure("BAD_REPLY", f"capture of layer {il} has shape {list(arr.shape)}")
+            captures[il] = arr
+        if info.last_stage:
+            rows = n if all_logits else 1
+            if reply.logits is None or reply.logits.shape != (rows, info.n_vocab):
+                got = None if reply.logits is None else list(reply.logits.shape)
+                raise stage.failure("BAD_REPLY", f"logits {got}, expected [{rows}, {info.n_vocab}]")
+        else:
+            if reply.boundary is None or reply.boundary.shape != (n, width):
+                got = None if reply.boundary is None else list(reply.boundary.shape)
+                raise stage.failure("BAD_REPLY", f"boundary {got}, expected [{n}, {width}]")
+            if keep_boundaries:
+                boundaries.append(reply.boundary)
+            relay = reply.boundary_wire
+        replies.append(reply)
+    wall = time.perf_counter() - started
+    step = Step(
+        n_tokens=n,
+        wall_seconds=wall,
+        stage_wall=tuple(r.wall_seconds for r in replies),
+        stage_compute=tuple(r.compute_seconds for r in replies),
+        seam_bytes=tuple(r.boundary_bytes for r in replies[:-1]),
+        seam_seconds=tuple(max(0.0, r.wall_seconds - r.compute_seconds) for r in replies[1:]),
+    )
+    assert replies[-1].logits is not None
+    return _Pass(logits=replies[-1].logits, boundaries=boundaries, captures=captures, step=step)
+
+
+def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool) -> None:
+    for stage in stages:
+        try:
+            stage.reset(session)
+        except StageFailed:
+            if not quiet:
+                raise
+
+
+def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
+    small = min(i.n_ctx for i in infos)
+    if small and n_positions > small:
+        raise ConfigurationError(f"{n_positions} positions do not fit the workers' context of {small}",
+                                 hint="start the workers with a larger --ctx or shorten the prompts")
+
+
+def _greedy(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
+    session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
+    keep_boundaries: bool = True, start: int = 0,
+) -> tuple[list[int], list[_Pass]]:
+    """Prefill ``prompt`` at positions start.., then decode until n_decode tokens are chosen."""
+    if not prompt:
+        raise ConfigurationError("a prompt needs at least one token")
+    if n_decode < 1:
+        raise ConfigurationError("decode length must be at least 1")
+    kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries)
+    positions = list(range(start, start + len(prompt)))
+    passes = [_forward_all(stages, infos, session, epoch, positions, list(prompt),
+                           all_logits=all_logits, **kw)]
+    chosen = [int(np.argmax(passes[-1].logits[-1]))]
+    while len(chosen) < n_decode:
+        pos = start + len(prompt) + len(chosen) - 1
+        passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
+        chosen.append(int(np.argmax(passes[-1].logits[-1])))
+    return chosen, passes
+
+
+# Public API --------------------------------------------------------------------------------------
+def run_placement(
+    stages: Sequence[StageClient],
+    prompts: Sequence[Sequence[int]],
+    n_decode: int,
+    *,
+    capture: Sequence[int] = (),
+    boundary_dtype: str = "f32",
+    all_logits: bool = True,
+    epoch: int = 1,
+) -> Trace:
+    """Prefill then greedy-decode every prompt (one fresh session each, reset afterwards)."""
+    infos = describe(stages)
+    _check_fits(infos, max(len(p) for p in prompts) + n_decode)
+    wanted = sorted(set(int(il) for il in capture))
+    if any(not 0 <= il < infos[0].n_layer for il in wanted):
+        raise ConfigurationError(f"capture layers {wanted} fall outside 0:{infos[0].n_layer}")
+    traces = []
+    for i, prompt in enumerate(prompts):
+        session = _session(f"p{i}")
+        try:
+            tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
+                                     boundary_dtype=boundary_dtype, all_logits=all_logits, capture=wanted)
+        except BaseException:
+            _reset_all(stages, session, quiet=True)
+            raise
+        _reset_all(stages, session, quiet=False)
+        first = list(range(len(prompt))) if all_logits else [len(prompt) - 1]
+        traces.append(PromptTrace(
+            prompt=tuple(int(t) for t in prompt),
+            tokens=tuple(tokens),
+            logit_positions=tuple(first + [len(prompt) + j for j in range(n_decode - 1)]),
+            logits=np.concatenate([p.logits for p in passes]),
+            boundaries={
+                info.layer_begin: np.concatenate([p.boundaries[k] for p in passes])
+                for k, info in enumerate(infos[1:])
+            },
+            captures={il: np.concatenate([p.captures[il] for p in passes]) for il in wanted},
+            prefill=passes[0].step,
+            decode=tuple(p.step for p in passes[1:]),
+        ))
+    return Trace(
+        placement=tuple((i.layer_begin, i.layer_end) for i in infos),
+        cuts=tuple(i.layer_begin for i in infos[1:]),
+        boundary_dtype=boundary_dtype,
+        infos=infos,
+        prompts=tuple(traces),
+    )
+
+
+def measure_speed(
+    stages: Sequence[StageClient],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    repetitions: int = 5,
+    warmup: int = 1,
+    boundary_dtype: str = "f32",
+) -> SpeedSamples:
+    """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
+
+    Only the last logits row comes back (as in real serving), and boundaries are not kept.
+    """
+    if repetitions < 1 or n_decode < 2:
+        raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
+    infos = describe(stages)
+    _check_fits(infos, len(prompt) + n_decode)
+    runs = []
+    for r in range(warmup + repetitions):
+        session = _session(f"speed{r}")
+        try:
+            _, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
+                                boundary_dtype=boundary_dtype, all_logits=False, capture=(),
+                                keep_boundaries=False)
+        finally:
+            _reset_all(stages, session, quiet=True)
+        if r >= warmup:
+            runs.append(passes)
+    prefill, decode, seams, compute = [], [], [], []
+    for passes in runs:
+        steps = [p.step for p in passes[1:]]
+        prefill.append(passes[0].step.n_tokens / passes[0].step.wall_seconds)
+        decode.append(len(steps) / sum(s.wall_seconds for s in steps))
+        seams.append(tuple(float(np.median([s.seam_seconds[j] for s in steps]))
+                           for j in range(len(stages) - 1)))
+        compute.append(tuple(float(np.median([s.stage_compute[k] for s in steps]))
+                             for k in range(len(stages))))
+    return SpeedSamples(
+        n_prompt=len(prompt), n_decode=n_decode,
+        prefill_tok_s=tuple(prefill), decode_tok_s=tuple(decode), seam_seconds=tuple(seams),
+        seam_bytes_per_token=runs[-1][-1].step.seam_bytes, stage_compute_per_token=tuple(compute),
+    )
+
+
+def route_change(
+    stages: Sequence[StageClient],
+    prompt: Sequence[int],
+    n_decode: int,
+    switch_at: int,
+    *,
+    after: Sequence[StageClient] | None = None,
+    boundary_dtype: str = "f32",
+) -> RouteChange:
+    """Decode ``switch_at`` tokens under epoch 1, switch to epoch 2 (on ``after``, default the same
+    stages), re-prefill prompt + tokens so far, finish; compare with one uninterrupted session."""
+    if not 1 <= switch_at < n_decode:
+        raise ConfigurationError(f"switch_at must be within 1..{n_decode - 1}")
+    after = list(after) if after is not None else list(stages)
+    infos, infos_after = describe(stages), describe(after)
+    _check_fits(infos, len(prompt) + n_decode)
+    _check_fits(infos_after, len(prompt) + n_decode)
+    kw = dict(boundary_dtype=boundary_dtype, all_logits=False, capture=(), keep_boundaries=False)
+    ref_session, session = _session("ref"), _session("route")
+    try:
+        reference, _ = _greedy(stages, infos, prompt, n_decode, session=ref_session, epoch=1, **kw)
+        before, _ = _greedy(stages, infos, prompt, switch_at, session=session, epoch=1, **kw)
+        # The new epoch must not reuse the old KV: a request that continues it has to be refused.
+        try:
+            next_pos = len(prompt) + switch_at - 1
+            after[0].forward(session, 2, [next_pos], tokens=[before[-1]], boundary_dtype=boundary_dtype)
+            miss = "ACCEPTED"
+        except StageFailed as exc:
+            if exc.code == "DIED":
+                raise
+            miss = exc.code
+        history = list(prompt) + before
+        rest, _ = _greedy(after, infos_after, history, n_decode - switch_at, session=session, epoch=2, **kw)
+    finally:
+        for group in {id(stages): stages, id(after): after}.values():
+            _reset_all(group, ref_session, quiet=True)
+            _reset_all(group, session, quiet=True)
+    return RouteChange(reference=tuple(reference), switched=tuple(before + rest), switch_at=switch_at,
+                       reprefill_tokens=len(history), cache_miss=miss)

@@ -1,0 +1,182 @@
+"""A real gRPC server speaking worker/proto/shard.proto, in Python, for tests without a C++ build.
+
+Same command line as dgr-shard-worker.  ``--model`` names a JSON file describing a toy model
+({"n_layer", "n_embd", "n_vocab", "seed"}); each layer mixes the row with the running mean of the
+inputs it has seen at earlier positions (a stand-in for attention over a KV cache), so staged and
+monolithic runs agree only when positions, sessions and epochs are handled right.
+
+Faults (tests inject them through the environment, optionally for one stage by its first layer):
+  DGR_FAKE_FAULT=exit-at-start | no-listen | die-after-forwards:N | hang-forward | bad-shape
+                 | ignore-sigterm
+  DGR_FAKE_FAULT_BEGIN=<layer>   only the stage starting at that layer misbehaves
+  DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import numpy as np
+
+sys.path.insert(0, os.environ["DGR_STUBS_DIR"])
+
+import grpc  # noqa: E402
+from dgr_shard_pb import shard_pb2 as pb  # noqa: E402
+from dgr_shard_pb import shard_pb2_grpc as pbg  # noqa: E402
+
+
+class Toy:
+    def __init__(self, config: dict[str, int]) -> None:
+        self.n_layer, self.n_embd, self.n_vocab = config["n_layer"], config["n_embd"], config["n_vocab"]
+        rng = np.random.default_rng(config.get("seed", 0))
+        self.embed = rng.standard_normal((self.n_vocab, self.n_embd)).astype(np.float32)
+        self.w = (rng.standard_normal((self.n_layer, self.n_embd, self.n_embd)) * 0.3).astype(np.float32)
+
+    def layer(self, il: int, x: np.ndarray, kv: list[np.ndarray]) -> np.ndarray:
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            kv.append(x[i].copy())
+            ctx = np.mean(np.stack(kv), axis=0, dtype=np.float32)
+            out[i] = x[i] + np.tanh(x[i] @ self.w[il]) + np.float32(0.5) * ctx
+        return out
+
+
+class Servicer(pbg.ShardWorkerServicer):
+    def __init__(self, toy: Toy, begin: int, end: int, args: argparse.Namespace, fault: str) -> None:
+        self.toy, self.begin, self.end, self.args, self.fault = toy, begin, end, args, fault
+        self.sessions: dict[str, tuple[int, dict[int, list[np.ndarray]], int]] = {}  # id -> (epoch, kv, n)
+        self.forwards = 0
+        self.lock = threading.Lock()
+
+    def Health(self, request, context):
+        return pb.HealthReply(serving=True, status="ok")
+
+    def Info(self, request, context):
+        t = self.toy
+        return pb.InfoReply(
+            worker_version="fake-0", llama_commit="0" * 40, lane=self.args.lane or "cpu",
+            backend_devices="numpy", model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
+            layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
+            last_stage=self.end == t.n_layer, n_embd=t.n_embd, boundary_width=t.n_embd,
+            n_vocab=t.n_vocab, n_ctx=self.args.ctx, n_threads=self.args.threads,
+            memory=pb.MemoryAccount(
+                weight_bytes=(self.end - self.begin) * t.w[0].nbytes
+                + (t.embed.nbytes if self.begin == 0 else 0)
+                + (t.embed.nbytes if self.end == t.n_layer else 0),
+                kv_bytes=(self.end - self.begin) * self.args.ctx * t.n_embd * 4,
+                has_token_embedding=self.begin == 0, has_output_head=self.end == t.n_layer,
+            ),
+        )
+
+    def Reset(self, request, context):
+        with self.lock:
+            return pb.ResetReply(existed=self.sessions.pop(request.session_id, None) is not None)
+
+    def Tokenize(self, request, context):
+        return pb.TokenizeReply(tokens=[(b % self.toy.n_vocab) for b in request.text.encode()])
+
+    def Detokenize(self, request, context):
+        return pb.DetokenizeReply(text="".join(chr(97 + t % 26) for t in request.tokens))
+
+    def Forward(self, request, context):
+        with self.lock:
+            return self._forward(request, context)
+
+    def _forward(self, request, context):
+        t0 = time.perf_counter()
+        self.forwards += 1
+        if self.fault.startswith("die-after-forwards:") and self.forwards > int(self.fault.split(":")[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "hang-forward":
+            time.sleep(3600)
+        positions = list(request.positions)
+        n = len(positions)
+        epoch, kv, used = self.sessions.get(request.session_id, (request.epoch, {}, 0))
+        if request.session_id in self.sessions and epoch != request.epoch:
+            epoch, kv, used = request.epoch, {}, 0  # a new route epoch is a cache miss
+        if request.session_id not in self.sessions and positions and positions[0] != 0:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
+        if positions != list(range(used, used + n)):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"positions {positions[:3]}... do not continue the KV at {used}")
+        if self.begin == 0:
+            if len(request.tokens) != n:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first stage needs one token per position")
+            x = self.toy.embed[np.asarray(request.tokens) % self.toy.n_vocab]
+        else:
+            shape = list(request.boundary.shape)
+            if shape != [n, self.toy.n_embd]:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"boundary shape {shape}, expected [{n}, {self.toy.n_embd}]")
+            dt = "<f2" if request.boundary.dtype == pb.F16 else "<f4"
+            x = np.frombuffer(request.boundary.data, dtype=dt).reshape(shape).astype(np.float32)
+        captures = []
+        for il in range(self.begin, self.end):
+            if il in request.capture_layers:
+                captures.append(pb.LayerCapture(layer=il, residual=_tensor(x, pb.F32)))
+            x = self.toy.layer(il, x, kv.setdefault(il, []))
+        self.sessions[request.session_id] = (epoch, kv, used + n)
+        reply = pb.ForwardReply(captures=captures, kv_used=used + n)
+        if self.end == self.toy.n_layer:
+            rows = x if request.all_logits else x[-1:]
+            reply.logits.CopyFrom(_tensor(rows @ self.toy.embed.T, pb.F32))
+        else:
+            reply.boundary.CopyFrom(_tensor(x, request.boundary_dtype or pb.F32))
+        if self.fault == "bad-shape":
+            target = reply.logits if self.end == self.toy.n_layer else reply.boundary
+            target.shape[0] += 1
+        reply.compute_seconds = time.perf_counter() - t0
+        return reply
+
+
+def _tensor(x: np.ndarray, dtype: int) -> pb.Tensor:
+    np_dtype = "<f2" if dtype == pb.F16 else "<f4"
+    return pb.Tensor(dtype=dtype, shape=list(x.shape), data=np.ascontiguousarray(x, dtype=np_dtype).tobytes())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--layers", required=True)
+    ap.add_argument("--listen", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--max-sessions", type=int, default=4)
+    ap.add_argument("--identity")
+    ap.add_argument("--lane")
+    args = ap.parse_args()
+    begin, end = (int(v) for v in args.layers.split(":"))
+    fault = os.environ.get("DGR_FAKE_FAULT", "")
+    only = os.environ.get("DGR_FAKE_FAULT_BEGIN")
+    if only is not None and int(only) != begin:
+        fault = ""
+    if fault == "exit-at-start":
+        print("fake worker: refusing to start", file=sys.stderr)
+        sys.exit(3)
+    if fault == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(args.model, encoding="utf-8") as fh:
+        toy = Toy(json.load(fh))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pbg.add_ShardWorkerServicer_to_server(Servicer(toy, begin, end, args, fault), server)
+    port = server.add_insecure_port(args.listen)
+    server.start()
+    if fault != "no-listen":
+        print(f"DGR-WORKER-LISTENING 127.0.0.1:{port}", flush=True)
+    stop = threading.Event()
+    if fault != "ignore-sigterm":
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.1):
+        pass
+    server.stop(grace=0.5).wait()
+
+
+if __name__ == "__main__":
+    main()

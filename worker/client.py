@@ -1,0 +1,264 @@
+"""A typed client for one shard worker (one pipeline stage): numpy arrays in and out, deadlines on
+every call, and gRPC errors turned into ``StageFailed`` ("stage K (layers a:b) failed: ...").
+
+The client never interprets the model; it checks only what the wire promises (a tensor's bytes match
+its dtype and shape), so a worker answering with a malformed tensor fails here with the stage named
+(RELIABILITY 20) instead of as a numpy error three frames later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import grpc
+import numpy as np
+
+from certify.errors import RuntimeFailure
+
+# Logits of a long prompt over a large vocabulary exceed gRPC's 4 MiB default by far.
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+
+
+class StageFailed(RuntimeFailure):
+    """A stage's call failed; ``code`` is the gRPC status name (or ``DIED`` / ``BAD_REPLY``)."""
+
+    def __init__(self, stage: int, layers: tuple[int, int], code: str, detail: str) -> None:
+        self.stage = stage
+        self.layers = layers
+        self.code = code
+        self.detail = detail
+        super().__init__(
+            f"stage {stage} (layers {layers[0]}:{layers[1]}) failed: {code}: {detail}",
+            hint="the worker's stderr is kept in the run's evidence folder",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    weight_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    has_token_embedding: bool
+    has_output_head: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageInfo:
+    worker_version: str
+    llama_commit: str
+    lane: str
+    backend_devices: str
+    model_path: str
+    architecture: str
+    n_layer: int
+    layer_begin: int
+    layer_end: int
+    first_stage: bool
+    last_stage: bool
+    n_embd: int
+    boundary_width: int
+    needs_token_sideband: bool
+    n_vocab: int
+    n_ctx: int
+    n_threads: int
+    memory: Memory
+    identity_json: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Forwarded:
+    """One Forward call's answer, decoded.
+
+    ``boundary_wire`` is the tensor exactly as the worker sent it; the driver relays it unchanged to
+    the next stage so an f16 seam is not re-encoded.  ``boundary`` is the same data as float32.
+    """
+
+    boundary: np.ndarray | None
+    boundary_wire: object | None  # the pb2 Tensor
+    boundary_bytes: int  # payload bytes of the boundary on the wire (0 on the last stage)
+    logits: np.ndarray | None
+    captures: dict[int, np.ndarray] = field(default_factory=dict)
+    compute_seconds: float
+    kv_used: int
+    wall_seconds: float  # client-side round trip of the call
+    request_bytes: int
+    reply_bytes: int
+
+
+def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
+    """A pb2 Tensor as a float32 numpy array; ValueError naming ``what`` when bytes and shape disagree."""
+    dtype_name = {1: "f32", 2: "f16"}.get(int(tensor.dtype))
+    if dtype_name is None:
+        raise ValueError(f"{what} has unknown dtype {int(tensor.dtype)}")
+    shape = tuple(int(d) for d in tensor.shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{what} has a negative dimension in shape {list(shape)}")
+    dtype = DTYPES[dtype_name]
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    data = tensor.data
+    if len(data) != expected:
+        raise ValueError(
+            f"{what} is {dtype_name} {list(shape)} ({expected} bytes) but carries {len(data)} bytes"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(np.float32)
+
+
+class StageClient:
+    """Calls to one worker.  ``stage`` and ``layers`` only label errors; ``Info`` says the truth.
+
+    ``liveness`` (set by the launcher) returns a description of how the worker process ended, or None
+    while it runs, so a dropped connection is reported as "worker died (SIGKILL)" rather than a bare
+    UNAVAILABLE.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        pb2: ModuleType,
+        pb2_grpc: ModuleType,
+        *,
+        stage: int,
+        layers: tuple[int, int],
+        deadline: float = 120.0,
+        liveness: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.address = address
+        self.stage = stage
+        self.layers = layers
+        self.deadline = deadline
+        self._pb2 = pb2
+        self._liveness = liveness
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = pb2_grpc.ShardWorkerStub(self._channel)
+
+    # Plumbing ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> StageClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def failure(self, code: str, detail: str) -> StageFailed:
+        return StageFailed(self.stage, self.layers, code, detail)
+
+    def _call(self, name: str, request: object, deadline: float | None) -> object:
+        try:
+            return getattr(self._stub, name)(request, timeout=self.deadline if deadline is None else deadline)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            died = self._liveness() if self._liveness else None
+            if died is None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
+                died = self._liveness() if self._liveness else None
+            if died is not None:
+                raise self.failure("DIED", f"worker {died} during {name} ({detail})") from None
+            status = code.name if code is not None else "UNKNOWN"
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                detail = f"{name} got no reply within {self.deadline if deadline is None else deadline:.1f} s"
+            raise self.failure(status, f"{name}: {detail}") from None
+
+    # RPCs -------------------------------------------------------------------------------------
+    def health(self, *, deadline: float | None = 5.0) -> tuple[bool, str]:
+        reply = self._call("Health", self._pb2.HealthRequest(), deadline)
+        return bool(reply.serving), str(reply.status)
+
+    def info(self, *, deadline: float | None = 30.0) -> StageInfo:
+        r = self._call("Info", self._pb2.InfoRequest(), deadline)
+        m = r.memory
+        return StageInfo(
+            worker_version=r.worker_version, llama_commit=r.llama_commit, lane=r.lane,
+            backend_devices=r.backend_devices, model_path=r.model_path,
+            architecture=r.architecture, n_layer=r.n_layer, layer_begin=r.layer_begin,
+            layer_end=r.layer_end, first_stage=r.first_stage, last_stage=r.last_stage,
+            n_embd=r.n_embd, boundary_width=r.boundary_width,
+            needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
+            n_threads=r.n_threads, identity_json=r.identity_json,
+            memory=Memory(
+                weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
+                has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,
+            ),
+        )
+
+    def reset(self, session_id: str, *, deadline: float | None = 30.0) -> bool:
+        reply = self._call("Reset", self._pb2.ResetRequest(session_id=session_id), deadline)
+        return bool(reply.existed)
+
+    def tokenize(self, text: str, *, add_special: bool = True, deadline: float | None = 30.0) -> list[int]:
+        request = self._pb2.TokenizeRequest(text=text, add_special=add_special)
+        reply = self._call("Tokenize", request, deadline)
+        return list(reply.tokens)
+
+    def detokenize(self, tokens: Sequence[int], *, deadline: float | None = 30.0) -> str:
+        reply = self._call("Detokenize", self._pb2.DetokenizeRequest(tokens=list(tokens)), deadline)
+        return str(reply.text)
+
+    def tensor(self, array: np.ndarray, dtype: str = "f32") -> object:
+        """Encode a 2-D float array for the wire (row-major, little-endian)."""
+        arr = np.ascontiguousarray(np.asarray(array, dtype=DTYPES[dtype]))
+        code = self._pb2.DType.Value(dtype.upper())
+        return self._pb2.Tensor(dtype=code, shape=list(arr.shape), data=arr.tobytes())
+
+    def forward(
+        self,
+        session_id: str,
+        epoch: int,
+        positions: Sequence[int],
+        *,
+        tokens: Sequence[int] = (),
+        boundary: np.ndarray | object | None = None,
+        boundary_dtype: str = "f32",
+        all_logits: bool = False,
+        capture_layers: Sequence[int] = (),
+        deadline: float | None = None,
+    ) -> Forwarded:
+        """Run ``positions`` through this stage.
+
+        ``boundary`` is a numpy array (encoded as f32) or a pb2 Tensor relayed from the previous stage.
+        ``boundary_dtype`` asks a non-last stage for f16 or f32 output.
+        """
+        if isinstance(boundary, np.ndarray):
+            boundary = self.tensor(boundary, "f32")
+        request = self._pb2.ForwardRequest(
+            session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
+            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
+            capture_layers=list(capture_layers),
+        )
+        if boundary is not None:
+            request.boundary.CopyFrom(boundary)
+        started = time.perf_counter()
+        reply = self._call("Forward", request, deadline)
+        wall = time.perf_counter() - started
+        try:
+            out = decode_tensor(reply.boundary, what="boundary") if reply.HasField("boundary") else None
+            logits = decode_tensor(reply.logits, what="logits") if reply.HasField("logits") else None
+            captures = {
+                int(c.layer): decode_tensor(c.residual, what=f"capture of layer {c.layer}")
+                for c in reply.captures
+            }
+        except ValueError as exc:
+            raise self.failure("BAD_REPLY", f"Forward answered with {exc}") from None
+        return Forwarded(
+            boundary=out,
+            boundary_wire=reply.boundary if out is not None else None,
+            boundary_bytes=len(reply.boundary.data) if out is not None else 0,
+            logits=logits,
+            captures=captures,
+            compute_seconds=float(reply.compute_seconds),
+            kv_used=int(reply.kv_used),
+            wall_seconds=wall,
+            request_bytes=request.ByteSize(),
+            reply_bytes=reply.ByteSize(),
+        )

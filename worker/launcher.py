@@ -1,0 +1,291 @@
+"""Start one shard worker per stage of a placement on loopback, and always stop them.
+
+A placement is a list of contiguous layer ranges ``[(0, 4), (4, 12)]``.  Each stage runs
+``<worker> --model M --layers b:e --listen 127.0.0.1:0 --threads T ...``; the worker picks a free port
+and announces it with one stdout line ``DGR-WORKER-LISTENING host:port``.  The launcher waits for that
+line and for Health, with a deadline, and keeps every worker's stdout and stderr in the run's evidence
+folder.  ``launch`` is a context manager: on any exit (an exception, KeyboardInterrupt, a gate failure)
+every worker gets SIGTERM, then SIGKILL after a grace period.
+
+Long-running workers are the one place where we do not use ``certify.proc.run`` (which runs a command
+to completion); the program is still resolved through ``proc.resolve`` so a missing binary fails early.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from certify import proc
+from certify.canonical import write_json
+from certify.errors import ConfigurationError
+from worker.client import StageClient, StageFailed
+from worker.stubs import Stubs
+
+log = logging.getLogger("dgr.launcher")
+
+LISTENING = re.compile(r"^DGR-WORKER-LISTENING (\S+):(\d+)\s*$", re.MULTILINE)
+POLL_SECONDS = 0.02
+
+# Every worker we ever started and have not yet reaped: the last line of defence is an atexit hook,
+# for callers that bypass the context manager or a process that exits without unwinding.
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+def _kill_leftovers() -> None:
+    for p in list(_LIVE):
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _LIVE.discard(p)
+
+
+atexit.register(_kill_leftovers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerCommand:
+    """How to start a worker; ``program`` is the binary (or an interpreter plus a script, in tests)."""
+
+    program: tuple[str, ...]
+    model: Path
+    threads: int = 2
+    ctx_size: int | None = None
+    max_sessions: int | None = None
+    identity: Path | None = None
+    lane: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def argv(self, layers: tuple[int, int]) -> list[str]:
+        args = [*self.program, "--model", os.fspath(self.model), "--layers", f"{layers[0]}:{layers[1]}",
+                "--listen", "127.0.0.1:0", "--threads", str(self.threads)]
+        if self.ctx_size is not None:
+            args += ["--ctx", str(self.ctx_size)]
+        if self.max_sessions is not None:
+            args += ["--max-sessions", str(self.max_sessions)]
+        if self.identity is not None:
+            args += ["--identity", os.fspath(self.identity)]
+        if self.lane is not None:
+            args += ["--lane", self.lane]
+        return args + list(self.extra)
+
+
+def check_placement(placement: Sequence[tuple[int, int]], n_layer: int | None = None) -> None:
+    """A placement covers [0, n_layer) with contiguous, non-empty ranges, in order."""
+    if not placement:
+        raise ConfigurationError("a placement needs at least one stage")
+    expect = 0
+    for k, (begin, end) in enumerate(placement):
+        if begin != expect or end <= begin:
+            raise ConfigurationError(
+                f"placement {list(map(list, placement))}: stage {k} is {begin}:{end}, "
+                f"expected it to start at {expect} and own at least one layer"
+            )
+        expect = end
+    if n_layer is not None and expect != n_layer:
+        raise ConfigurationError(f"placement ends at layer {expect} but the model has {n_layer} layers")
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_bytes()[-8192:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+
+
+@dataclass(kw_only=True, eq=False)
+class Stage:
+    """One running worker."""
+
+    index: int
+    layers: tuple[int, int]
+    argv: list[str]
+    process: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+    address: str | None = None
+    client: StageClient | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_description(self) -> str | None:
+        """None while the worker runs; how it ended (with its last stderr lines) once it has."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        tail = _tail(self.stderr_path)
+        return _describe_exit(code) + (f"; stderr: {tail}" if tail else "")
+
+    def failure(self, code: str, detail: str) -> StageFailed:
+        return StageFailed(self.index, self.layers, code, detail)
+
+
+class Pipeline:
+    """The running stages of one placement, in order."""
+
+    def __init__(self, stages: list[Stage], evidence: Path) -> None:
+        self.stages = stages
+        self.evidence = evidence
+
+    @property
+    def clients(self) -> list[StageClient]:
+        return [s.client for s in self.stages if s.client is not None]
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.stages]
+
+    def check_alive(self) -> None:
+        """Raise StageFailed for the first stage whose worker has exited."""
+        for s in self.stages:
+            died = s.exit_description()
+            if died is not None:
+                raise s.failure("DIED", f"worker {died}")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every worker, wait up to ``grace`` seconds in all, SIGKILL what is left, reap all."""
+        for s in self.stages:
+            if s.client is not None:
+                s.client.close()
+        for s in self.stages:
+            if s.process.poll() is None:
+                try:
+                    s.process.terminate()
+                except ProcessLookupError:
+                    pass
+        until = time.monotonic() + grace
+        for s in self.stages:
+            try:
+                s.process.wait(timeout=max(0.0, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("stage %d (pid %d) ignored SIGTERM for %.1f s; killing it", s.index, s.pid, grace)
+                s.process.kill()
+                s.process.wait()
+            _LIVE.discard(s.process)
+        self._record()
+
+    def _record(self) -> None:
+        write_json(self.evidence / "stages.json", {
+            "stages": [
+                {
+                    "index": s.index, "layers": list(s.layers), "argv": s.argv, "pid": s.pid,
+                    "address": s.address, "returncode": s.process.returncode,
+                    "stdout": s.stdout_path.name, "stderr": s.stderr_path.name,
+                }
+                for s in self.stages
+            ]
+        })
+
+
+def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Path,
+           env: Mapping[str, str]) -> Stage:
+    argv = cmd.argv(layers)
+    argv[0] = proc.resolve(argv[0], env)
+    stem = f"stage-{index}-layers-{layers[0]}-{layers[1]}"
+    out_path, err_path = evidence / f"{stem}.stdout", evidence / f"{stem}.stderr"
+    log.info("$ %s", shlex.join(argv))
+    # Output goes to files, not pipes: nobody has to drain them, and they are the evidence.
+    # A session of its own keeps a terminal's Ctrl-C away from workers: we stop them ourselves.
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                   env=dict(env), start_new_session=True)
+    _LIVE.add(process)
+    return Stage(index=index, layers=layers, argv=argv, process=process, stdout_path=out_path,
+                 stderr_path=err_path)
+
+
+def _wait_listening(stage: Stage, until: float, timeout: float) -> str:
+    while True:
+        try:
+            found = LISTENING.search(stage.stdout_path.read_text("utf-8", "replace"))
+        except OSError:
+            found = None
+        if found:
+            host, port = found.group(1), found.group(2)
+            host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::", "localhost") else host
+            return f"{host}:{port}"
+        died = stage.exit_description()
+        if died is not None:
+            raise stage.failure("DIED", f"worker {died} before listening")
+        if time.monotonic() > until:
+            raise stage.failure("START_TIMEOUT", f"no DGR-WORKER-LISTENING line within {timeout:.0f} s")
+        time.sleep(POLL_SECONDS)
+
+
+def _wait_healthy(stage: Stage, until: float, timeout: float) -> None:
+    assert stage.client is not None
+    last = "no answer"
+    while True:
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            raise stage.failure("START_TIMEOUT", f"not serving within {timeout:.0f} s ({last})")
+        try:
+            serving, status = stage.client.health(deadline=min(remaining, 5.0))
+        except StageFailed as exc:
+            if exc.code == "DIED":
+                raise
+            last = exc.detail
+        else:
+            if serving:
+                return
+            last = f"health says not serving: {status}"
+        time.sleep(POLL_SECONDS * 5)
+
+
+@contextmanager
+def launch(
+    cmd: WorkerCommand,
+    placement: Sequence[tuple[int, int]],
+    *,
+    stubs: Stubs,
+    evidence: Path,
+    env: Mapping[str, str],
+    start_timeout: float = 120.0,
+    call_deadline: float = 120.0,
+    grace: float = 5.0,
+) -> Iterator[Pipeline]:
+    """Start a worker per stage, wait until each listens and is healthy, yield the Pipeline, stop all.
+
+    Workers start together (model loading overlaps), then each is awaited in turn against one shared
+    deadline.  ``call_deadline`` bounds every later RPC (a hung worker is a failure, not a wait).
+    """
+    check_placement(placement)
+    evidence.mkdir(parents=True, exist_ok=True)
+    pipeline = Pipeline([], evidence)
+    try:
+        for k, layers in enumerate(placement):
+            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env))
+        until = time.monotonic() + start_timeout
+        for stage in pipeline.stages:
+            stage.address = _wait_listening(stage, until, start_timeout)
+            stage.client = StageClient(
+                stage.address, stubs.pb2, stubs.pb2_grpc, stage=stage.index, layers=stage.layers,
+                deadline=call_deadline, liveness=(lambda s=stage: s.exit_description()),
+            )
+        for stage in pipeline.stages:
+            _wait_healthy(stage, until, start_timeout)
+        yield pipeline
+    finally:
+        pipeline.stop(grace)
