@@ -53,7 +53,7 @@ for _lane in LANES:
     _build_session(_lane)
 
 
-@nox.session
+@nox.session(requires=["fetch"])
 def provision(session: nox.Session) -> None:
     """Provision a recipe's artifact set into the store (default: the embedded tiny model)."""
     _install(session)
