@@ -93,7 +93,7 @@ class Trace:
 
 @dataclass(frozen=True, kw_only=True)
 class SpeedSamples:
-    """One value per timed repetition (warm-up runs excluded)."""
+    """One value per timed repetition (warm-up runs excluded); summarise with certify.metrics.median_iqr."""
 
     n_prompt: int
     n_decode: int
@@ -102,11 +102,6 @@ class SpeedSamples:
     seam_seconds: tuple[tuple[float, ...], ...]  # [rep][seam]: median over that rep's decode steps
     seam_bytes_per_token: tuple[int, ...]  # per seam, one decode token (the physical model)
     stage_compute_per_token: tuple[tuple[float, ...], ...]  # [rep][stage]: median decode compute
-
-    @staticmethod
-    def median_iqr(values: Sequence[float]) -> tuple[float, float]:
-        q1, med, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
-        return float(med), float(q3 - q1)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -167,7 +167,8 @@ class StageClient:
                 raise self.failure("DIED", f"worker {died} during {name} ({detail})") from None
             status = code.name if code is not None else "UNKNOWN"
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                detail = f"{name} got no reply within {self.deadline if deadline is None else deadline:.1f} s"
+                limit = self.deadline if deadline is None else deadline
+                raise self.failure(status, f"{name} got no reply within {limit:.1f} s") from None
             raise self.failure(status, f"{name}: {detail}") from None
 
     # RPCs -------------------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""worker/launcher.py against a real child process serving the real proto (the Python fake worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from certify.errors import ConfigurationError, ToolchainMissing
+from tests.unit.fake_stages import fake_command, fake_env, load_stubs, running
+from worker.client import StageFailed
+from worker.launcher import WorkerCommand, check_placement, launch
+
+PLACEMENT = [(0, 4), (4, 8), (8, 12)]
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory):
+    return load_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+def _launch(stubs, tmp_path: Path, placement=PLACEMENT, **kw):
+    faults = kw.pop("faults", {})
+    return launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "evidence",
+                  env=fake_env(stubs, **faults), **kw)
+
+
+def test_starts_every_stage_and_stops_them_all(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path) as pipeline:
+        pids = pipeline.pids
+        assert all(running(p) for p in pids)
+        infos = [c.info() for c in pipeline.clients]
+        assert [(i.layer_begin, i.layer_end) for i in infos] == PLACEMENT
+        assert all(c.health() == (True, "ok") for c in pipeline.clients)
+        pipeline.check_alive()
+    assert not any(running(p) for p in pids)
+    evidence = tmp_path / "evidence"
+    assert (evidence / "stage-1-layers-4-8.stderr").is_file()
+    assert "DGR-WORKER-LISTENING" in (evidence / "stage-2-layers-8-12.stdout").read_text()
+    record = (evidence / "stages.json").read_text()
+    assert '"returncode"' in record and "--layers" in record
+
+
+@pytest.mark.parametrize("error", [RuntimeError("gate blew up"), KeyboardInterrupt()])
+def test_workers_stopped_when_the_body_raises(stubs, tmp_path: Path, error: BaseException) -> None:
+    seen: list[int] = []
+    with pytest.raises(type(error)):
+        with _launch(stubs, tmp_path) as pipeline:
+            seen = pipeline.pids
+            raise error
+    assert len(seen) == 3 and not any(running(p) for p in seen)
+
+
+def test_worker_exiting_at_start_names_stage_and_stderr(stubs, tmp_path: Path) -> None:
+    with pytest.raises(StageFailed) as caught:
+        faults = {"DGR_FAKE_FAULT": "exit-at-start", "DGR_FAKE_FAULT_BEGIN": "4"}
+        with _launch(stubs, tmp_path, faults=faults):
+            pytest.fail("launch must not succeed")
+    msg = str(caught.value)
+    assert "stage 1 (layers 4:8) failed" in msg and "exited with code 3" in msg
+    assert "refusing to start" in msg
+    _assert_all_reaped(tmp_path)
+
+
+def test_worker_that_never_listens_times_out(stubs, tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(StageFailed, match=r"stage 0 \(layers 0:4\) failed: START_TIMEOUT"):
+        with _launch(stubs, tmp_path, faults={"DGR_FAKE_FAULT": "no-listen", "DGR_FAKE_FAULT_BEGIN": "0"},
+                     start_timeout=3):
+            pass
+    assert time.monotonic() - started < 15
+    _assert_all_reaped(tmp_path)
+
+
+def test_worker_ignoring_sigterm_is_killed_after_grace(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, [(0, 12)], faults={"DGR_FAKE_FAULT": "ignore-sigterm"}, grace=1.0) as p:
+        pid = p.pids[0]
+        started = time.monotonic()
+    assert 0.9 < time.monotonic() - started < 10
+    assert not running(pid)
+    assert p.stages[0].process.returncode == -signal.SIGKILL
+
+
+def test_killed_worker_is_detected_and_named(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path) as pipeline:
+        victim = pipeline.stages[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.process.wait(timeout=10)
+        died = r"stage 1 \(layers 4:8\) failed: DIED: worker was killed by SIGKILL"
+        with pytest.raises(StageFailed, match=died):
+            pipeline.check_alive()
+        with pytest.raises(StageFailed, match=r"stage 1 \(layers 4:8\) failed: DIED") as caught:
+            pipeline.clients[1].info()
+        assert caught.value.exit_code == 6
+    _assert_all_reaped(tmp_path)
+
+
+def test_hung_worker_hits_the_call_deadline(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, [(0, 12)], faults={"DGR_FAKE_FAULT": "hang-forward"},
+                 call_deadline=1.0, grace=1.0) as pipeline:
+        client = pipeline.clients[0]
+        with pytest.raises(StageFailed, match="DEADLINE_EXCEEDED: Forward got no reply within 1.0 s"):
+            client.forward("s", 1, [0], tokens=[1])
+    _assert_all_reaped(tmp_path)
+
+
+def test_malformed_tensor_is_a_stage_failure(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, [(0, 12)], faults={"DGR_FAKE_FAULT": "bad-shape"}) as pipeline:
+        with pytest.raises(StageFailed, match=r"stage 0 \(layers 0:12\) failed: BAD_REPLY: .*logits"):
+            pipeline.clients[0].forward("s", 1, [0, 1], tokens=[1, 2], all_logits=True)
+
+
+def test_missing_worker_binary_fails_before_starting(stubs, tmp_path: Path) -> None:
+    cmd = WorkerCommand(program=(str(tmp_path / "no-such-worker"),), model=tmp_path / "m.gguf")
+    with pytest.raises(ToolchainMissing):
+        with launch(cmd, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=dict(os.environ)):
+            pass
+
+
+@pytest.mark.parametrize("placement", [[], [(0, 4), (5, 12)], [(0, 4), (4, 4), (4, 12)], [(1, 12)]])
+def test_bad_placements_are_refused(placement) -> None:
+    with pytest.raises(ConfigurationError):
+        check_placement(placement, 12)
+
+
+def test_placement_must_cover_the_model() -> None:
+    with pytest.raises(ConfigurationError, match="ends at layer 8"):
+        check_placement([(0, 8)], 12)
+
+
+def _assert_all_reaped(tmp_path: Path) -> None:
+    import json
+
+    record = json.loads((tmp_path / "evidence" / "stages.json").read_text())
+    assert record["stages"], "the launcher recorded no stage"
+    for stage in record["stages"]:
+        assert stage["returncode"] is not None
+        assert not running(stage["pid"])
