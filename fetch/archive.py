@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -140,7 +141,7 @@ def extract_subtree(archive: Path, prefix: str, dest: Path, caps: Caps, *, where
     with tar:
         try:
             plan = plan_subtree(tar, prefix, caps, where=where)
-        except (tarfile.TarError, EOFError, OSError) as exc:
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             raise IntegrityError(f"{where}: corrupt archive {archive.name}: {exc}") from None
         keep: list[tarfile.TarInfo] = []
         renamed: dict[int, str] = {}
