@@ -101,10 +101,10 @@ def export_tree(git_dir: Path, treeish: str, dest: Path, env: Mapping[str, str])
     """Write the files of ``treeish`` into the empty directory ``dest`` (no attributes, no filters
     beyond plain checkout: `git archive` would honour export-ignore/export-subst and drop files)."""
     index = git_dir / "dgr-export-index"
-    genv = git_env(env, GIT_DIR=str(git_dir), GIT_INDEX_FILE=str(index))
+    genv = git_env(env, GIT_DIR=str(git_dir), GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(dest))
     try:
-        git(["read-tree", treeish], env=genv)
-        git(["checkout-index", "-a", "-f", f"--prefix={os.path.abspath(dest)}/"], env=genv)
+        git(["read-tree", treeish], env=genv, cwd=dest)
+        git(["checkout-index", "-a", "-f"], env=genv, cwd=dest)
     finally:
         index.unlink(missing_ok=True)
 
