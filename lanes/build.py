@@ -1,0 +1,316 @@
+"""Build a lane: key, build directory, CMake configure + build, sha256 of what it produced, build.json.
+
+The build key is the sha256 of the canonical JSON of everything that shapes the binaries: the patched
+tree digest, the lane, its CMake arguments, the toolchain versions and the digest of worker/'s C++
+sources.  Paths (source dirs, the ccache launcher) stay out of the key: they do not change the output.
+An unchanged rebuild trusts build.json while every recorded binary keeps its size and mtime
+(STYLE 8); ``reverify`` re-hashes them instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import platform
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from certify.canonical import canonical_digest, read_json, sha256_file, write_json
+from certify.context import Context
+from certify.errors import ConfigurationError, RuntimeFailure, ToolchainMissing
+from certify.workspace import WORKER, refuse_links_below
+from lanes import base, cmake
+
+SCHEMA_VERSION = 1
+RECORD = "build.json"
+WORKER_TARGET = "dgr-shard-worker"
+# What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker.
+TARGETS: tuple[str, ...] = ("llama", "llama-bench", "llama-gguf-split", "llama-quantize", WORKER_TARGET)
+# Files under worker/ that never reach the compiler (Python client side, caches).
+_NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Build:
+    lane: str
+    dir: Path
+    key: str
+    provenance: Mapping[str, Any]
+    binaries: Mapping[str, Path]
+    worker: Path | None
+    reused: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tree:
+    """The part of a patched tree a build needs (patches.stack.Patched satisfies it)."""
+
+    path: Path
+    digest: str
+    provenance: Mapping[str, Any]
+
+
+def worker_digest(worker_dir: Path = WORKER) -> str:
+    """sha256 over (relative path, sha256) of worker/'s build inputs: C++, CMake, the proto."""
+    entries = []
+    for path in sorted(worker_dir.rglob("*")):
+        rel = path.relative_to(worker_dir).as_posix()
+        if not path.is_file() or "__pycache__" in rel.split("/") or path.suffix in _NOT_WORKER_SOURCES:
+            continue
+        entries.append([rel, sha256_file(path)])
+    return canonical_digest(entries)
+
+
+def key_inputs(
+    *, tree_digest: str, lane: str, cmake_args: list[str], versions: Mapping[str, str], worker: str
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tree": tree_digest,
+        "lane": lane,
+        "cmake_args": list(cmake_args),
+        "toolchain": dict(sorted(versions.items())),
+        "worker": worker,
+    }
+
+
+def build_key(inputs: Mapping[str, Any]) -> str:
+    return canonical_digest(dict(inputs))
+
+
+def build_dir(ctx: Context, lane: str, key: str) -> Path:
+    return ctx.workspace.builds / f"{lane}-{key[:16]}"
+
+
+def _commit(tree: Tree) -> str:
+    prov = tree.provenance
+    commit = (prov.get("pristine") or {}).get("commit") or prov.get("commit")
+    if not commit:
+        raise ConfigurationError(
+            f"the patched tree at {tree.path} has no commit in its provenance", hint="run `dgr patch` again"
+        )
+    return str(commit)
+
+
+def ensure_build(
+    ctx: Context,
+    lane_name: str,
+    *,
+    options: base.BuildOptions | None = None,
+    project: Path = WORKER,
+    targets: tuple[str, ...] = TARGETS,
+) -> Build:
+    """The lane's build of the current patched tree and worker; a no-op when nothing changed.
+
+    Raises ToolchainMissing (exit 4) before touching anything when the lane cannot build here.
+    """
+    lane = base.get(lane_name)
+    options = options or base.BuildOptions.from_env(ctx.env)
+    probe = lane.probe(ctx.env).require()
+    lane.cmake_args(options)  # a bad option is a usage error before any fetch or patch work
+    if not (project / "CMakeLists.txt").is_file():
+        raise ConfigurationError(f"{project}/CMakeLists.txt is missing: nothing to build")
+    from patches.stack import ensure_patched  # the patch stage's own no-op check is fast
+
+    patched = ensure_patched(ctx)
+    tree = Tree(path=patched.path, digest=patched.digest, provenance=patched.provenance)
+    return build_tree(ctx, lane, probe, tree, options=options, project=project, targets=targets)
+
+
+def build_tree(
+    ctx: Context,
+    lane: base.Lane,
+    probe: base.ToolchainProbe,
+    tree: Tree,
+    *,
+    options: base.BuildOptions,
+    project: Path,
+    targets: tuple[str, ...],
+) -> Build:
+    host = cmake.probe_host(ctx.env)
+    if host.problem:
+        raise ToolchainMissing(f"{lane.name} lane: {host.problem}")
+    args = [
+        *lane.cmake_args(options),
+        *cmake.identity_args(lane=lane.name, commit=_commit(tree), tree_digest=tree.digest),
+    ]
+    inputs = key_inputs(
+        tree_digest=tree.digest,
+        lane=lane.name,
+        cmake_args=args,
+        versions={**host.versions, **probe.versions},
+        worker=worker_digest(project),
+    )
+    key = build_key(inputs)
+    where = build_dir(ctx, lane.name, key)
+    all_targets = tuple(dict.fromkeys((*targets, *lane.targets)))
+    reused = _reuse(where, key, reverify=options.reverify)
+    if reused is not None:
+        return reused
+    refuse_links_below(ctx.workspace.root, where)
+    ctx.workspace.ensure(where)
+    with _locked(where):
+        started = time.monotonic()
+        (where / RECORD).unlink(missing_ok=True)  # a half-finished dir must never be trusted
+        env = _environment(ctx, lane, probe)
+        t0 = time.monotonic()
+        cmake.configure(
+            host,
+            source=project,
+            build_dir=where,
+            args=[*args, *cmake.location_args(host, llama_source=tree.path)],
+            env=env,
+        )
+        t1 = time.monotonic()
+        cmake.build(host, build_dir=where, targets=all_targets, jobs=options.parallel, env=env)
+        t2 = time.monotonic()
+        binaries = _collect(where, all_targets)
+        prov = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "dgr.build",
+            "lane": lane.name,
+            "key": key,
+            "key_inputs": inputs,
+            "patched_tree": {
+                "path": str(tree.path),
+                "digest": tree.digest,
+                "provenance": dict(tree.provenance),
+            },
+            "toolchain": probe.as_dict(),
+            "host_tools": {
+                "cmake": host.cmake,
+                "generator": host.generator,
+                "cxx": host.cxx,
+                "cc": host.cc,
+                "ccache": host.ccache,
+                "versions": dict(host.versions),
+            },
+            "cmake_source": str(project),
+            "cmake_args": [*args, *cmake.location_args(host, llama_source=tree.path)],
+            "targets": list(all_targets),
+            "jobs": options.parallel,
+            "machine": {"system": platform.system(), "arch": platform.machine()},
+            "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "seconds": {
+                "configure": round(t1 - t0, 3),
+                "build": round(t2 - t1, 3),
+                "total": round(time.monotonic() - started, 3),
+            },
+            "binaries": binaries,
+        }
+        write_json(where / RECORD, prov)
+    return _as_build(where, prov, reused=False)
+
+
+def _environment(ctx: Context, lane: base.Lane, probe: base.ToolchainProbe) -> dict[str, str]:
+    env = dict(ctx.env)
+    env.update(lane.environment(ctx.env, probe))
+    # Paths under the workspace hash as relative ones, so build dirs of different keys (siblings at
+    # the same depth) share ccache hits.
+    env.setdefault("CCACHE_BASEDIR", str(ctx.workspace.root))
+    return env
+
+
+def _collect(where: Path, targets: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """size, mtime_ns and sha256 of each executable target and every library the build produced."""
+    found: dict[str, Path] = {}
+    for target in targets:
+        candidates = [where / "bin" / target, *sorted(where.rglob(target))]
+        exe = next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+        if exe is not None:
+            found[target] = exe
+    for lib in sorted(where.rglob("lib*")):
+        if (
+            lib.is_file()
+            and "CMakeFiles" not in lib.parts
+            and (lib.suffix == ".a" or ".so" in lib.name or lib.suffix == ".dylib")
+        ):
+            found.setdefault(lib.name, lib)
+    missing = [
+        t for t in targets if t not in found and f"lib{t}.a" not in found and not _has_shared(found, t)
+    ]
+    if missing:
+        raise RuntimeFailure(f"the build finished but produced no {', '.join(missing)} in {where}")
+    return {name: _identity(path, where) for name, path in sorted(found.items())}
+
+
+def _has_shared(found: Mapping[str, Path], target: str) -> bool:
+    return any(n.startswith(f"lib{target}.so") or n == f"lib{target}.dylib" for n in found)
+
+
+def _identity(path: Path, where: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {
+        "path": path.relative_to(where).as_posix(),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": sha256_file(path),
+    }
+
+
+def _reuse(where: Path, key: str, *, reverify: bool) -> Build | None:
+    """The recorded build when its key matches and every binary is still the one recorded.
+
+    A binary that changed is removed so the build tool relinks it (its mtime would look newer).
+    """
+    try:
+        prov = read_json(where / RECORD)
+        ok = prov.get("schema_version") == SCHEMA_VERSION and prov.get("key") == key
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not ok:
+        return None
+    changed = []
+    for rec in prov["binaries"].values():
+        path = where / rec["path"]
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            changed.append(path)
+            continue
+        same = st.st_size == rec["size"] and (st.st_mtime_ns == rec["mtime_ns"] or reverify)
+        if not same or (reverify and sha256_file(path) != rec["sha256"]):
+            changed.append(path)
+    if changed:
+        for path in changed:
+            path.unlink(missing_ok=True)
+        return None
+    return _as_build(where, prov, reused=True)
+
+
+def _as_build(where: Path, prov: Mapping[str, Any], *, reused: bool) -> Build:
+    binaries = {name: where / rec["path"] for name, rec in prov["binaries"].items()}
+    return Build(
+        lane=prov["lane"],
+        dir=where,
+        key=prov["key"],
+        provenance=prov,
+        binaries=binaries,
+        worker=binaries.get(WORKER_TARGET),
+        reused=reused,
+    )
+
+
+@contextmanager
+def _locked(where: Path) -> Iterator[None]:
+    """One build per directory at a time; the second fails fast naming the holder."""
+    lock_path = where.parent / f"{where.name}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise RuntimeFailure(
+                f"another build is using {where} (pid {holder})", hint="wait for it to finish and run again"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,232 @@
+"""Shared CMake driving for every lane: the host toolchain probe, the common arguments, configure, build.
+
+Lanes add their backend switches (GGML_CUDA, GGML_HIP, ...) on top of ``common_args``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from certify import proc
+from lanes.base import (
+    BuildOptions,
+    ToolchainProbe,
+    at_least,
+    dotted,
+    first_line,
+    parse_version,
+    tool_output,
+    which,
+)
+
+# The pinned tree says cmake_minimum_required(VERSION 3.14...3.28); worker/CMakeLists.txt needs 3.19
+# (string(JSON)).  Backends raise it further (CUDA 3.18, Vulkan 3.19, HIP 3.21).
+CMAKE_MINIMUM = (3, 19)
+
+# C++17 with <filesystem> in the standard library (no -lstdc++fs): GCC 9, Clang 10.
+CXX_MINIMUM = {"gcc": (9, 0), "clang": (10, 0)}
+
+# A compiler that prints nothing for this long is hung (the longest nvcc units print within minutes).
+BUILD_NO_OUTPUT_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostTools:
+    """cmake, the generator, the C/C++ compilers and ccache; ``problem`` says what is missing."""
+
+    cmake: str | None = None
+    generator: str | None = None
+    make_program: str | None = None
+    cxx: str | None = None
+    cxx_id: str | None = None
+    cc: str | None = None
+    ccache: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    problem: str | None = None
+    problem_is_age: bool = False
+
+
+def _cmake(env: Mapping[str, str], minimum: tuple[int, ...]) -> tuple[str | None, str | None, str | None]:
+    path = which("cmake", env)
+    if path is None:
+        return None, None, f"cmake not found: install cmake >= {dotted(minimum)} (apt-get install cmake)"
+    line = first_line(tool_output(path, ["--version"], env))
+    version = parse_version(line)
+    if not at_least(version, minimum):
+        got = dotted(version) if version else "unknown version"
+        return path, None, f"cmake {got} at {path} is too old: install cmake >= {dotted(minimum)}"
+    return path, dotted(version), None  # type: ignore[arg-type]
+
+
+def _generator(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
+    """Ninja when present (faster no-op rebuilds), else Unix Makefiles."""
+    for program, generator in (("ninja", "Ninja"), ("make", "Unix Makefiles")):
+        path = which(program, env)
+        if path:
+            version = parse_version(first_line(tool_output(path, ["--version"], env)))
+            return path, generator, dotted(version) if version else "unknown"
+    return None, None, None
+
+
+def _compiler_id(banner: str) -> str:
+    lower = banner.lower()
+    if "clang" in lower:
+        return "clang"
+    if "g++" in lower or "gcc" in lower or "free software foundation" in lower:
+        return "gcc"
+    return "unknown"
+
+
+def _cxx(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None, str | None]:
+    """(path, id, version, problem) of the C++ compiler CMake will pick (CXX first, like CMake)."""
+    wanted = [env["CXX"].split()[0]] if env.get("CXX", "").strip() else ["c++", "g++", "clang++"]
+    path = next((p for p in (which(w, env) for w in wanted) if p), None)
+    if path is None:
+        return (
+            None,
+            None,
+            None,
+            "no C++17 compiler found: install g++ >= 9 or clang++ >= 10 (apt-get install g++)",
+        )
+    output = tool_output(path, ["--version"], env) or ""
+    banner = first_line(output) or ""
+    cid = _compiler_id(output)
+    version = parse_version(banner.split(")")[-1] if ")" in banner else banner) or parse_version(banner)
+    minimum = CXX_MINIMUM.get(cid)
+    if minimum is not None and not at_least(version, minimum):
+        got = dotted(version) if version else "unknown version"
+        name = "g++" if cid == "gcc" else "clang++"
+        return (
+            path,
+            cid,
+            None,
+            f"{name} {got} at {path} is too old for C++17: install {name} >= {dotted(minimum)}",
+        )
+    return path, cid, dotted(version) if version else "unknown", None
+
+
+def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE_MINIMUM) -> HostTools:
+    versions: dict[str, str] = {}
+    cmake, cmake_version, problem = _cmake(env, cmake_minimum)
+    if problem:
+        return HostTools(cmake=cmake, problem=problem, problem_is_age=cmake is not None)
+    versions["cmake"] = cmake_version  # type: ignore[assignment]
+    make_program, generator, gen_version = _generator(env)
+    if generator is None:
+        return HostTools(cmake=cmake, problem="no build tool found: install ninja-build (or make)")
+    versions[Path(make_program).name] = gen_version  # type: ignore[arg-type]
+    cxx, cxx_id, cxx_version, problem = _cxx(env)
+    if problem:
+        return HostTools(cmake=cmake, generator=generator, problem=problem, problem_is_age=cxx is not None)
+    versions["cxx"] = f"{cxx_id} {cxx_version}"
+    cc = next(
+        (
+            p
+            for p in (
+                which(w, env)
+                for w in ([env["CC"].split()[0]] if env.get("CC", "").strip() else ["cc", "gcc", "clang"])
+            )
+            if p
+        ),
+        None,
+    )
+    if cc is None:
+        return HostTools(cmake=cmake, generator=generator, problem="no C compiler found: install gcc")
+    ccache = which("ccache", env)
+    return HostTools(
+        cmake=cmake,
+        generator=generator,
+        make_program=make_program,
+        cxx=cxx,
+        cxx_id=cxx_id,
+        cc=cc,
+        ccache=ccache,
+        versions=versions,
+    )
+
+
+def merge(probe: ToolchainProbe, host: HostTools) -> ToolchainProbe:
+    """A lane probe that also fails when the host tools do (a lane is only ``ok`` if it can build)."""
+    from dataclasses import replace
+
+    from lanes.base import Status
+
+    if host.problem and probe.usable:
+        status = Status.TOO_OLD if host.problem_is_age else Status.MISSING
+        return replace(probe, status=status, reason=host.problem)
+    return replace(probe, versions={**host.versions, **probe.versions})
+
+
+# --- arguments ---------------------------------------------------------------------------------------
+
+# Only what the pipeline needs: the server, its web UI (prebuilt download), tests, examples, the
+# unified app and HTTPS are off, so a build never reaches the network.
+PIPELINE_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("BUILD_SHARED_LIBS", "OFF"),  # static: the worker is one file to hash and ship
+    ("LLAMA_BUILD_COMMON", "ON"),
+    ("LLAMA_BUILD_TOOLS", "ON"),  # llama-bench, llama-gguf-split, llama-quantize
+    ("LLAMA_BUILD_SERVER", "OFF"),
+    ("LLAMA_BUILD_UI", "OFF"),
+    ("LLAMA_USE_PREBUILT_UI", "OFF"),
+    ("LLAMA_BUILD_TESTS", "OFF"),
+    ("LLAMA_BUILD_EXAMPLES", "OFF"),
+    ("LLAMA_BUILD_APP", "OFF"),
+    ("LLAMA_OPENSSL", "OFF"),
+    # We pass the compiler launcher ourselves; ggml's own detection would hide it from the record.
+    ("GGML_CCACHE", "OFF"),
+)
+
+
+def define(name: str, value: str) -> str:
+    return f"-D{name}={value}"
+
+
+def common_args(options: BuildOptions) -> list[str]:
+    """Arguments every lane shares; all of them are part of the build key."""
+    args = [define("CMAKE_BUILD_TYPE", options.build_type)]
+    args += [define(k, v) for k, v in PIPELINE_SWITCHES]
+    args.append(define("GGML_NATIVE", "ON" if options.native else "OFF"))
+    return args
+
+
+def identity_args(*, lane: str, commit: str, tree_digest: str) -> list[str]:
+    """What the worker reports in Info; build-info would otherwise ask git inside the tree."""
+    return [
+        define("DGR_LANE", lane),
+        define("DGR_LLAMA_COMMIT", commit),
+        define("DGR_PATCHED_TREE_DIGEST", tree_digest),
+        define("LLAMA_BUILD_COMMIT", commit[:8]),
+        define("LLAMA_BUILD_NUMBER", "0"),
+    ]
+
+
+def location_args(host: HostTools, *, llama_source: Path) -> list[str]:
+    """Paths and launchers: they do not change the binaries, so they stay out of the build key."""
+    args = [define("DGR_LLAMA_SOURCE_DIR", str(llama_source))]
+    if host.ccache:
+        args += [
+            define("CMAKE_C_COMPILER_LAUNCHER", host.ccache),
+            define("CMAKE_CXX_COMPILER_LAUNCHER", host.ccache),
+        ]
+    return args
+
+
+# --- driving -----------------------------------------------------------------------------------------
+
+
+def configure(
+    host: HostTools, *, source: Path, build_dir: Path, args: Sequence[str], env: Mapping[str, str]
+) -> proc.Completed:
+    assert host.cmake and host.generator, host.problem
+    argv = [host.cmake, "-S", str(source), "-B", str(build_dir), "-G", host.generator, *args]
+    return proc.run(argv, env=env, echo=True, no_output_timeout=BUILD_NO_OUTPUT_TIMEOUT_S)
+
+
+def build(
+    host: HostTools, *, build_dir: Path, targets: Sequence[str], jobs: int, env: Mapping[str, str]
+) -> proc.Completed:
+    assert host.cmake
+    argv = [host.cmake, "--build", str(build_dir), "--parallel", str(jobs), "--target", *targets]
+    return proc.run(argv, env=env, echo=True, no_output_timeout=BUILD_NO_OUTPUT_TIMEOUT_S)

@@ -1,0 +1,50 @@
+"""CPU lane: the host C++ compiler and ggml's CPU backend. Certified here (no device needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lanes import cmake
+from lanes.base import BuildOptions, Status, ToolchainProbe
+
+name = "cpu"
+targets: tuple[str, ...] = ()
+runner_labels: tuple[str, ...] = ("ubuntu-latest",)
+TOOL_NAMES = {"gcc": "g++", "clang": "clang++"}
+
+
+def probe(env: Mapping[str, str]) -> ToolchainProbe:
+    host = cmake.probe_host(env)
+    if host.problem:
+        status = Status.TOO_OLD if host.problem_is_age else Status.MISSING
+        return ToolchainProbe(
+            lane=name,
+            status=status,
+            tool="c++",
+            path=host.cxx,
+            reason=host.problem,
+            minimum="g++ 9 / clang++ 10, cmake 3.19",
+        )
+    return ToolchainProbe(
+        lane=name,
+        status=Status.OK,
+        tool=TOOL_NAMES.get(host.cxx_id or "", "c++"),
+        version=host.versions["cxx"].split()[-1],
+        path=host.cxx,
+        minimum="g++ 9 / clang++ 10, cmake 3.19",
+        versions=dict(host.versions),
+    )
+
+
+def cmake_args(options: BuildOptions) -> list[str]:
+    return cmake.common_args(options)
+
+
+def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]:
+    return {}
+
+
+def certifiable(env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
+    if not probe.usable:
+        return False, "toolchain missing"
+    return True, "runs on this CPU"
