@@ -132,7 +132,14 @@ class HardwareClass:
     match: Match
     parity: Parity
     speed: Speed
+    parity_f16_boundary: Parity | None = None
     description: str = ""
+
+    def parity_for(self, boundary_dtype: str) -> Parity:
+        """f16 seams round the boundary on purpose, so they are held to their own declared limits."""
+        if boundary_dtype == "f16" and self.parity_f16_boundary is not None:
+            return self.parity_f16_boundary
+        return self.parity
 
     def matches(self, lane: str, cpu_cores: int, gpu_names: tuple[str, ...]) -> bool:
         if lane not in self.match.lanes:
@@ -188,6 +195,9 @@ class Recipe:
             f"({cpu_cores} cores, GPUs: {', '.join(gpu_names) or 'none'}); listed: {listed}",
             hint=f"add a class to {self.source} (that changes the recipe digest)",
         )
+
+    def dtype_of(self, placement: Placement) -> str:
+        return placement.boundary_dtype or self.boundary_dtype
 
     def thresholds(self) -> list[dict[str, Any]]:
         """The pre-locked gate thresholds as written in the recipe (for the certificate)."""
@@ -311,6 +321,7 @@ def _check(recipe: Recipe) -> None:
         if rc.after_tokens >= recipe.n_decode:
             raise ConfigurationError(f"{where}: at /route_change/after_tokens: must be < n_decode "
                                      f"({recipe.n_decode})")
+    uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
     names = [hc.name for hc in recipe.hardware_classes]
     for k, hc in enumerate(recipe.hardware_classes):
         if names.count(hc.name) > 1:
@@ -319,3 +330,6 @@ def _check(recipe: Recipe) -> None:
         if stray:
             raise ConfigurationError(f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
                                      f"not in the recipe's lanes {list(recipe.lanes)}")
+        if uses_f16 and hc.parity_f16_boundary is None:
+            raise ConfigurationError(f"{where}: at /hardware_classes/{k}: parity_f16_boundary is missing but "
+                                     f"placement {uses_f16[0]!r} carries f16 boundaries")

@@ -1,0 +1,101 @@
+"""The certificate: an in-toto Statement v1 inside a DSSE envelope, signed with Ed25519.
+
+DSSE signs PAE(payloadType, payload), never the JSON text around it, so the envelope can be
+re-serialised freely while the payload bytes stay exactly what was signed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from certify.canonical import HASH_BLOCK, canonical_bytes, write_json
+from certify.errors import IntegrityError
+from certify.keys import SigningKey
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+# A type URI in the project's own namespace; it names a schema, nothing is fetched from it.
+PREDICATE_TYPE = "https://dgr-certify/certification/v1"
+PREDICATE_SCHEMA_VERSION = 1
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body."""
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def file_digests(path: Path) -> dict[str, str]:
+    """sha256 and blake3 of a file in one read."""
+    sha = hashlib.sha256()
+    b3 = blake3.blake3()
+    with open(path, "rb") as fh:
+        while block := fh.read(HASH_BLOCK):
+            sha.update(block)
+            b3.update(block)
+    return {"sha256": sha.hexdigest(), "blake3": b3.hexdigest()}
+
+
+def subject(name: str, digests: Mapping[str, str]) -> dict[str, Any]:
+    return {"name": name, "digest": {k: digests[k] for k in ("sha256", "blake3") if k in digests}}
+
+
+def statement(subjects: Sequence[Mapping[str, Any]], predicate: Mapping[str, Any]) -> dict[str, Any]:
+    names = [s["name"] for s in subjects]
+    if len(set(names)) != len(names):
+        raise IntegrityError("two certificate subjects share a name")
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": sorted((dict(s) for s in subjects), key=lambda s: s["name"]),
+        "predicateType": PREDICATE_TYPE,
+        "predicate": dict(predicate),
+    }
+
+
+def sign(stmt: Mapping[str, Any], key: SigningKey) -> dict[str, Any]:
+    payload = canonical_bytes(stmt)
+    sig = key.sign(pae(PAYLOAD_TYPE, payload))
+    return {
+        "payload": base64.b64encode(payload).decode("ascii"),
+        "payloadType": PAYLOAD_TYPE,
+        "signatures": [{"keyid": key.keyid, "sig": base64.b64encode(sig).decode("ascii")}],
+    }
+
+
+def write(path: Path, envelope: Mapping[str, Any]) -> None:
+    write_json(path, dict(envelope))
+
+
+def read_envelope(path: Path) -> dict[str, Any]:
+    """The envelope's shape, checked; nothing inside is trusted yet."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IntegrityError(f"certificate {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise IntegrityError(f"certificate {path} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not {"payload", "payloadType", "signatures"} <= set(data):
+        raise IntegrityError(f"{path} is not a DSSE envelope (needs payload, payloadType, signatures)")
+    if not isinstance(data["payload"], str) or not isinstance(data["payloadType"], str):
+        raise IntegrityError(f"{path}: payload and payloadType must be strings")
+    if not isinstance(data["signatures"], list) or not data["signatures"]:
+        raise IntegrityError(f"{path}: the envelope carries no signature")
+    for s in data["signatures"]:
+        if not isinstance(s, dict) or not isinstance(s.get("sig"), str):
+            raise IntegrityError(f"{path}: a signature entry is malformed")
+    return data
+
+
+def b64decode(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise IntegrityError(f"{what} is not valid base64") from None

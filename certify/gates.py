@@ -1,0 +1,128 @@
+"""Gates as small check objects.
+
+Each check has ``fails(current, reference) -> message | None`` over a mapping of measured figures
+(``current`` for the placement under test, ``reference`` for the monolithic reference).  Every check
+of every placement is evaluated; failures are collected and the verdict is decided once.
+A figure that was not measured, or is NaN, fails: a missing number must never pass a gate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from certify.recipes import Parity, Placement, Speed
+from certify.verdict import Result, Status
+
+Figures = Mapping[str, float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    name: str
+    metric: str
+    limit: float
+    op = "?"
+
+    def value(self, current: Figures, reference: Figures | None) -> float | None:
+        v = current.get(self.metric)
+        return None if v is None else float(v)
+
+    def holds(self, value: float) -> bool:
+        raise NotImplementedError
+
+    def fails(self, current: Figures, reference: Figures | None = None) -> str | None:
+        value = self.value(current, reference)
+        if value is None:
+            return f"{self.name}: {self.metric} was not measured"
+        if math.isnan(value):
+            return f"{self.name}: {self.metric} is NaN"
+        if not self.holds(value):
+            return f"{self.name} {_fmt(value)} (limit {self.op} {_fmt(self.limit)})"
+        return None
+
+    def row(self, current: Figures, reference: Figures | None) -> dict[str, Any]:
+        value = self.value(current, reference)
+        message = self.fails(current, reference)
+        return {"check": self.name, "metric": self.metric, "value": value, "op": self.op,
+                "limit": self.limit, "ok": message is None, "message": message or ""}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtLeast(Check):
+    op = ">="
+
+    def holds(self, value: float) -> bool:
+        return value >= self.limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtMost(Check):
+    op = "<="
+
+    def holds(self, value: float) -> bool:
+        return value <= self.limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatioAtLeast(AtLeast):
+    """current[metric] / reference[metric] >= limit (staged vs monolithic decode speed)."""
+
+    def value(self, current: Figures, reference: Figures | None) -> float | None:
+        if reference is None or reference.get(self.metric) is None or current.get(self.metric) is None:
+            return None
+        ref = float(reference[self.metric])
+        return float(current[self.metric]) / ref if ref > 0 else math.nan
+
+    def fails(self, current: Figures, reference: Figures | None = None) -> str | None:
+        if reference is None or reference.get(self.metric) is None:
+            return f"{self.name}: the reference {self.metric} was not measured"
+        return super().fails(current, reference)
+
+
+def parity_checks(parity: Parity, placement: Placement) -> list[Check]:
+    checks: list[Check] = [
+        AtLeast(name="top-1 agreement", metric="top1_agreement", limit=parity.top1_agreement_min),
+        AtMost(name="KL mean", metric="kl_mean", limit=parity.kl_mean_max),
+        AtMost(name="KL max", metric="kl_max", limit=parity.kl_max_max),
+        AtMost(name="logits NMSE", metric="logits_nmse", limit=parity.logits_nmse_max),
+        AtLeast(name="greedy continuation match", metric="greedy_match", limit=parity.greedy_match_min),
+    ]
+    for cut in placement.cuts:
+        checks.append(AtMost(name=f"boundary NMSE at layer {cut}", metric=f"boundary_nmse@{cut}",
+                             limit=parity.boundary_nmse_max))
+    return checks
+
+
+def speed_checks(speed: Speed, placement: Placement) -> list[Check]:
+    checks: list[Check] = [AtLeast(name="decode tok/s (median)", metric="decode_tok_s",
+                                   limit=speed.decode_tok_s_min)]
+    if speed.prefill_tok_s_min is not None:
+        checks.append(AtLeast(name="prefill tok/s (median)", metric="prefill_tok_s",
+                              limit=speed.prefill_tok_s_min))
+    if not placement.is_monolithic:
+        checks.append(RatioAtLeast(name="staged/monolithic decode", metric="decode_tok_s",
+                                   limit=speed.ratio_min(placement.n_stages)))
+    return checks
+
+
+def evaluate(gate: str, placement: str, checks: Iterable[Check], current: Figures,
+             reference: Figures | None = None, *, duration_s: float = 0.0) -> Result:
+    """One Result per (gate, placement) carrying every row; the reason lists every failing check."""
+    rows = [c.row(current, reference) for c in checks]
+    failed = [r["message"] for r in rows if not r["ok"]]
+    return Result(
+        name=f"{gate}/{placement}",
+        status=Status.FAIL if failed else Status.PASS,
+        reason="; ".join(failed),
+        duration_s=duration_s,
+        details={"gate": gate, "placement": placement, "rows": rows},
+    )
+
+
+def _fmt(x: float) -> str:
+    if x == 0 or (1e-3 <= abs(x) < 1e6):
+        return f"{x:.4g}"
+    return f"{x:.3e}"

@@ -1,0 +1,189 @@
+"""Check a certificate: envelope, payload type, signature against trusted keys, statement, every
+digest that can be recomputed here (artifact files, worker binaries, the HTML report).
+
+Each problem is one line with one specific reason; what could not be checked is said, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from certify import certificate as cert
+from certify.canonical import sha256_file
+from certify.errors import ConfigurationError
+from certify.keys import TrustedKey
+
+OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Line:
+    status: str
+    what: str
+    detail: str
+
+    def text(self) -> str:
+        return f"{self.status:<4} {self.what}: {self.detail}"
+
+
+@dataclass(kw_only=True)
+class Verification:
+    path: Path
+    lines: list[Line] = field(default_factory=list)
+    statement: dict[str, Any] | None = None
+    signer: TrustedKey | None = None
+
+    def add(self, status: str, what: str, detail: str) -> None:
+        self.lines.append(Line(status=status, what=what, detail=detail))
+
+    @property
+    def failures(self) -> list[Line]:
+        return [ln for ln in self.lines if ln.status == FAIL]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def predicate(self) -> Mapping[str, Any]:
+        return (self.statement or {}).get("predicate") or {}
+
+
+def verify(path: Path, keys: Mapping[str, TrustedKey], *, html: Path | None = None,
+           store: Path | None = None) -> Verification:
+    path = Path(path)
+    v = Verification(path=path)
+    envelope = cert.read_envelope(path)  # a file that is not an envelope at all stops here
+    if envelope["payloadType"] != cert.PAYLOAD_TYPE:
+        v.add(FAIL, "payloadType", f"is {envelope['payloadType']!r}, expected {cert.PAYLOAD_TYPE!r}")
+    else:
+        v.add(OK, "payloadType", cert.PAYLOAD_TYPE)
+    payload = cert.b64decode(envelope["payload"], "the envelope payload")
+    _check_signature(v, envelope, payload, keys)
+    try:
+        stmt = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        v.add(FAIL, "statement", f"payload is not JSON: {exc}")
+        return v
+    if not isinstance(stmt, dict):
+        v.add(FAIL, "statement", "payload is not a JSON object")
+        return v
+    v.statement = stmt
+    if not _check_statement(v, stmt):
+        return v
+    _check_signer_binding(v)
+    _check_subjects(v, stmt, store)
+    _check_html(v, html)
+    return v
+
+
+def _check_signature(v: Verification, envelope: Mapping[str, Any], payload: bytes,
+                     keys: Mapping[str, TrustedKey]) -> None:
+    message = cert.pae(envelope["payloadType"], payload)
+    named = [s.get("keyid", "") for s in envelope["signatures"]]
+    for s in envelope["signatures"]:
+        sig = cert.b64decode(s["sig"], "a signature")
+        # keyid is only a hint in DSSE: try the named key first, then every other trusted key.
+        candidates = sorted(keys.values(), key=lambda k: k.keyid != s.get("keyid"))
+        for key in candidates:
+            if key.verifies(sig, message):
+                v.signer = key
+                v.add(OK, "signature", f"Ed25519, key {key.keyid[:16]}… from {key.source}")
+                if key.dev_key:
+                    v.add(WARN, "signing key", "dev key, not trusted for publication")
+                return
+    trusted_named = [k for k in named if k in keys]
+    if trusted_named:
+        v.add(FAIL, "signature", f"does not verify with trusted key {trusted_named[0][:16]}…: "
+                                 "the payload or the signature was changed after signing")
+    else:
+        v.add(FAIL, "signature", f"signed by key {(named[0] or 'unnamed')[:16]}…, which is not trusted "
+                                 "(add its public key to manifests/keys/ or pass --key PEM)")
+
+
+def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
+    from manifests.loader import validate
+
+    if stmt.get("_type") != cert.STATEMENT_TYPE:
+        v.add(FAIL, "statement type", f"is {stmt.get('_type')!r}, expected {cert.STATEMENT_TYPE!r}")
+        return False
+    if stmt.get("predicateType") != cert.PREDICATE_TYPE:
+        v.add(FAIL, "predicateType", f"is {stmt.get('predicateType')!r}, expected {cert.PREDICATE_TYPE!r}")
+        return False
+    pred = stmt.get("predicate")
+    if isinstance(pred, dict) and pred.get("schema_version") != cert.PREDICATE_SCHEMA_VERSION:
+        v.add(FAIL, "predicate", f"schema_version {pred.get('schema_version')!r} is not supported "
+                                 f"(this dgr reads {cert.PREDICATE_SCHEMA_VERSION})")
+        return False
+    try:
+        validate(pred, "certificate-predicate", source="the predicate")
+    except ConfigurationError as exc:
+        v.add(FAIL, "predicate", exc.message)
+        return False
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list) or not subjects:
+        v.add(FAIL, "subjects", "the statement names no subject")
+        return False
+    v.add(OK, "statement", f"in-toto Statement v1, {len(subjects)} subjects, verdict {pred['verdict']['status']}")
+    return True
+
+
+def _check_signer_binding(v: Verification) -> None:
+    named = v.predicate.get("signer", {}).get("keyid")
+    if v.signer is not None and named != v.signer.keyid:
+        v.add(FAIL, "signer", f"the predicate names key {str(named)[:16]}… but the signature is by "
+                              f"{v.signer.keyid[:16]}…")
+    elif v.predicate.get("signer", {}).get("dev_key"):
+        v.add(WARN, "signer", "the certificate says it was signed with a workspace dev key")
+
+
+def _locate(name: str, local: Mapping[str, str], store: Path | None) -> Path | None:
+    recorded = local.get(name)
+    if recorded and Path(recorded).is_file():
+        return Path(recorded)
+    if store is not None and name.startswith("artifacts/"):
+        candidate = store / name.removeprefix("artifacts/")
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check_subjects(v: Verification, stmt: Mapping[str, Any], store: Path | None) -> None:
+    local = v.predicate.get("local_paths") or {}
+    for s in stmt["subject"]:
+        name = str(s.get("name", "?"))
+        expected = s.get("digest") or {}
+        if not {"sha256"} <= set(expected):
+            v.add(FAIL, f"subject {name}", "carries no sha256 digest")
+            continue
+        found = _locate(name, local, store)
+        if found is None:
+            v.add(SKIP, f"subject {name}", "file not present here; digest not recomputed")
+            continue
+        actual = cert.file_digests(found)
+        bad = [alg for alg in ("sha256", "blake3") if alg in expected and expected[alg] != actual[alg]]
+        if bad:
+            alg = bad[0]
+            v.add(FAIL, f"subject {name}", f"{alg} mismatch for {found}: certificate says "
+                                           f"{expected[alg]}, file has {actual[alg]}")
+        else:
+            v.add(OK, f"subject {name}", f"{' + '.join(sorted(expected))} match {found}")
+
+
+def _check_html(v: Verification, html: Path | None) -> None:
+    report = v.predicate.get("report") or {}
+    expected = report.get("html_sha256")
+    target = Path(html) if html is not None else v.path.parent / str(report.get("file", "report.html"))
+    if not target.is_file():
+        v.add(SKIP, "report HTML", f"{target} not present; its digest was not checked")
+        return
+    actual = sha256_file(target)
+    if actual != expected:
+        v.add(FAIL, "report HTML", f"{target} does not match the certificate: sha256 {actual}, "
+                                   f"certificate says {expected} (the page was edited or belongs to another run)")
+    else:
+        v.add(OK, "report HTML", f"sha256 matches {target}")

@@ -1,0 +1,197 @@
+"""Certificate statement -> one self-contained HTML page (inline CSS and SVG, no script, no network).
+
+The page is rendered from the statement *before* it is signed (the signed predicate carries the page's
+sha256), so it shows what will be signed, by which key, and what was verified while the run happened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+from markupsafe import Markup
+
+from reports import charts
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every template is HTML; nothing from a run reaches the page unescaped
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["short"] = lambda s, n=16: (str(s)[:n] + "…") if s and len(str(s)) > n else (s or "—")
+    env.filters["num"] = fmt
+    return env
+
+
+def fmt(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        if x == 0 or 1e-3 <= abs(x) < 1e6:
+            return f"{x:.4g}"
+        return f"{x:.3e}"
+    return str(x)
+
+
+def table(frame: pd.DataFrame, *, classes: str = "") -> Markup:
+    """pandas' HTML with escaping on; the markup is then trusted by the template."""
+    html = frame.to_html(index=False, escape=True, border=0, classes=classes or None, na_rep="—")
+    return Markup(html)
+
+
+def gate_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataFrame:
+    rows = []
+    for r in results:
+        details = r.get("details") or {}
+        if details.get("gate") != gate:
+            continue
+        for row in details.get("rows", []):
+            rows.append({
+                "placement": details.get("placement"),
+                "check": row["check"],
+                "value": fmt(row["value"]),
+                "threshold": f"{row['op']} {fmt(row['limit'])}",
+                "result": "pass" if row["ok"] else "FAIL",
+            })
+    return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
+
+
+def _spread(s: Mapping[str, Any] | None) -> str:
+    if not s:
+        return "—"
+    return f"{fmt(s['median'])} ± {fmt(s['iqr'] / 2)} (n={s['n']})"
+
+
+def speed_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for p in placements:
+        sp = p.get("speed") or {}
+        rows.append({
+            "placement": p["name"],
+            "lane": p.get("lane", ""),
+            "stages": p["n_stages"],
+            "boundary": p.get("boundary_dtype", ""),
+            "prefill tok/s (median ± IQR/2)": _spread(sp.get("prefill_tok_s")),
+            "decode tok/s (median ± IQR/2)": _spread(sp.get("decode_tok_s")),
+            "seam bytes / token": ", ".join(fmt(b) for b in sp.get("seam_bytes_per_token", [])) or "—",
+            "seam ms / token": ", ".join(f"{s * 1e3:.3f}" for s in sp.get("seam_s", [])) or "—",
+        })
+    return pd.DataFrame(rows)
+
+
+def physical_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
+    phys = figures.get("physical_model")
+    if not phys:
+        return None
+    rows = [{"model": r["label"], "boundary width": r["boundary_width"], "dtype": r["dtype"],
+             "bytes / token / seam": r["bytes_per_token"], "source": r["source"]} for r in phys]
+    return pd.DataFrame(rows)
+
+
+def result_frame(results: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = [{"step": r["name"], "status": r["status"], "seconds": f"{r.get('duration_s', 0):.2f}",
+             "reason": r.get("reason", "")} for r in results]
+    return pd.DataFrame(rows, columns=["step", "status", "seconds", "reason"])
+
+
+def subject_frame(subjects: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = [{"subject": s["name"], "sha256": s["digest"].get("sha256", ""),
+             "blake3": s["digest"].get("blake3", "")} for s in subjects]
+    return pd.DataFrame(rows, columns=["subject", "sha256", "blake3"])
+
+
+def kv_frame(mapping: Mapping[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame([{"field": k, "value": fmt(v) if not isinstance(v, (dict, list)) else str(v)}
+                         for k, v in mapping.items()], columns=["field", "value"])
+
+
+def _charts(figures: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> list[Markup]:
+    placements = figures.get("placements", [])
+    limits: dict[str, tuple[float | None, bool]] = {}
+    for r in results:
+        d = r.get("details") or {}
+        if d.get("gate") == "speed":
+            for row in d.get("rows", []):
+                if row["metric"] == "decode_tok_s" and row["op"] == ">=" and "staged" not in row["check"]:
+                    limits[d["placement"]] = (row["limit"], r["status"] == "PASS")
+    speed_rows = []
+    time_rows = []
+    for p in placements:
+        sp = p.get("speed") or {}
+        if not sp.get("decode_tok_s"):
+            continue
+        limit, ok = limits.get(p["name"], (None, True))
+        label = f"{p['name']} ({p.get('lane', '')})" if p.get("role") == "reference-cross-lane" else p["name"]
+        speed_rows.append((label, float(sp["decode_tok_s"]["median"]), limit, ok))
+        if sp.get("stage_compute_s"):
+            time_rows.append((label, sp["stage_compute_s"], sp.get("seam_s", [])))
+    return [
+        charts.decode_speed(speed_rows, title="Decode tokens/s per placement (median of the timed repetitions)"),
+        charts.stage_seam_time(time_rows, title="Time per decoded token: stage compute and seams (median)"),
+    ]
+
+
+def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
+    """The report page for ``stmt`` (its predicate must not yet carry the report digest)."""
+    pred = stmt["predicate"]
+    results = pred.get("results", [])
+    figures = pred.get("figures", {})
+    phys = physical_frame(figures)
+    template = environment().get_template("report.html.j2")
+    return template.render(
+        pred=pred,
+        signer=signer,
+        verdict=pred["verdict"],
+        subjects=table(subject_frame(stmt["subject"]), classes="digests"),
+        n_subjects=len(stmt["subject"]),
+        parity=table(gate_frame(results, "parity"), classes="gate"),
+        speed_gate=table(gate_frame(results, "speed"), classes="gate"),
+        other_gates=table(gate_frame(results, "route-change"), classes="gate"),
+        speed=table(speed_frame(figures.get("placements", []))),
+        physical=table(phys) if phys is not None else None,
+        steps=table(result_frame(results)),
+        hardware=table(kv_frame(pred.get("hardware", {}))),
+        charts=_charts(figures, results),
+        identity=_identity_rows(pred),
+    )
+
+
+def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(link in the chain, its digest or id, a short description) for the identity table."""
+    ident = pred.get("identity", {})
+    src = ident.get("source") or {}
+    pat = ident.get("patches") or {}
+    bld = ident.get("build") or {}
+    art = ident.get("artifacts") or {}
+    rec = pred.get("recipe", {})
+    rows = [
+        ("llama.cpp source", str(src.get("commit", "—")), f"tree {src.get('tree', '—')} via {src.get('source', '—')}"),
+        ("patch stack", str(pat.get("digest", "—")), f"{len(pat.get('patches', []))} patches"),
+        ("build", str(bld.get("key", "—")), f"lane {bld.get('lane', pred.get('lane', '—'))}"),
+    ]
+    ref = ident.get("reference_build")
+    if ref:
+        rows.append(("reference build", str(ref.get("key", "—")), f"lane {ref.get('lane', '—')}"))
+    rows += [
+        ("artifacts", str(art.get("manifest_digest", "—")), f"set {art.get('set', '—')} variant {art.get('variant', '—')}"),
+        ("recipe", str(rec.get("digest", "—")), f"{rec.get('name', '—')}, hardware class {rec.get('hardware_class', '—')}"),
+    ]
+    return rows
