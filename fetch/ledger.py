@@ -1,0 +1,358 @@
+"""What is already verified: the chunk ledger of a partial file, and the stat-identity sidecar of a set.
+
+Partial file.  ``.<name>.part`` beside the destination is created at its final size (sparse) and only
+ever receives *verified* chunks: a chunk is buffered, hashed against the manifest and only then written
+at its offset.  So every byte ever written into a partial is the sealed byte for that offset, which is
+what keeps two runs correct when the per-file lock does nothing (a network filesystem): they may share
+the inode, but they can only write identical bytes into it, and publishing is an atomic rename of a
+file whose whole-file digest was just checked.
+
+Ledger.  ``.<name>.ledger`` records each verified chunk as one appended line (``index digest``): a
+small ``O_APPEND`` write is atomic, survives ``kill -9`` through the page cache, and a torn last line
+is ignored.  The ledger is a claim, not a proof: on resume every claimed chunk is hashed again before
+it is trusted (cheap next to a download), so a power cut that lost page-cache data costs a refetch,
+never a bad byte.  Data and ledger are fsync'd every few seconds and before publishing.
+
+Sidecar.  ``.dgr-verified.json`` in the variant directory keeps, per published file, its stat identity
+(size, mtime_ns, ctime_ns, inode, device) and digests, plus the manifest digest.  A re-run trusts a file
+whose identity is unchanged (a stat), and re-hashes when anything differs or the sidecar is corrupt,
+stale or from another manifest.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from certify.canonical import atomic_write_bytes, canonical_bytes
+from certify.errors import IntegrityError, RuntimeFailure
+from fetch.artifacts import ArtifactFile
+
+LEDGER_VERSION = 1
+SIDECAR = ".dgr-verified.json"
+SIDECAR_VERSION = 1
+SYNC_EVERY_S = 2.0
+HASH_SLICE = 256 << 20  # progress granularity for whole-file hashing; big enough to keep blake3 threads busy
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """RELIABILITY 14: never open through a link planted in the store."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IntegrityError(
+                f"{path} is a symbolic link; refusing to use it", hint="remove the link and retry"
+            ) from None
+        raise
+
+
+def chunk_digest(data: bytes | memoryview) -> str:
+    # Large chunks are hashed with blake3's own threads; tiny ones are not worth the pool.
+    threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def blake3_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Whole-file blake3 over an mmap in large slices (multi-threaded; progress between slices)."""
+    fd = open_nofollow(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        if size:
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+                view = memoryview(mm)
+                try:
+                    for start in range(0, size, HASH_SLICE):
+                        piece = view[start : start + HASH_SLICE]
+                        hasher.update(piece)
+                        piece.release()
+                        if on_bytes:
+                            on_bytes(min(HASH_SLICE, size - start))
+                finally:
+                    view.release()
+        return hasher.hexdigest()
+    finally:
+        os.close(fd)
+
+
+# --- ledger ------------------------------------------------------------------------------------------
+
+
+def _ranges(indices: Iterable[int]) -> list[int]:
+    return sorted(set(indices))
+
+
+@dataclass
+class Partial:
+    """A partial file and its ledger; ``verified`` holds chunk indices whose bytes were hashed."""
+
+    path: Path
+    ledger_path: Path
+    entry: ArtifactFile
+    chunk_size: int
+    fd: int
+    ledger_fd: int
+    verified: set[int]
+    validator: dict[str, str]
+    identity: str
+    _last_sync: float = 0.0
+
+    @property
+    def n_chunks(self) -> int:
+        assert self.entry.size is not None
+        return -(-self.entry.size // self.chunk_size)
+
+    @property
+    def size(self) -> int:
+        assert self.entry.size is not None
+        return self.entry.size
+
+    def missing(self) -> list[int]:
+        return [i for i in range(self.n_chunks) if i not in self.verified]
+
+    @property
+    def bytes_verified(self) -> int:
+        return sum(self.span(i)[1] - self.span(i)[0] for i in self.verified)
+
+    def span(self, index: int) -> tuple[int, int]:
+        return self.entry.chunk_span(index, self.chunk_size)
+
+    def accept(self, index: int, data: memoryview | bytes) -> str | None:
+        """Verify a whole chunk, then write it and record it; return None, or the wrong digest."""
+        assert self.entry.chunks is not None
+        start, end = self.span(index)
+        if len(data) != end - start:
+            raise AssertionError(f"chunk {index}: {len(data)} bytes for span {start}:{end}")
+        got = chunk_digest(data)
+        if got != self.entry.chunks[index]:
+            return got
+        if index not in self.verified:
+            _pwrite_all(self.fd, data, start, self.path)
+            _append(self.ledger_fd, f"{index} {got}\n".encode())
+            self.verified.add(index)
+            self.maybe_sync()
+        return None
+
+    def set_validator(self, validator: dict[str, str]) -> None:
+        """The origin's ETag/Last-Modified for If-Range; a change rewrites the ledger header atomically."""
+        if validator == self.validator:
+            return
+        self.validator = dict(validator)
+        lines = [json.dumps(self._header()) + "\n"]
+        lines += [f"{i} {self.entry.chunks[i]}\n" for i in sorted(self.verified)]  # type: ignore[index]
+        atomic_write_bytes(self.ledger_path, "".join(lines).encode())
+        os.close(self.ledger_fd)
+        self.ledger_fd = open_nofollow(self.ledger_path, os.O_WRONLY | os.O_APPEND)
+
+    def _header(self) -> dict[str, Any]:
+        return {"ledger": LEDGER_VERSION, "identity": self.identity, "validator": self.validator}
+
+    def maybe_sync(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_sync >= SYNC_EVERY_S:
+            os.fdatasync(self.fd)
+            os.fsync(self.ledger_fd)
+            self._last_sync = now
+
+    def close(self) -> None:
+        for fd in (self.fd, self.ledger_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def discard_ledger(self) -> None:
+        self.ledger_path.unlink(missing_ok=True)
+
+
+def _pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: Path) -> None:
+    view = memoryview(data)
+    done = 0
+    try:
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(path, offset + done) from None
+        raise
+
+
+class DiskFull(RuntimeFailure):
+    """ENOSPC mid-write: stop at once; the partial and its ledger are kept for a later resume."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        super().__init__(f"disk full writing {path} at byte {offset}")
+
+
+def _append(fd: int, line: bytes) -> None:
+    os.write(fd, line)
+
+
+def open_partial(
+    dest: Path, entry: ArtifactFile, chunk_size: int, *, on_rehash: Callable[[int], None] | None = None
+) -> Partial:
+    """Open (or create) ``.<name>.part`` + ``.<name>.ledger`` beside ``dest`` and re-verify claims."""
+    assert entry.size is not None and entry.chunks is not None
+    part = dest.with_name(f".{dest.name}.part")
+    ledger = dest.with_name(f".{dest.name}.ledger")
+    identity = entry.identity(chunk_size)
+    fd = open_nofollow(part, os.O_RDWR | os.O_CREAT)
+    try:
+        st = os.fstat(fd)
+        if st.st_size < entry.size:
+            os.ftruncate(fd, entry.size)  # sparse; only ever grows, so a sharer's bytes stay valid
+        claims, validator = _read_ledger(ledger, identity, entry)
+        verified = _recheck(fd, entry, chunk_size, claims, on_rehash)
+        if not ledger.exists() or claims is None:
+            lines = (
+                json.dumps({"ledger": LEDGER_VERSION, "identity": identity, "validator": validator}) + "\n"
+            )
+            lines += "".join(f"{i} {entry.chunks[i]}\n" for i in sorted(verified))
+            atomic_write_bytes(ledger, lines.encode())
+        lfd = open_nofollow(ledger, os.O_WRONLY | os.O_APPEND)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Partial(
+        path=part,
+        ledger_path=ledger,
+        entry=entry,
+        chunk_size=chunk_size,
+        fd=fd,
+        ledger_fd=lfd,
+        verified=verified,
+        validator=validator,
+        identity=identity,
+        _last_sync=time.monotonic(),
+    )
+
+
+def _read_ledger(path: Path, identity: str, entry: ArtifactFile) -> tuple[set[int] | None, dict[str, str]]:
+    """Claimed chunk indices, or None when the ledger is absent, corrupt or for another file."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None, {}
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(64 << 20)
+    lines = raw.split(b"\n")
+    try:
+        header = json.loads(lines[0])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, {}
+    if (
+        not isinstance(header, dict)
+        or header.get("ledger") != LEDGER_VERSION
+        or header.get("identity") != identity
+    ):
+        return None, {}
+    validator = header.get("validator") if isinstance(header.get("validator"), dict) else {}
+    assert entry.chunks is not None
+    claims: set[int] = set()
+    for line in lines[1:]:
+        parts = line.split(b" ")
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue  # a torn last line after a crash
+        index = int(parts[0])
+        if index < len(entry.chunks) and parts[1].decode("ascii", "replace") == entry.chunks[index]:
+            claims.add(index)
+    return claims, {str(k): str(v) for k, v in validator.items()}
+
+
+def _recheck(
+    fd: int,
+    entry: ArtifactFile,
+    chunk_size: int,
+    claims: set[int] | None,
+    on_rehash: Callable[[int], None] | None,
+) -> set[int]:
+    assert entry.chunks is not None
+    good: set[int] = set()
+    for index in sorted(claims or ()):
+        start, end = entry.chunk_span(index, chunk_size)
+        data = os.pread(fd, end - start, start)
+        if len(data) == end - start and chunk_digest(data) == entry.chunks[index]:
+            good.add(index)
+        if on_rehash:
+            on_rehash(end - start)
+    return good
+
+
+# --- sidecar -----------------------------------------------------------------------------------------
+
+
+def stat_identity(st: os.stat_result) -> dict[str, int]:
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+        "dev": st.st_dev,
+    }
+
+
+def read_sidecar(directory: Path, manifest_digest: str) -> dict[str, dict[str, Any]]:
+    """Per-file records, or {} when the sidecar is absent, corrupt or from another manifest."""
+    path = directory / SIDECAR
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (FileNotFoundError, IntegrityError):
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(16 << 20)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    if (
+        not isinstance(data, dict)
+        or data.get("sidecar") != SIDECAR_VERSION
+        or data.get("manifest") != manifest_digest
+        or not isinstance(data.get("files"), dict)
+    ):
+        return {}
+    return {k: v for k, v in data["files"].items() if isinstance(v, dict)}
+
+
+def write_sidecar(directory: Path, manifest_digest: str, files: dict[str, dict[str, Any]]) -> None:
+    atomic_write_bytes(
+        directory / SIDECAR,
+        canonical_bytes({"sidecar": SIDECAR_VERSION, "manifest": manifest_digest, "files": files}),
+    )
+
+
+def sidecar_record(path: Path, entry: ArtifactFile, chunk_size: int) -> dict[str, Any]:
+    st = os.stat(path, follow_symlinks=False)
+    return {
+        **stat_identity(st),
+        "identity": entry.identity(chunk_size),
+        "sha256": entry.sha256,
+        "blake3": entry.blake3,
+    }
+
+
+def sidecar_trusts(record: dict[str, Any] | None, path: Path, entry: ArtifactFile, chunk_size: int) -> bool:
+    """A stat, not a hash: the file is what we verified iff its identity has not changed since."""
+    if not record:
+        return False
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (
+        record.get("identity") == entry.identity(chunk_size)
+        and all(record.get(k) == v for k, v in stat_identity(st).items())
+        and st.st_size == entry.size
+    )

@@ -1,0 +1,334 @@
+"""Provision an artifact set into the store: exact, resumable, verified, published atomically.
+
+``provision(ctx, "tiny-llama", variant="f32")`` returns a ``Provisioned`` naming the files in split
+order.  Per file: trust the sidecar (one stat) unless ``reverify``; otherwise hash what is there; else
+take the per-file lock, open the partial + ledger, fill the missing chunks from the first origin that
+works (HTTP(S), a local directory, or the generator into staging), check the whole-file digest and the
+GGUF header, publish by rename.  The set is declared ready only after every split header has been held
+against the manifest together (``gguf_header.check_set``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from certify.canonical import canonical_bytes, write_json
+from certify.context import Context
+from certify.errors import DgrError, IntegrityError, RuntimeFailure
+from certify.workspace import env_store, refuse_links_below
+from fetch import gguf_header, ledger
+from fetch.artifacts import (
+    ARTIFACTS,
+    DEFAULT_SET,
+    ArtifactFile,
+    ArtifactSet,
+    Origin,
+    Variant,
+    load_set,
+    require_sealed,
+)
+from fetch.download import RetryPolicy, Stats, copy_local, fetch_http
+from fetch.progress import Progress, factory
+from fetch.store import check_policy, file_lock, free_bytes, preflight, prepare_dir, publish
+
+log = logging.getLogger("dgr.provision")
+PROVENANCE = "provenance.json"
+PROVENANCE_VERSION = 1
+
+ProgressFactory = Callable[[str, int], Progress]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provisioned:
+    set_name: str
+    variant: str
+    store: Path  # the variant directory: <store>/<set>/<variant>
+    files: tuple[Path, ...]  # split order
+    manifest_digest: str
+    provenance: Mapping[str, Any]
+    provenance_path: Path
+    bytes_fetched: int = 0  # bytes received from origins in this run
+    bytes_hashed: int = 0  # bytes hashed to verify existing files (not counting chunks as they land)
+    reused: int = 0  # files trusted from the sidecar with a stat
+    seconds: float = 0.0
+
+    @property
+    def first(self) -> Path:
+        return self.files[0]
+
+
+def provision(
+    ctx: Context,
+    set_name: str | None = None,
+    *,
+    variant: str | None = None,
+    store: str | os.PathLike[str] | None = None,
+    reverify: bool = False,
+    progress: ProgressFactory | None = None,
+    policy: RetryPolicy | None = None,
+    lock_wait_s: float = 0.0,
+    manifests: Path = ARTIFACTS,
+    free: Callable[[Path], int] = free_bytes,
+) -> Provisioned:
+    started = time.monotonic()
+    aset = load_set(set_name or DEFAULT_SET, root=manifests)
+    vname = aset.variant_name(variant)
+    spec = require_sealed(aset, vname)
+    make_bar = progress or factory()
+    policy = policy or RetryPolicy()
+    root = env_store(ctx.env, os.fspath(store) if store is not None else None, ctx.workspace)
+    check_policy(root, aset.storage, aset.name)
+    root.mkdir(parents=True, exist_ok=True)
+    vdir = prepare_dir(root, root / aset.name / vname)
+    run = _Run(
+        ctx=ctx,
+        aset=aset,
+        vname=vname,
+        spec=spec,
+        root=root,
+        vdir=vdir,
+        policy=policy,
+        make_bar=make_bar,
+        lock_wait_s=lock_wait_s,
+    )
+    records = ledger.read_sidecar(vdir, aset.digest)
+    dests = [_dest(root, vdir, f) for f in spec.files]
+
+    todo: list[int] = []
+    for i, (entry, dest) in enumerate(zip(spec.files, dests, strict=True)):
+        if not reverify and ledger.sidecar_trusts(records.get(entry.name), dest, entry, spec.chunk_size):
+            run.reused += 1
+        else:
+            todo.append(i)
+    if not todo and records.get("", {}).get("set_checked") is True:
+        return run.result(dests, started)
+
+    remaining = sum(_remaining(spec.files[i], dests[i]) for i in todo)
+    preflight(vdir, remaining, free=free)
+    try:
+        for i in todo:
+            records[spec.files[i].name] = run.one(i, spec.files[i], dests[i], reverify=reverify)
+            records.pop("", None)
+            ledger.write_sidecar(vdir, aset.digest, records)
+        headers = [gguf_header.read_header(d) for d in dests]
+        gguf_header.check_set(headers, spec.gguf)
+        records[""] = {"set_checked": True}
+        ledger.write_sidecar(vdir, aset.digest, records)
+    finally:
+        run.cleanup()
+    return run.result(dests, started)
+
+
+def _dest(root: Path, vdir: Path, entry: ArtifactFile) -> Path:
+    dest = vdir / entry.name
+    if dest.parent != vdir:
+        prepare_dir(root, dest.parent)
+    refuse_links_below(root, dest)
+    return dest
+
+
+def _remaining(entry: ArtifactFile, dest: Path) -> int:
+    """Bytes still to land on disk: the partial is sparse, so its allocated blocks are already paid for."""
+    assert entry.size is not None
+    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == entry.size:
+        return 0
+    part = dest.with_name(f".{dest.name}.part")
+    try:
+        have = part.lstat().st_blocks * 512
+    except FileNotFoundError:
+        have = 0
+    return max(entry.size - have, 0)
+
+
+@dataclass
+class _Run:
+    ctx: Context
+    aset: ArtifactSet
+    vname: str
+    spec: Variant
+    root: Path
+    vdir: Path
+    policy: RetryPolicy
+    make_bar: ProgressFactory
+    lock_wait_s: float
+    reused: int = 0
+    bytes_fetched: int = 0
+    bytes_hashed: int = 0
+    _generated: Path | None = None
+
+    def one(self, index: int, entry: ArtifactFile, dest: Path, *, reverify: bool) -> dict[str, Any]:
+        with file_lock(dest, wait_s=self.lock_wait_s):
+            if dest.is_symlink():
+                raise IntegrityError(
+                    f"{dest} is a symbolic link; refusing to use it", hint="remove the link and retry"
+                )
+            if dest.exists():
+                if self._hash_ok(dest, entry):
+                    self._check_header(dest, index)
+                    return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
+                log.warning("%s does not match the manifest; fetching it again", dest)
+            self._fill(entry, dest)
+            return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
+
+    def _hash_ok(self, path: Path, entry: ArtifactFile) -> bool:
+        if path.stat().st_size != entry.size:
+            return False
+        assert entry.size is not None
+        with self.make_bar(f"verify {entry.name}", entry.size) as bar:
+            actual = ledger.blake3_file(path, on_bytes=bar.update)
+        self.bytes_hashed += entry.size
+        return actual == entry.blake3
+
+    def _check_header(self, path: Path, index: int) -> None:
+        header = gguf_header.read_header(path)
+        gguf_header.check_file(header, index, len(self.spec.files), self.spec.gguf)
+
+    def _fill(self, entry: ArtifactFile, dest: Path) -> None:
+        assert entry.size is not None
+        partial = ledger.open_partial(dest, entry, self.spec.chunk_size)
+        try:
+            errors: list[DgrError] = []
+            for origin in self.aset.origins:
+                if not partial.missing():
+                    break
+                stats = Stats()
+                with self.make_bar(f"fetch {entry.name}", entry.size) as bar:
+                    bar.update(partial.bytes_verified)
+                    try:
+                        self._from_origin(origin, partial, stats, bar.update)
+                    except ledger.DiskFull as exc:
+                        need = entry.size - partial.bytes_verified
+                        raise RuntimeFailure(
+                            f"disk full writing {dest.name}: {partial.bytes_verified} of {entry.size} bytes "
+                            f"verified and kept; need {need} more bytes (free {free_bytes(dest.parent)})",
+                            hint="free space (or use a larger --store) and run again to resume",
+                        ) from exc
+                    except DgrError as exc:
+                        log.warning(
+                            "origin %s failed for %s: %s", _origin_text(origin), entry.name, exc.message
+                        )
+                        errors.append(exc)
+                    finally:
+                        self.bytes_fetched += stats.bytes_received
+            if partial.missing():
+                raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
+            partial.maybe_sync(force=True)
+            with self.make_bar(f"verify {entry.name}", entry.size) as bar:
+                actual = ledger.blake3_file(partial.path, on_bytes=bar.update)
+            if actual != entry.blake3:
+                partial.close()
+                partial.path.unlink(missing_ok=True)
+                partial.discard_ledger()
+                raise IntegrityError(
+                    f"{entry.name}: whole-file blake3 mismatch: expected {entry.blake3}, "
+                    f"got {actual}; not published",
+                    hint="the manifest's chunk and file digests disagree; re-seal it",
+                )
+            self._check_header(partial.path, self.spec.files.index(entry))
+            publish(partial.path, dest)
+            partial.discard_ledger()
+        finally:
+            partial.close()
+
+    def _from_origin(
+        self, origin: Origin, partial: ledger.Partial, stats: Stats, on_bytes: Callable[[int], None]
+    ) -> None:
+        if origin.kind == "http":
+            fetch_http(origin, partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+        elif origin.kind == "local":
+            assert origin.path is not None
+            copy_local(Path(origin.path), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+        elif origin.kind == "generated":
+            copy_local(self._generate(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+        else:  # pragma: no cover - the schema admits no other kind
+            raise RuntimeFailure(f"unknown origin kind {origin.kind!r}")
+
+    def _generate(self, origin: Origin) -> Path:
+        """Regenerate the synthetic set into staging once per run; verified like any download."""
+        if self._generated is None:
+            from fetch import source, tinymodel
+
+            tree = source.ensure_pristine(self.ctx).path
+            staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
+            out = Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-", dir=staging))
+            params = {**dict(origin.parameters), **dict(self.spec.parameters)}
+            tinymodel.generate(out, params, self.vname, tree=tree)
+            self._generated = out
+        return self._generated
+
+    def cleanup(self) -> None:
+        if self._generated is not None:
+            shutil.rmtree(self._generated, ignore_errors=True)
+            self._generated = None
+
+    def result(self, dests: list[Path], started: float) -> Provisioned:
+        prov = provenance_record(self.aset, self.vname, self.spec)
+        path = self.vdir / PROVENANCE
+        if not _same_json(path, prov):
+            write_json(path, prov)
+        return Provisioned(
+            set_name=self.aset.name,
+            variant=self.vname,
+            store=self.vdir,
+            files=tuple(dests),
+            manifest_digest=self.aset.digest,
+            provenance=prov,
+            provenance_path=path,
+            bytes_fetched=self.bytes_fetched,
+            bytes_hashed=self.bytes_hashed,
+            reused=self.reused,
+            seconds=time.monotonic() - started,
+        )
+
+
+def provenance_record(aset: ArtifactSet, vname: str, spec: Variant) -> dict[str, Any]:
+    """The artifacts link of the identity chain; identical for every run over the same manifest."""
+    g = spec.gguf
+    return {
+        "schema_version": PROVENANCE_VERSION,
+        "stage": "artifacts",
+        "set": aset.name,
+        "variant": vname,
+        "manifest_digest": aset.digest,
+        "storage": aset.storage,
+        "chunk_size": spec.chunk_size,
+        "chunk_digest": spec.chunk_digest,
+        "gguf": {
+            "architecture": g.architecture,
+            "block_count": g.block_count,
+            "split_count": g.split_count,
+            "tensor_counts": list(g.tensor_counts or ()),
+        },
+        "files": [
+            {
+                "name": f.name,
+                "size": f.size,
+                "sha256": f.sha256,
+                "blake3": f.blake3,
+                "chunk_size": spec.chunk_size,
+                "chunks": list(f.chunks or ()),
+            }
+            for f in spec.files
+        ],
+    }
+
+
+def _same_json(path: Path, value: Any) -> bool:
+    import json
+
+    try:
+        return canonical_bytes(json.loads(path.read_bytes())) == canonical_bytes(value)
+    except (OSError, ValueError):
+        return False
+
+
+def _origin_text(origin: Origin) -> str:
+    return origin.base_url or origin.path or f"generated:{origin.generator}"

@@ -1,0 +1,144 @@
+"""``dgr seal``: the only writer of digests into artifact-set manifests.
+
+Hashes every file of a variant from a directory (size, sha256, blake3, one blake3 per chunk, in one
+read), checks every GGUF header against the manifest's expectations, fills in ``split_count`` and
+``tensor_counts`` when the manifest leaves them out (and refuses when it states other values), and
+writes the manifest back as sorted, indented JSON.  Sealing the same files twice gives the same bytes.
+
+A variant that lists no files yet (the real target before anyone produced it) takes the ``*.gguf``
+files found in the directory, in name order (llama-gguf-split names sort in split order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from certify.canonical import write_json
+from certify.context import Context
+from certify.errors import ConfigurationError
+from fetch import gguf_header
+from fetch.artifacts import ARTIFACTS, check_file_name, parse_set, set_path
+from fetch.progress import Progress, factory
+
+READ_BLOCK = 8 << 20
+
+
+def hash_file(
+    path: Path, chunk_size: int, on_bytes: Callable[[int], None] = lambda n: None
+) -> dict[str, Any]:
+    """size, sha256, blake3 and per-chunk blake3 digests of ``path`` in a single read."""
+    sha = hashlib.sha256()
+    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    chunks: list[str] = []
+    size = 0
+    buf = bytearray(chunk_size)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            got = 0
+            while got < chunk_size:
+                n = fh.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            if not got:
+                break
+            piece = view[:got]
+            sha.update(piece)
+            whole.update(piece)
+            chunks.append(blake3.blake3(piece, max_threads=blake3.blake3.AUTO).hexdigest())
+            size += got
+            on_bytes(got)
+            if got < chunk_size:
+                break
+    view.release()
+    return {"size": size, "sha256": sha.hexdigest(), "blake3": whole.hexdigest(), "chunks": chunks}
+
+
+def seal(
+    set_name: str,
+    source: Path | None,
+    *,
+    variant: str | None = None,
+    ctx: Context | None = None,
+    root: Path = ARTIFACTS,
+    progress: Callable[[str, int], Progress] | None = None,
+) -> Path:
+    """Seal one variant (or every variant) of ``set_name`` from the files in ``source``; returns the path."""
+    path = set_path(set_name, root=root)
+    if not path.is_file():
+        raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    aset = parse_set(data, source=str(path), path=path)  # validates before we touch anything
+    make_bar = progress or factory()
+    names = [variant] if variant else sorted(aset.variants)
+    for vname in names:
+        aset.variant(vname)
+    generated = next((o for o in aset.origins if o.kind == "generated"), None)
+    if source is None and generated is None:
+        raise ConfigurationError(f"artifact set {set_name!r} has no generated origin; pass --from DIR")
+    for vname in names:
+        vdata = data["variants"][vname]
+        if source is None:
+            assert generated is not None and ctx is not None
+            with tempfile.TemporaryDirectory(prefix=f"seal-{set_name}-", dir=_staging(ctx)) as tmp:
+                _generate(ctx, generated, vdata, vname, Path(tmp))
+                _seal_variant(vdata, vname, Path(tmp), make_bar)
+        else:
+            _seal_variant(vdata, vname, source, make_bar)
+    parse_set(data, source=f"{path} (sealed)", path=path)  # what we write must load
+    write_json(path, data)
+    return path
+
+
+def _staging(ctx: Context) -> Path:
+    return ctx.workspace.ensure(ctx.workspace.staging)
+
+
+def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out: Path) -> None:
+    from fetch import source, tinymodel
+
+    tree = source.ensure_pristine(ctx).path
+    tinymodel.generate(out, {**dict(origin.parameters), **vdata.get("parameters", {})}, vname, tree=tree)
+
+
+def _seal_variant(
+    vdata: dict[str, Any], vname: str, source: Path, make_bar: Callable[[str, int], Progress]
+) -> None:
+    names = [f["name"] for f in vdata["files"]]
+    if not names:
+        names = sorted(p.name for p in source.glob("*.gguf") if p.is_file())
+        if not names:
+            raise ConfigurationError(f"{source} holds no .gguf files to seal for variant {vname!r}")
+    for name in names:
+        check_file_name(name)
+        if not (source / name).is_file():
+            raise ConfigurationError(f"{source / name} does not exist (variant {vname!r} lists it)")
+    chunk_size = int(vdata["chunk_size"])
+    files = []
+    for name in names:
+        with make_bar(f"seal {name}", os.path.getsize(source / name)) as bar:
+            files.append({"name": name, **hash_file(source / name, chunk_size, bar.update)})
+    headers = [gguf_header.read_header(source / n) for n in names]
+    g = vdata["gguf"]
+    counts = [len(h.tensors) for h in headers]
+    for key, value in (("split_count", len(names)), ("tensor_counts", counts)):
+        if key in g and g[key] != value:
+            raise ConfigurationError(
+                f"variant {vname!r}: the files show {key} {value}, the manifest says {g[key]}",
+                hint="fix the manifest's expectations or the files, then seal again",
+            )
+        g[key] = value
+    from fetch.artifacts import ExpectedGGUF
+    from manifests.loader import build
+
+    gguf_header.check_set(headers, build(ExpectedGGUF, g))
+    vdata["files"] = files

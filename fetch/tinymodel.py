@@ -1,0 +1,185 @@
+"""The embedded default model: a deterministic synthetic dense llama, written as three split GGUF files.
+
+Set ``tiny-llama`` (``manifests/artifacts/tiny-llama.json``) holds both variants, ``f32`` and ``q8_0``;
+a recipe names ``artifacts: tiny-llama`` and ``variant: f32`` (or ``q8_0``).  The set's ``generated``
+origin carries the shared parameters, each variant adds its ``ftype``.
+
+Byte-for-byte determinism (so the sealed digests hold on every machine):
+- weights come from PCG64's *raw* 64-bit stream (bit generators are stable across numpy versions,
+  distribution methods are not), mapped to uniform floats in [-a, a) with a = std * sqrt(3) using plain
+  IEEE float64 arithmetic, then rounded once to float32; norms are exactly 1;
+- q8_0 uses the pinned tree's gguf-py quantizer; the writer is the pinned gguf-py, which writes KV
+  pairs and tensors in insertion order and stamps no time, host or path into the file;
+- the tokenizer KV pairs are copied, in file order, from the pinned tree's vocab file.
+Layout follows llama-gguf-split: ``<name>-0000k-of-0000n.gguf``, ``split.no``/``split.count``/
+``split.tensors.count`` in every file, all other metadata in the first file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from certify.errors import ConfigurationError, IntegrityError
+
+GENERATOR = "tinymodel"
+DEFAULTS: dict[str, Any] = {
+    "seed": 20260101,
+    "n_layer": 12,
+    "n_embd": 256,
+    "n_head": 8,
+    "n_head_kv": 4,
+    "n_ff": 768,
+    "n_ctx": 512,
+    "splits": 3,
+    "init_std": 0.02,
+    "rms_eps": 1e-5,
+    "rope_freq_base": 10000.0,
+    "vocab": "models/ggml-vocab-llama-spm.gguf",
+    "name": "dgr-tiny-llama",
+    "ftype": "f32",
+}
+FTYPES = {"f32": 0, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_Q8_0
+
+
+def import_gguf(tree: Path) -> Any:
+    """The pinned tree's gguf-py (not whatever the environment may have installed)."""
+    where = (tree / "gguf-py").resolve()
+    if not (where / "gguf" / "__init__.py").is_file():
+        raise ConfigurationError(f"{where} has no gguf package; is {tree} a llama.cpp tree?")
+    loaded = sys.modules.get("gguf")
+    if loaded is not None:
+        if Path(loaded.__file__ or "").resolve().is_relative_to(where):
+            return loaded
+        raise ConfigurationError(
+            f"another gguf package is already imported from {loaded.__file__}", hint="run in a fresh process"
+        )
+    sys.path.insert(0, str(where))
+    try:
+        module = importlib.import_module("gguf")
+    finally:
+        sys.path.remove(str(where))
+    return module
+
+
+def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
+    p = {**DEFAULTS, **params}
+    n = int(p["splits"])
+    stem = f"tiny-llama-{variant}"
+    return [f"{stem}-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)] if n > 1 else [f"{stem}.gguf"]
+
+
+class _Weights:
+    """Uniform weights in [-a, a) from PCG64's raw stream (stable across numpy versions)."""
+
+    def __init__(self, seed: int) -> None:
+        self.bits = np.random.PCG64(seed)
+
+    def uniform(self, shape: tuple[int, ...], std: float) -> np.ndarray:
+        n = math.prod(shape)
+        raw = self.bits.random_raw(n).astype(np.uint64)
+        unit = (raw >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))  # [0, 1), exact
+        a = std * math.sqrt(3.0)
+        return ((unit * 2.0 - 1.0) * a).astype(np.float32).reshape(shape)
+
+
+def _copy_tokenizer(gguf: Any, writer: Any, vocab: Path) -> int:
+    reader = gguf.GGUFReader(vocab)
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = field.types[1]
+            value = field.contents()
+            writer.add_key_value(name, value, vtype, sub_type=sub)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        else:
+            writer.add_key_value(name, field.contents(), vtype)
+    if not n_vocab:
+        raise IntegrityError(f"{vocab} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
+    """Write the variant's split files into ``out_dir`` (which must exist and be empty of them)."""
+    gguf = import_gguf(tree)
+    p = {**DEFAULTS, **params}
+    unknown = sorted(set(p) - set(DEFAULTS))
+    if unknown:
+        raise ConfigurationError(f"tinymodel: unknown parameter(s) {', '.join(unknown)}")
+    ftype = str(p["ftype"])
+    if ftype not in FTYPES:
+        raise ConfigurationError(f"tinymodel: ftype {ftype!r} is not one of {', '.join(FTYPES)}")
+    n_layer, n_embd, n_head, n_head_kv, n_ff = (
+        int(p[k]) for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff")
+    )
+    head_dim = n_embd // n_head
+    n_tensors = 1 + 9 * n_layer + 2
+    splits = int(p["splits"])
+    per_file = -(-n_tensors // splits)
+    stem = file_names(p, variant)[0].split("-00001-of-")[0] if splits > 1 else f"tiny-llama-{variant}"
+
+    writer = gguf.GGUFWriter(
+        out_dir / f"{stem}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
+    )
+    writer.add_name(str(p["name"]))
+    writer.add_context_length(int(p["n_ctx"]))
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(p["rope_freq_base"]))
+    writer.add_layer_norm_rms_eps(float(p["rms_eps"]))
+    writer.add_file_type(FTYPES[ftype])
+    if ftype != "f32":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _copy_tokenizer(gguf, writer, tree / str(p["vocab"]))
+    writer.add_vocab_size(n_vocab)
+
+    rng = _Weights(int(p["seed"]))
+    std = float(p["init_std"])
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def add(name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
+        data = np.ones(shape, dtype=np.float32) if norm else rng.uniform(shape, std)
+        if ftype == "q8_0" and not norm:
+            writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(name, data)
+
+    add("token_embd.weight", (n_vocab, n_embd))
+    kv_dim = head_dim * n_head_kv
+    for i in range(n_layer):
+        add(f"blk.{i}.attn_norm.weight", (n_embd,), norm=True)
+        add(f"blk.{i}.attn_q.weight", (n_embd, n_embd))
+        add(f"blk.{i}.attn_k.weight", (kv_dim, n_embd))
+        add(f"blk.{i}.attn_v.weight", (kv_dim, n_embd))
+        add(f"blk.{i}.attn_output.weight", (n_embd, n_embd))
+        add(f"blk.{i}.ffn_norm.weight", (n_embd,), norm=True)
+        add(f"blk.{i}.ffn_gate.weight", (n_ff, n_embd))
+        add(f"blk.{i}.ffn_up.weight", (n_ff, n_embd))
+        add(f"blk.{i}.ffn_down.weight", (n_embd, n_ff))
+    add("output_norm.weight", (n_embd,), norm=True)
+    add("output.weight", (n_vocab, n_embd))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    names = file_names(p, variant)
+    paths = [out_dir / n for n in names]
+    for path in paths:
+        if not path.is_file():
+            raise IntegrityError(f"tinymodel: the writer did not produce {path.name}")
+    return paths
