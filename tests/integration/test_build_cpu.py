@@ -1,0 +1,132 @@
+"""CPU lane builds with the real cmake, compiler and build tool.
+
+The first tests drive a tiny stand-in project (seconds): key, build.json, hashes, no-op, a failing
+build.  The slow one builds the real patched tree and the shard worker in the real workspace (what
+`nox -s build-cpu` does) and checks that a second run is a no-op.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from certify.canonical import read_json, sha256_file
+from certify.context import Context
+from certify.errors import CommandFailed
+from lanes import build, cpu
+from lanes.base import BuildOptions
+
+COMMIT = "4df29be4f4c3673f428170fda944a5b19f743bb8"
+
+STANDIN = """\
+cmake_minimum_required(VERSION 3.19)
+project(standin C)
+set(DGR_LLAMA_SOURCE_DIR "" CACHE PATH "")
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_library(llama STATIC ${DGR_LLAMA_SOURCE_DIR}/llama.c)
+foreach(t llama-bench llama-gguf-split llama-quantize dgr-shard-worker)
+  add_executable(${t} main.c)
+  target_link_libraries(${t} llama)
+endforeach()
+"""
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> tuple[Path, build.Tree]:
+    """A project with the pipeline's targets, built against a 'patched tree' of one C file."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(STANDIN)
+    (project / "main.c").write_text("int llama(void);\nint main(void) { return llama(); }\n")
+    llama = tmp_path / "patched"
+    llama.mkdir()
+    (llama / "llama.c").write_text("int llama(void) { return 0; }\n")
+    tree = build.Tree(path=llama, digest="1" * 40, provenance={"pristine": {"commit": COMMIT}})
+    return project, tree
+
+
+def build_standin(ctx: Context, project: Path, tree: build.Tree) -> build.Build:
+    probe = cpu.probe(ctx.env).require()
+    return build.build_tree(
+        ctx, cpu, probe, tree, options=BuildOptions(jobs=2), project=project, targets=build.TARGETS
+    )
+
+
+def test_build_records_what_it_produced_and_a_rerun_is_a_noop(
+    ctx: Context, standin: tuple[Path, build.Tree]
+) -> None:
+    project, tree = standin
+    first = build_standin(ctx, project, tree)
+    assert not first.reused
+    assert first.dir == ctx.workspace.builds / f"cpu-{first.key[:16]}"
+    record = read_json(first.dir / build.RECORD)
+    assert record["key"] == first.key == build.build_key(record["key_inputs"])
+    assert record["key_inputs"]["tree"] == tree.digest and record["key_inputs"]["lane"] == "cpu"
+    assert "-DGGML_NATIVE=OFF" in record["key_inputs"]["cmake_args"]
+    assert f"-DDGR_LLAMA_COMMIT={COMMIT}" in record["key_inputs"]["cmake_args"]
+    assert not any("DGR_LLAMA_SOURCE_DIR" in a for a in record["key_inputs"]["cmake_args"])
+    assert f"-DDGR_LLAMA_SOURCE_DIR={tree.path}" in record["cmake_args"]
+    assert set(record["binaries"]) >= {
+        "llama-bench",
+        "llama-gguf-split",
+        "llama-quantize",
+        "dgr-shard-worker",
+        "libllama.a",
+    }
+    for name, rec in record["binaries"].items():
+        assert sha256_file(first.dir / rec["path"]) == rec["sha256"], name
+    assert first.worker == first.dir / "bin" / "dgr-shard-worker"
+    assert subprocess.run([str(first.worker)], check=False).returncode == 0
+
+    started = time.monotonic()
+    again = build_standin(ctx, project, tree)
+    assert again.reused and again.key == first.key and time.monotonic() - started < 5
+
+
+def test_changed_worker_sources_or_tree_get_their_own_build(
+    ctx: Context, standin: tuple[Path, build.Tree]
+) -> None:
+    project, tree = standin
+    first = build_standin(ctx, project, tree)
+    (project / "main.c").write_text("int llama(void);\nint main(void) { return 1 + llama(); }\n")
+    second = build_standin(ctx, project, tree)
+    assert second.key != first.key and second.dir != first.dir and not second.reused
+    assert subprocess.run([str(second.worker)], check=False).returncode == 1
+    assert (first.dir / build.RECORD).is_file()  # the earlier good build is left alone
+    other = build.Tree(path=tree.path, digest="2" * 40, provenance=tree.provenance)
+    assert build_standin(ctx, project, other).key not in (first.key, second.key)
+
+
+def test_a_failing_build_raises_and_leaves_no_record(ctx: Context, standin: tuple[Path, build.Tree]) -> None:
+    project, tree = standin
+    (tree.path / "llama.c").write_text("int llama(void) { return syntax error; }\n")
+    with pytest.raises(CommandFailed) as err:
+        build_standin(ctx, project, tree)
+    assert err.value.exit_code == 6
+    assert not list(ctx.workspace.builds.glob(f"*/{build.RECORD}"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)  # a cold build of the real tree takes tens of minutes on two cores
+def test_real_cpu_build_of_the_patched_tree_and_worker_then_noop(real_ctx: Context) -> None:
+    first = build.ensure_build(real_ctx, "cpu")
+    record = read_json(first.dir / build.RECORD)
+    for name in ("llama-bench", "llama-gguf-split", "llama-quantize", "dgr-shard-worker", "libllama.a"):
+        rec = record["binaries"][name]
+        assert sha256_file(first.dir / rec["path"]) == rec["sha256"], name
+    assert first.worker is not None and first.worker.is_file()
+    from patches.stack import ensure_patched
+
+    assert record["key_inputs"]["tree"] == ensure_patched(real_ctx).digest
+    assert record["key_inputs"]["worker"] == build.worker_digest()
+    bench = subprocess.run([str(first.binaries["llama-bench"]), "--help"], capture_output=True, timeout=60)
+    assert bench.returncode == 0
+
+    started = time.monotonic()
+    again = build.ensure_build(real_ctx, "cpu")
+    seconds = time.monotonic() - started
+    print(f"\nCPU lane no-op rebuild: {seconds:.2f} s ({again.dir})")
+    assert again.reused and again.key == first.key and seconds < 10
