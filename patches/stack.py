@@ -192,6 +192,9 @@ def _git_line_paths(rest: str, name: str) -> list[str]:
 
 
 def _strip_p1(path: str, name: str) -> str:
+    if path.startswith("/"):
+        raise IntegrityError(f"patch {name}: path {path!r} is absolute; the stack was refused, "
+                             "nothing was changed")
     if "/" not in path:
         raise IntegrityError(f"patch {name}: path {path!r} has no a/ or b/ prefix")
     return path.split("/", 1)[1]
