@@ -232,23 +232,47 @@ def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
                                  hint="start the workers with a larger --ctx or shorten the prompts")
 
 
+def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
+    """One prefill split into chunks of at most n_batch positions, seen as one pass."""
+    if len(parts) == 1:
+        return parts[0]
+    steps = [p.step for p in parts]
+
+    def total(name: str) -> tuple:
+        return tuple(sum(vals) for vals in zip(*(getattr(s, name) for s in steps), strict=True))
+
+    return _Pass(
+        logits=np.concatenate([p.logits for p in parts]) if all_logits else parts[-1].logits,
+        boundaries=[np.concatenate(seam) for seam in zip(*(p.boundaries for p in parts), strict=True)],
+        captures={il: np.concatenate([p.captures[il] for p in parts]) for il in parts[0].captures},
+        step=Step(n_tokens=sum(s.n_tokens for s in steps), wall_seconds=sum(s.wall_seconds for s in steps),
+                  stage_wall=total("stage_wall"), stage_compute=total("stage_compute"),
+                  seam_bytes=total("seam_bytes"), seam_seconds=total("seam_seconds")),
+    )
+
+
 def _greedy(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool = True, start: int = 0,
+    keep_boundaries: bool = True,
 ) -> tuple[list[int], list[_Pass]]:
-    """Prefill ``prompt`` at positions start.., then decode until n_decode tokens are chosen."""
+    """Prefill ``prompt`` at positions 0.. (in chunks of the smallest n_batch of the stages), then
+    decode until n_decode tokens are chosen."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
     if n_decode < 1:
         raise ConfigurationError("decode length must be at least 1")
     kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries)
-    positions = list(range(start, start + len(prompt)))
-    passes = [_forward_all(stages, infos, session, epoch, positions, list(prompt),
-                           all_logits=all_logits, **kw)]
+    batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
+    chunks = []
+    for first in range(0, len(prompt), batch):
+        part = list(prompt[first:first + batch])
+        chunks.append(_forward_all(stages, infos, session, epoch, list(range(first, first + len(part))), part,
+                                   all_logits=all_logits, **kw))
+    passes = [_merge(chunks, all_logits=all_logits)]
     chosen = [int(np.argmax(passes[-1].logits[-1]))]
     while len(chosen) < n_decode:
-        pos = start + len(prompt) + len(chosen) - 1
+        pos = len(prompt) + len(chosen) - 1
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
         chosen.append(int(np.argmax(passes[-1].logits[-1])))
     return chosen, passes

@@ -10,6 +10,7 @@ Faults (tests inject them through the environment, optionally for one stage by i
                  | ignore-sigterm
   DGR_FAKE_FAULT_BEGIN=<layer>   only the stage starting at that layer misbehaves
   DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
+  DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ sys.path.insert(0, os.environ["DGR_STUBS_DIR"])
 import grpc  # noqa: E402
 from dgr_shard_pb import shard_pb2 as pb  # noqa: E402
 from dgr_shard_pb import shard_pb2_grpc as pbg  # noqa: E402
+
+N_BATCH = int(os.environ.get("DGR_FAKE_N_BATCH", "512"))
 
 
 class Toy:
@@ -60,7 +63,9 @@ class Servicer(pbg.ShardWorkerServicer):
 
     def Info(self, request, context):
         t = self.toy
+        extra = {"n_batch": N_BATCH} if "n_batch" in pb.InfoReply.DESCRIPTOR.fields_by_name else {}
         return pb.InfoReply(
+            **extra,
             worker_version="fake-0", llama_commit="0" * 40, lane=self.args.lane or "cpu",
             backend_devices="numpy", model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
             layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
@@ -98,6 +103,8 @@ class Servicer(pbg.ShardWorkerServicer):
             time.sleep(3600)
         positions = list(request.positions)
         n = len(positions)
+        if n > N_BATCH:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n} positions in one Forward (max {N_BATCH})")
         epoch, kv, used = self.sessions.get(request.session_id, (request.epoch, {}, 0))
         if request.session_id in self.sessions and epoch != request.epoch:
             epoch, kv, used = request.epoch, {}, 0  # a new route epoch is a cache miss

@@ -85,6 +85,22 @@ def test_capture_on_a_staged_run_routes_to_the_owner(stubs, tmp_path: Path, refe
     assert np.allclose(got.logits, ref.logits[len(PROMPTS[2]) - 1:], rtol=1e-5, atol=1e-3)
 
 
+def test_long_prompts_are_prefilled_in_n_batch_chunks(stubs, tmp_path: Path, reference: drive.Trace) -> None:
+    env = fake_env(stubs, DGR_FAKE_N_BATCH="3")
+    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
+                env=env) as p:
+        assert p.clients[0].info().n_batch == 3
+        trace = drive.run_placement(p.clients, PROMPTS, N_DECODE, capture=[2, 8])
+    for ref, got in zip(reference.prompts, trace.prompts, strict=True):
+        assert got.tokens == ref.tokens and got.logit_positions == ref.logit_positions
+        assert got.prefill.n_tokens == len(got.prompt)
+        assert np.array_equal(got.boundaries[6], ref.captures[6])
+        for layer in (2, 8):
+            assert np.array_equal(got.captures[layer], ref.captures[layer])
+        # The head's matmul over 3 rows instead of 10 rounds differently: close, not bitwise.
+        assert np.allclose(got.logits, ref.logits, rtol=1e-5, atol=1e-3)
+
+
 def test_speed_samples(stubs, tmp_path: Path) -> None:
     with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
                 env=fake_env(stubs)) as p:

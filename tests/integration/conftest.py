@@ -1,0 +1,98 @@
+"""Session fixtures for the slow suite: the CPU lane build and the embedded tiny model, made once.
+
+They use the real workspace (``DGR_WORK`` or ``.work/``) so a build made by ``nox -s build-cpu`` or an
+earlier test run is reused instead of rebuilt.  A fixture skips (with the reason) only while a stage's
+module does not exist yet in this checkout; once it does, any failure of that stage fails the test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from certify.context import Context
+from worker import stubs as stubs_mod
+from worker.launcher import WorkerCommand
+
+TINY_SET = "tiny-llama"
+THREADS = int(os.environ.get("DGR_TEST_THREADS", "2"))
+
+
+def _module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        pytest.skip(f"{name} is not in this checkout yet; the slow suite needs it")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModel:
+    first: Path  # the first split file, what --model takes
+    files: tuple[Path, ...]
+
+
+@pytest.fixture(scope="session")
+def real_ctx() -> Context:
+    return Context.from_env()
+
+
+@pytest.fixture(scope="session")
+def cpu_build(real_ctx: Context):
+    build = _module("lanes.build").ensure_build(real_ctx, "cpu")
+    assert build.worker is not None and build.worker.is_file(), "the CPU lane built no dgr-shard-worker"
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_model(real_ctx: Context) -> TinyModel:
+    provisioned = _module("fetch.provision").provision(real_ctx, TINY_SET)
+    return TinyModel(first=Path(provisioned.first), files=tuple(Path(f) for f in provisioned.files))
+
+
+@pytest.fixture(scope="session")
+def stubs(real_ctx: Context) -> stubs_mod.Stubs:
+    return stubs_mod.load(real_ctx.workspace)
+
+
+@pytest.fixture(scope="session")
+def worker_command(cpu_build, tiny_model: TinyModel) -> WorkerCommand:
+    return WorkerCommand(program=(os.fspath(cpu_build.worker),), model=tiny_model.first, threads=THREADS,
+                         ctx_size=512, lane="cpu")
+
+
+@pytest.fixture(scope="session")
+def worker_env() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def proc_alive(pid: int) -> bool:
+    """True while /proc shows a live, non-zombie process with this pid (no psutil needed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def our_workers(binary: Path) -> list[int]:
+    """Pids of live children of this test process running ``binary`` (a /proc scan, so it also finds
+    workers the launcher lost track of; other sessions' workers of the same binary are not ours)."""
+    found = []
+    target = os.path.realpath(binary)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if exe == target and ppid == os.getpid() and proc_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
