@@ -12,8 +12,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="recompute the tree id of an existing tree instead of trusting its record")
     parser.add_argument("--source", choices=("git", "sdist"), action="append", dest="sources",
                         help="try only this source (repeatable, in order); default: the pin's order "
-                        "(env DGR_FETCH_SOURCES=git,sdist does the same; DGR_LLAMA_GIT_URL names a git mirror)")
-    parser.epilog = ("The downloaded sdist is cached under $DGR_CACHE (default ~/.cache/dgr-certify)/archives "
+                        "(env DGR_FETCH_SOURCES=git,sdist does the same; "
+                        "DGR_LLAMA_GIT_URL names a git mirror)")
+    parser.epilog = ("The downloaded sdist is cached under "
+                     "$DGR_CACHE (default ~/.cache/dgr-certify)/archives "
                      "and re-verified by sha256 before each use.")
 
 

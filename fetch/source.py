@@ -217,7 +217,8 @@ def _fetch(ctx: Context, pin: Pin, final: Path, record: Path) -> Pristine:
                 shutil.rmtree(tmp, ignore_errors=True)
     tried = "; ".join(f"{a['source']}: {a.get('error', '')}" for a in attempts) or "none"
     raise RuntimeFailure(f"no source could provide llama.cpp {pin.commit} ({tried})",
-                         hint="check network access to the package index, or set DGR_LLAMA_GIT_URL to a mirror")
+                         hint="check network access to the package index, "
+                         "or set DGR_LLAMA_GIT_URL to a mirror")
 
 
 # --- git -----------------------------------------------------------------------------------------
@@ -288,7 +289,8 @@ def obtain_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> t
         try:
             download(ctx, pin, tmp)
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
-            raise SourceUnavailable(f"sdist {sd.package}=={sd.version}: download failed: {_why(exc)}") from None
+            raise SourceUnavailable(
+                f"sdist {sd.package}=={sd.version}: download failed: {_why(exc)}") from None
         got = tmp / sd.filename
         if not got.is_file() or got.is_symlink():
             names = sorted(p.name for p in tmp.iterdir())

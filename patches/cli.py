@@ -14,7 +14,8 @@ from certify.context import Context
 def configure(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dev", metavar="DIR", type=Path,
-                      help="create a git work tree at DIR: a 'pristine <commit>' base plus one commit per patch")
+                      help="create a git work tree at DIR: a 'pristine <commit>' base "
+                      "plus one commit per patch")
     mode.add_argument("--refresh", metavar="DIR", type=Path,
                       help="regenerate patches/NNNN-*.patch and patches/series from the commits in DIR")
     mode.add_argument("--reverify", action="store_true",

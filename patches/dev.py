@@ -70,7 +70,8 @@ def make_dev_tree(ctx: Context, dest: Path, *, pin: Pin | None = None, patches_d
     return base
 
 
-def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None, patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
+def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None,
+            patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
     """Regenerate the patch files and the series from the commits of ``dev``; returns (name, sha256)."""
     pristine = ensure_pristine(ctx, pin=pin)
     env = gittree.git_env(ctx.env)

@@ -22,7 +22,8 @@ def _leftovers(ctx: Context) -> list[str]:
 
 def test_right_commit_gives_the_pinned_tree_with_provenance(ctx: Context, upstream, upstream_pin) -> None:
     pristine = ensure_pristine(ctx, pin=upstream_pin)
-    assert pristine.path == tree_dir(ctx, upstream_pin) == ctx.workspace.sources / f"llama.cpp-{upstream.commit[:12]}"
+    assert pristine.path == tree_dir(ctx, upstream_pin)
+    assert pristine.path == ctx.workspace.sources / f"llama.cpp-{upstream.commit[:12]}"
     # The committed-but-ignored file and the executable bit survive; no .git is left in the tree.
     assert (pristine.path / "src" / "table.gen").read_text() == "committed although ignored\n"
     assert (pristine.path / "run.sh").stat().st_mode & stat.S_IXUSR
@@ -69,7 +70,7 @@ def test_missing_commit_is_unavailable_and_nothing_is_left(ctx: Context, upstrea
     assert _leftovers(ctx) == []
 
 
-def test_fetch_git_raises_unavailable_for_an_unreachable_url(ctx: Context, tmp_path: Path, upstream_pin) -> None:
+def test_unreachable_git_url_is_unavailable(ctx: Context, tmp_path: Path, upstream_pin) -> None:
     pin = dataclasses.replace(upstream_pin, upstream=(tmp_path / "nowhere.git").as_uri())
     dest = tmp_path / "dest"
     dest.mkdir()

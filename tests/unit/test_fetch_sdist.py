@@ -18,7 +18,7 @@ from fetch.source import SdistPin, archive_path, ensure_pristine, fetch_sdist, o
 
 
 def _build_sdist(tmp_path: Path, upstream_work: Path, *, extra: tarfile.TarInfo | None = None) -> Path:
-    """tiny-1.0.tar.gz vendoring the upstream fixture's first commit under vendor/tiny, with a .git pointer."""
+    """tiny-1.0.tar.gz vendoring the fixture's first commit under vendor/tiny, with a .git pointer."""
     out = tmp_path / "dist" / "tiny-1.0.tar.gz"
     out.parent.mkdir(exist_ok=True)
     src = tmp_path / "export"
@@ -147,7 +147,8 @@ def test_sdist_with_a_different_tree_is_refused(ctx: Context, tmp_path: Path, up
     assert not tree_dir(ctx, wrong).exists()
 
 
-def test_hostile_sdist_is_refused_before_extraction(ctx: Context, tmp_path: Path, upstream, upstream_pin) -> None:
+def test_hostile_sdist_is_refused_before_extraction(ctx: Context, tmp_path: Path, upstream,
+                                                    upstream_pin) -> None:
     evil = tarfile.TarInfo("tiny-1.0/vendor/tiny/../../../../evil.txt")
     evil.size = 4
     archive = _build_sdist(tmp_path, upstream.work, extra=evil)
