@@ -1,0 +1,103 @@
+"""Decode speed of the shard worker (issue 4 must-show), on the embedded tiny model, CPU lane.
+
+1. Monolithic worker decode tok/s vs the pinned tree's own ``llama-bench -p 0 -n N`` (tg) on the same
+   model and thread count; goal >= 0.95x.  The worker's figure is end to end as the driver sees it:
+   gRPC round trip, the logits row back to Python and the greedy argmax included.
+2. 2-stage loopback decode tok/s vs monolithic (one seam: boundary relay plus a second round trip).
+
+The two sides run interleaved (ROUNDS times) so background load on a shared box hits both alike; the
+figures are medians over every sample.  Run: ``nox -s bench`` or ``pytest tests/bench -m slow -s``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from certify import drive, proc
+from tests.integration import conftest as shared
+from worker.launcher import launch
+
+# The slow suite's session fixtures (build once, provision once), shared without a conftest of our own.
+real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
+stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
+THREADS = shared.THREADS
+
+pytestmark = pytest.mark.slow
+
+N_GEN = 64
+REPETITIONS = 5
+ROUNDS = 3
+GOAL = 0.95
+
+
+def _llama_bench_tg(binary, model, threads: int, env) -> list[float]:
+    argv = [binary, "-m", model, "-p", "0", "-n", str(N_GEN), "-t", str(threads), "-r", str(REPETITIONS),
+            "-o", "json"]
+    out = proc.run(argv, env=env, no_output_timeout=300).output
+    start = out.index("[")
+    rows = json.loads(out[start:out.rindex("]") + 1])
+    tg = [r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == N_GEN]
+    assert tg, f"llama-bench printed no tg{N_GEN} row: {out[-500:]}"
+    return [float(v) for v in tg[0]["samples_ts"]]
+
+
+def _worker_decode(clients, prompt) -> list[float]:
+    speed = drive.measure_speed(clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1)
+    return list(speed.decode_tok_s)
+
+
+def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, worker_command, stubs, worker_env,
+                                          tmp_path) -> None:
+    bench = cpu_build.binaries["llama-bench"]
+    ours: list[float] = []
+    theirs: list[float] = []
+    with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        prompt = p.clients[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
+        for r in range(ROUNDS):
+            theirs += _llama_bench_tg(bench, tiny_model.first, THREADS, worker_env)
+            if r < ROUNDS - 1:
+                ours += _worker_decode(p.clients, prompt)
+        ours += benchmark.pedantic(_worker_decode, args=(p.clients, prompt), rounds=1, iterations=1)
+    ratio = float(np.median(ours) / np.median(theirs))
+    figures = {
+        "threads": THREADS, "n_gen": N_GEN, "worker_decode_tok_s_median": float(np.median(ours)),
+        "llama_bench_tg_tok_s_median": float(np.median(theirs)), "ratio": ratio,
+        "worker_samples": ours, "llama_bench_samples": theirs,
+    }
+    benchmark.extra_info.update(figures)
+    print(f"\n[bench] monolithic worker decode {np.median(ours):.1f} tok/s vs llama-bench tg{N_GEN} "
+          f"{np.median(theirs):.1f} tok/s at {THREADS} threads: {ratio:.3f}x (goal >= {GOAL})")
+    assert ratio >= GOAL, figures
+
+
+def test_two_stage_loopback_vs_monolithic(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
+    mono: list[float] = []
+    staged: list[float] = []
+    seams: list[float] = []
+    with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "mono", env=worker_env) as m, \
+         launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "two",
+                env=worker_env) as s:
+        prompt = m.clients[0].tokenize("", add_special=True) or [1]
+        for r in range(ROUNDS):
+            mono += _worker_decode(m.clients, prompt)
+            if r < ROUNDS - 1:
+                staged += _worker_decode(s.clients, prompt)
+        samples = benchmark.pedantic(drive.measure_speed, args=(s.clients, prompt, N_GEN + 1),
+                                     kwargs={"repetitions": REPETITIONS, "warmup": 1}, rounds=1, iterations=1)
+        staged += list(samples.decode_tok_s)
+        seams += [rep[0] for rep in samples.seam_seconds]
+    ratio = float(np.median(staged) / np.median(mono))
+    figures = {
+        "threads": THREADS, "n_gen": N_GEN, "mono_decode_tok_s_median": float(np.median(mono)),
+        "two_stage_decode_tok_s_median": float(np.median(staged)), "ratio": ratio,
+        "seam_seconds_median": float(np.median(seams)),
+        "seam_bytes_per_token": samples.seam_bytes_per_token[0],
+    }
+    benchmark.extra_info.update(figures)
+    print(f"\n[bench] 2-stage loopback decode {np.median(staged):.1f} tok/s vs monolithic "
+          f"{np.median(mono):.1f} tok/s: {ratio:.3f}x; seam {np.median(seams) * 1e3:.3f} ms and "
+          f"{samples.seam_bytes_per_token[0]} B per token")
+    assert ratio > 0.5, figures
