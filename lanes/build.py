@@ -117,7 +117,7 @@ def ensure_build(
         raise ConfigurationError(f"{project}/CMakeLists.txt is missing: nothing to build")
     from patches.stack import ensure_patched  # the patch stage's own no-op check is fast
 
-    patched = ensure_patched(ctx)
+    patched = ensure_patched(ctx, reverify=options.reverify)
     tree = Tree(path=patched.path, digest=patched.digest, provenance=patched.provenance)
     return build_tree(ctx, lane, probe, tree, options=options, project=project, targets=targets)
 
@@ -185,6 +185,7 @@ def build_tree(
             "host_tools": {
                 "cmake": host.cmake,
                 "generator": host.generator,
+                "generator_version": host.generator_version,
                 "cxx": host.cxx,
                 "cc": host.cc,
                 "ccache": host.ccache,

@@ -39,6 +39,7 @@ class HostTools:
     cmake: str | None = None
     generator: str | None = None
     make_program: str | None = None
+    generator_version: str | None = None
     cxx: str | None = None
     cxx_id: str | None = None
     cc: str | None = None
@@ -79,25 +80,36 @@ def _compiler_id(banner: str) -> str:
     return "unknown"
 
 
-def _cxx(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None, str | None]:
-    """(path, id, version, problem) of the C++ compiler CMake will pick (CXX first, like CMake)."""
-    wanted = [env["CXX"].split()[0]] if env.get("CXX", "").strip() else ["c++", "g++", "clang++"]
+@dataclass(frozen=True, kw_only=True)
+class _Compiler:
+    var: str  # the environment variable CMake reads first
+    names: tuple[str, ...]
+    gcc: str
+    clang: str
+
+
+_CXX = _Compiler(var="CXX", names=("c++", "g++", "clang++"), gcc="g++", clang="clang++")
+_CC = _Compiler(var="CC", names=("cc", "gcc", "clang"), gcc="gcc", clang="clang")
+
+
+def _compiler(
+    env: Mapping[str, str], kind: _Compiler
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """(path, id, version, problem) of the compiler CMake will pick (CXX/CC first, like CMake)."""
+    wanted = [env[kind.var].split()[0]] if env.get(kind.var, "").strip() else list(kind.names)
     path = next((p for p in (which(w, env) for w in wanted) if p), None)
     if path is None:
-        return (
-            None,
-            None,
-            None,
-            "no C++17 compiler found: install g++ >= 9 or clang++ >= 10 (apt-get install g++)",
-        )
+        problem = f"no {kind.gcc} or {kind.clang} found: install {kind.gcc} >= 9 (apt-get install g++)"
+        return None, None, None, problem
     output = tool_output(path, ["--version"], env) or ""
     banner = first_line(output) or ""
     cid = _compiler_id(output)
+    # "g++ (Debian 12.2.0-14) 12.2.0": the version after the vendor note, not the one inside it.
     version = parse_version(banner.split(")")[-1] if ")" in banner else banner) or parse_version(banner)
     minimum = CXX_MINIMUM.get(cid)
     if minimum is not None and not at_least(version, minimum):
         got = dotted(version) if version else "unknown version"
-        name = "g++" if cid == "gcc" else "clang++"
+        name = kind.gcc if cid == "gcc" else kind.clang
         return (
             path,
             cid,
@@ -108,41 +120,33 @@ def _cxx(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None, st
 
 
 def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE_MINIMUM) -> HostTools:
-    versions: dict[str, str] = {}
+    """cmake, a build tool and both compilers.  ``versions`` (the build key's part) holds cmake and the
+    compilers; the generator is provenance only: ninja or make produce the same binaries."""
     cmake, cmake_version, problem = _cmake(env, cmake_minimum)
     if problem:
         return HostTools(cmake=cmake, problem=problem, problem_is_age=cmake is not None)
-    versions["cmake"] = cmake_version  # type: ignore[assignment]
     make_program, generator, gen_version = _generator(env)
     if generator is None:
         return HostTools(cmake=cmake, problem="no build tool found: install ninja-build (or make)")
-    versions[Path(make_program).name] = gen_version  # type: ignore[arg-type]
-    cxx, cxx_id, cxx_version, problem = _cxx(env)
-    if problem:
-        return HostTools(cmake=cmake, generator=generator, problem=problem, problem_is_age=cxx is not None)
-    versions["cxx"] = f"{cxx_id} {cxx_version}"
-    cc = next(
-        (
-            p
-            for p in (
-                which(w, env)
-                for w in ([env["CC"].split()[0]] if env.get("CC", "").strip() else ["cc", "gcc", "clang"])
+    versions = {"cmake": str(cmake_version)}
+    found: dict[str, str] = {}
+    for kind in (_CXX, _CC):
+        path, cid, version, problem = _compiler(env, kind)
+        if problem:
+            return HostTools(
+                cmake=cmake, generator=generator, problem=problem, problem_is_age=path is not None
             )
-            if p
-        ),
-        None,
-    )
-    if cc is None:
-        return HostTools(cmake=cmake, generator=generator, problem="no C compiler found: install gcc")
-    ccache = which("ccache", env)
+        found[kind.var] = path  # type: ignore[assignment]
+        versions[kind.var.lower()] = f"{cid} {version}"
     return HostTools(
         cmake=cmake,
         generator=generator,
+        generator_version=gen_version,
         make_program=make_program,
-        cxx=cxx,
-        cxx_id=cxx_id,
-        cc=cc,
-        ccache=ccache,
+        cxx=found["CXX"],
+        cxx_id=versions["cxx"].split()[0],
+        cc=found["CC"],
+        ccache=which("ccache", env),
         versions=versions,
     )
 

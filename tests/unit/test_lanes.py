@@ -62,7 +62,7 @@ def test_cpu_probe_found_records_every_version(host: dict[str, str], bindir: Pat
     probe = cpu.probe(host)
     assert probe.status is Status.OK and probe.usable
     assert probe.tool == "g++" and probe.version == "12.2.0" and probe.path == str(bindir / "c++")
-    assert dict(probe.versions) == {"cmake": "3.25.1", "ninja": "1.11.1", "cxx": "gcc 12.2.0"}
+    assert dict(probe.versions) == {"cmake": "3.25.1", "cxx": "gcc 12.2.0", "cc": "gcc 12.2.0"}
     assert probe.require() is probe
 
 
@@ -107,12 +107,20 @@ def test_no_compiler_at_all(host: dict[str, str], bindir: Path) -> None:
     assert probe.status is Status.MISSING and "apt-get install g++" in probe.reason
 
 
+def test_the_c_compiler_is_probed_too(host: dict[str, str], bindir: Path) -> None:
+    (bindir / "cc").unlink()
+    probe = cpu.probe(host)
+    assert probe.status is Status.MISSING and "no gcc or clang found" in probe.reason
+    tool(bindir, "cc", "clang version 16.0.0 (https://github.com/llvm/llvm-project)")
+    assert cpu.probe(host).versions["cc"] == "clang 16.0.0"
+
+
 def test_make_when_ninja_is_absent_and_ccache_optional(host: dict[str, str], bindir: Path) -> None:
     (bindir / "ninja").unlink()
     (bindir / "ccache").unlink()
     tools = cmake.probe_host(host)
     assert tools.problem is None and tools.generator == "Unix Makefiles" and tools.ccache is None
-    assert dict(tools.versions)["make"] == "4.3"
+    assert tools.generator_version == "4.3" and "make" not in tools.versions
     assert cmake.location_args(tools, llama_source=Path("/t")) == ["-DDGR_LLAMA_SOURCE_DIR=/t"]
 
 
