@@ -20,9 +20,11 @@ from certify.errors import RuntimeFailure
 
 # Logits of a long prompt over a large vocabulary exceed gRPC's 4 MiB default by far.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
+# Workers are reached directly: an http(s)_proxy in the environment must never capture a seam.
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_http_proxy", 0),
 )
 
 DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
