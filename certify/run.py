@@ -80,6 +80,7 @@ def _binary_subjects(lane: str, binaries: Mapping[str, Path], recorded: Mapping[
 def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
             need_cpu_reference: bool) -> Prepared:
     from fetch.provision import provision
+    from fetch.source import ensure_pristine
     from lanes.build import ensure_build
     from patches.stack import ensure_patched
 
@@ -90,14 +91,17 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
                                  hint=f"run `dgr build --lane {lane}`")
     ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
     patched = ensure_patched(ctx)
+    pristine = ensure_pristine(ctx)
+    from fetch.artifacts import load_set
+
+    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
     subjects, paths = [], {}
-    for f in provisioned.files:
-        path = Path(f.path if hasattr(f, "path") else f)
-        name = f"artifacts/{os.path.relpath(path, provisioned.store)}" if hasattr(provisioned, "store") \
-            else f"artifacts/{recipe.artifacts}/{path.name}"
-        digests = {"sha256": f.sha256, "blake3": f.blake3} if hasattr(f, "sha256") else cert.file_digests(path)
-        subjects.append(cert.subject(name, digests))
-        paths[name] = str(path.resolve())
+    store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
+    for entry, path in zip(entries, provisioned.files, strict=True):
+        # Provisioning verified every file against these manifest digests: no need to hash again.
+        name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
+        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3}))
+        paths[name] = str(Path(path).resolve())
     for b in (build, ref_build):
         if b is None:
             continue
@@ -106,7 +110,7 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
         paths.update(p)
     prov_patched = dict(patched.provenance)
     identity = {
-        "source": prov_patched.get("pristine") or {},
+        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
         "patches": {**prov_patched, "digest": patched.digest},
         "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
         "reference_build": ({**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
@@ -121,7 +125,7 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
     ]
     if ref_build is not None:
         verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
-    return Prepared(model=Path(provisioned.first), worker=(str(build.worker),),
+    return Prepared(model=Path(provisioned.files[0]), worker=(str(build.worker),),
                     reference_worker=(str(ref_build.worker),) if ref_build else None,
                     identity=identity, subjects=subjects, local_paths=paths, verified=verified)
 

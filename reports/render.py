@@ -57,20 +57,55 @@ def table(frame: pd.DataFrame, *, classes: str = "") -> Markup:
     return Markup(html)
 
 
+def _column(check: str) -> str:
+    # One column for every cut's boundary NMSE: the table keeps one row per placement.
+    return "boundary NMSE (worst cut)" if check.startswith("boundary NMSE at layer") else check
+
+
 def gate_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataFrame:
+    """One row per placement, one column per check: "value ✓" or "value ✗"; a first row of thresholds."""
+    columns: list[str] = []
+    limits: dict[str, str] = {}
+    rows: list[dict[str, str]] = []
+    for r in results:
+        details = r.get("details") or {}
+        if details.get("gate") != gate:
+            continue
+        row: dict[str, str] = {"placement": str(details.get("placement"))}
+        worst: dict[str, tuple[float, bool, str]] = {}
+        for c in details.get("rows", []):
+            col = _column(c["check"])
+            if col not in columns:
+                columns.append(col)
+            limits.setdefault(col, f"{c['op']} {fmt(c['limit'])}")
+            value = c["value"]
+            if col != c["check"]:  # keep the worst cut, and name it
+                key = -1.0 if value is None else float(value)
+                prev = worst.get(col)
+                if prev is None or (not c["ok"] and prev[1]) or (c["ok"] == prev[1] and key > prev[0]):
+                    worst[col] = (key, c["ok"], f"{fmt(value)} @ layer {c['check'].rsplit(' ', 1)[-1]}")
+                continue
+            row[col] = f"{fmt(value)} {'✓' if c['ok'] else '✗ FAIL'}"
+        for col, (_, ok, text) in worst.items():
+            row[col] = f"{text} {'✓' if ok else '✗ FAIL'}"
+        row["result"] = "pass" if r["status"] == "PASS" else str(r["status"])
+        rows.append(row)
+    header = {"placement": "threshold", **limits, "result": ""}
+    return pd.DataFrame([header, *rows], columns=["placement", *columns, "result"]) if rows else \
+        pd.DataFrame(columns=["placement", "result"])
+
+
+def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataFrame:
+    """Every check of a gate on its own row (the long form, for small gates)."""
     rows = []
     for r in results:
         details = r.get("details") or {}
         if details.get("gate") != gate:
             continue
         for row in details.get("rows", []):
-            rows.append({
-                "placement": details.get("placement"),
-                "check": row["check"],
-                "value": fmt(row["value"]),
-                "threshold": f"{row['op']} {fmt(row['limit'])}",
-                "result": "pass" if row["ok"] else "FAIL",
-            })
+            rows.append({"placement": details.get("placement"), "check": row["check"],
+                         "value": fmt(row["value"]), "threshold": f"{row['op']} {fmt(row['limit'])}",
+                         "result": "pass" if row["ok"] else "FAIL"})
     return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
 
 
@@ -101,8 +136,8 @@ def physical_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
     phys = figures.get("physical_model")
     if not phys:
         return None
-    rows = [{"model": r["label"], "boundary width": r["boundary_width"], "dtype": r["dtype"],
-             "bytes / token / seam": r["bytes_per_token"], "source": r["source"]} for r in phys]
+    rows = [{"model": r["label"], "boundary width": fmt(r["boundary_width"]), "dtype": r["dtype"],
+             "bytes / token / seam": fmt(r["bytes_per_token"]), "source": r["source"]} for r in phys]
     return pd.DataFrame(rows)
 
 
@@ -164,13 +199,18 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         n_subjects=len(stmt["subject"]),
         parity=table(gate_frame(results, "parity"), classes="gate"),
         speed_gate=table(gate_frame(results, "speed"), classes="gate"),
-        other_gates=table(gate_frame(results, "route-change"), classes="gate"),
+        other_gates=table(gate_rows_frame(results, "route-change"), classes="gate"),
         speed=table(speed_frame(figures.get("placements", []))),
         physical=table(phys) if phys is not None else None,
         steps=table(result_frame(results)),
         hardware=table(kv_frame(pred.get("hardware", {}))),
         charts=_charts(figures, results),
         identity=_identity_rows(pred),
+        ref={"placement": figures.get("reference", {}).get("placement", "—"),
+             "lane": figures.get("reference", {}).get("lane", "—"),
+             "prompts": figures.get("prompts", "—"), "n_decode": figures.get("n_decode", "—")},
+        measure={k: figures.get("measure", {}).get(k, "—")
+                 for k in ("warmup", "repetitions", "prompt_tokens", "decode_tokens")},
     )
 
 
