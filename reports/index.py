@@ -1,0 +1,123 @@
+"""The report index: every certificate under the reports folder, and a lane x recipe matrix of
+certified / failed / compile-only / never run, each cell linking to the latest report."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from certify.context import Context
+from certify.errors import DgrError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    recipe: str
+    lane: str
+    run_id: str
+    finished: str
+    verdict: str  # PASS / FAIL / ? (unreadable)
+    verified: bool
+    problem: str
+    recipe_digest: str
+    certificate: Path
+    html: Path
+    dev_key: bool
+
+
+def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
+    from certify.verify import verify
+
+    entries = []
+    for path in sorted(reports.glob("*/*/*/certificate.json")):
+        run_dir = path.parent
+        lane, recipe = run_dir.parent.name, run_dir.parent.parent.name
+        try:
+            v = verify(path, keys, subjects=False)
+        except DgrError as exc:
+            entries.append(Entry(recipe=recipe, lane=lane, run_id=run_dir.name, finished="", verdict="?",
+                                 verified=False, problem=exc.message, recipe_digest="", certificate=path,
+                                 html=run_dir / "report.html", dev_key=False))
+            continue
+        pred = v.predicate
+        problem = "; ".join(f"{ln.what} {ln.detail}" for ln in v.failures)
+        # Where the certificate says something else than the folder it sits in, believe neither.
+        if pred and (pred.get("lane") != lane or pred.get("recipe", {}).get("name") != recipe):
+            problem = problem or f"filed under {recipe}/{lane} but certifies {pred.get('recipe', {}).get('name')}" \
+                                 f"/{pred.get('lane')}"
+        entries.append(Entry(
+            recipe=recipe, lane=lane, run_id=str(pred.get("run_id", run_dir.name)),
+            finished=str(pred.get("finished", "")), verdict=str(pred.get("verdict", {}).get("status", "?")),
+            verified=not problem, problem=problem, recipe_digest=str(pred.get("recipe", {}).get("digest", "")),
+            certificate=path, html=run_dir / str(pred.get("report", {}).get("file", "report.html")),
+            dev_key=bool(pred.get("signer", {}).get("dev_key")),
+        ))
+    return entries
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    state: str  # certified | failed | compile-only | never run
+    note: str
+    link: str | None
+
+
+def cell(entries: Sequence[Entry], *, lane: str, recipe: str, digest: str | None, built: bool,
+         listed: bool, root: Path) -> Cell:
+    mine = sorted((e for e in entries if e.lane == lane and e.recipe == recipe), key=lambda e: (e.finished, e.run_id))
+    if mine:
+        last = mine[-1]
+        link = os.path.relpath(last.html, root)
+        if not last.verified:
+            return Cell(state="failed", note=f"does not verify: {last.problem}", link=link)
+        if digest is not None and last.recipe_digest != digest:
+            return Cell(state="compile-only" if built else "never run",
+                        note=f"last certificate ({last.verdict}, {last.finished}) is for an older recipe", link=link)
+        if last.verdict == "PASS":
+            return Cell(state="certified", note=f"{last.finished}{' (dev key)' if last.dev_key else ''}", link=link)
+        return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
+    if not listed:
+        return Cell(state="compile-only" if built else "never run", note="not a lane of this recipe", link=None)
+    return Cell(state="compile-only" if built else "never run", note="built, no certificate" if built else "", link=None)
+
+
+def build_exists(ctx: Context, lane: str) -> bool:
+    return any(ctx.workspace.builds.glob(f"{lane}-*/build.json"))
+
+
+def render_index(ctx: Context, reports: Path) -> Path:
+    import jinja2  # noqa: F401 - the environment below needs it
+
+    from certify import recipes
+    from certify.canonical import atomic_write_bytes
+    from certify.keys import trusted_keys
+    from lanes.base import LANE_NAMES
+    from reports.render import environment
+
+    entries = scan(reports, trusted_keys(ws=ctx.workspace))
+    names = sorted(set(recipes.available(ctx.env)) | {e.recipe for e in entries})
+    loaded: dict[str, Any] = {}
+    for name in names:
+        try:
+            loaded[name] = recipes.load(name, ctx.env)
+        except DgrError:
+            loaded[name] = None
+    built = {lane: build_exists(ctx, lane) for lane in LANE_NAMES}
+    matrix = [
+        (lane, [cell(entries, lane=lane, recipe=name,
+                     digest=loaded[name].digest if loaded[name] else None, built=built[lane],
+                     listed=bool(loaded[name]) and lane in loaded[name].lanes, root=reports) for name in names])
+        for lane in LANE_NAMES
+    ]
+    html = environment().get_template("index.html.j2").render(
+        recipes=names, matrix=matrix,
+        entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
+        rel=lambda p: os.path.relpath(p, reports),
+    )
+    out = reports / "index.html"
+    ctx.workspace.ensure(reports)
+    atomic_write_bytes(out, html.encode("utf-8"))
+    return out
