@@ -141,7 +141,7 @@ def ensure_pristine(ctx: Context, *, pin: Pin | None = None, reverify: bool = Fa
     existing = _existing(ctx, pin, final, record, reverify=reverify)
     if existing is not None:
         return existing
-    with _lock(ctx.workspace.sources / f".llama.cpp-{pin.short}.lock"):
+    with lock_file(ctx.workspace.sources / f".llama.cpp-{pin.short}.lock"):
         existing = _existing(ctx, pin, final, record, reverify=reverify)
         if existing is not None:
             return existing
@@ -341,15 +341,15 @@ def _now() -> str:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """One fetch per target at a time; correctness still comes from verify + atomic rename."""
+def lock_file(path: Path) -> Iterator[None]:
+    """One writer per target at a time; correctness still comes from verify + atomic rename."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            print(f"dgr fetch: waiting for {path.name} held by pid {holder}", file=sys.stderr)
+            print(f"dgr: waiting for {path.name} held by pid {holder}", file=sys.stderr)
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -25,7 +25,7 @@ from certify.context import Context
 from certify.errors import CommandFailed, ConfigurationError, IntegrityError
 from certify.workspace import PATCHES, refuse_links_below
 from fetch import gittree
-from fetch.source import Pin, Pristine, ensure_pristine
+from fetch.source import Pin, Pristine, ensure_pristine, lock_file
 
 PROVENANCE_VERSION = 1
 NAME = re.compile(r"^(?P<num>[0-9]{4})-[a-z0-9][a-z0-9._-]*\.patch$")
@@ -289,7 +289,11 @@ def ensure_patched(ctx: Context, *, pin: Pin | None = None, patches_dir: Path = 
     found = _existing(ctx, final, record, key, reverify=reverify)
     if found is not None:
         return found
-    return _build(ctx, pristine, entries, contents, final, record, key)
+    with lock_file(root / f".{key}.lock"):
+        found = _existing(ctx, final, record, key, reverify=False)
+        if found is not None:
+            return found
+        return _build(ctx, pristine, entries, contents, final, record, key)
 
 
 def _existing(ctx: Context, final: Path, record: Path, key: str, *, reverify: bool) -> Patched | None:

@@ -145,3 +145,12 @@ def test_bad_source_order_env_is_a_configuration_error(ctx: Context, upstream_pi
     bad = Context(env=dict(ctx.env, DGR_FETCH_SOURCES="git,carrier-pigeon"), workspace=ctx.workspace)
     with pytest.raises(ConfigurationError, match="carrier-pigeon"):
         ensure_pristine(bad, pin=upstream_pin)
+
+
+def test_concurrent_fetches_agree(ctx: Context, upstream_pin) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: ensure_pristine(ctx, pin=upstream_pin), range(2)))
+    assert results[0].provenance == results[1].provenance
+    assert _leftovers(ctx) == [results[0].path.name, results[0].provenance_path.name]

@@ -33,7 +33,7 @@ def _add(patches_dir: Path, name: str, text: str) -> None:
 
 def _patched_entries(ctx: Context) -> list[str]:
     root = ctx.workspace.patched
-    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock")) if root.exists() else []
 
 
 GOOD = """\
@@ -219,3 +219,14 @@ def test_refresh_refuses_uncommitted_work_and_foreign_trees(ctx: Context, tmp_pa
         refresh(ctx, tmp_path / "patches", pin=upstream_pin, patches_dir=patches_dir)
     with pytest.raises(ConfigurationError, match="not empty"):
         make_dev_tree(ctx, dev, pin=upstream_pin, patches_dir=patches_dir)
+
+
+def test_concurrent_runs_agree(ctx: Context, upstream_pin, patches_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _add(patches_dir, "0001-more-layers.patch", GOOD)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: ensure_patched(ctx, pin=upstream_pin, patches_dir=patches_dir),
+                                range(2)))
+    assert results[0].digest == results[1].digest and results[0].path == results[1].path
+    assert _patched_entries(ctx) == sorted([results[0].key, f"{results[0].key}.provenance.json"])
