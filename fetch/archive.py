@@ -14,6 +14,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from certify.errors import IntegrityError
 
@@ -126,16 +127,17 @@ def plan_subtree(tar: tarfile.TarFile, prefix: str, caps: Caps, *, where: str) -
 
 
 def extract_subtree(archive: Path, prefix: str, dest: Path, caps: Caps, *, where: str,
-                    drop: tuple[str, ...] = ()) -> Plan:
+                    drop: tuple[str, ...] = (), fileobj: BinaryIO | None = None) -> Plan:
     """Extract only ``prefix/`` of ``archive`` into the empty directory ``dest``.
 
     ``drop`` names top-level entries of the subtree to leave out (the sdist's `.git` pointer file);
-    each must be a regular file when present.
+    each must be a regular file when present.  ``fileobj``, when given, is the already-verified open
+    file to read (so what was hashed is what is extracted, whatever happens to the path meanwhile).
     """
     if any(dest.iterdir()):
         raise IntegrityError(f"{dest} is not empty; extraction only goes into a fresh directory")
     try:
-        tar = tarfile.open(archive, mode="r:gz")
+        tar = tarfile.open(archive, mode="r:gz", fileobj=fileobj)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise IntegrityError(f"{where}: {archive.name} is not a readable .tar.gz: {exc}") from None
     with tar:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from certify import proc
+from certify.errors import IntegrityError
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -85,7 +86,8 @@ def tree_id(tree: Path, env: Mapping[str, str], *, scratch_parent: Path | None =
     tree = Path(os.path.abspath(tree))
     if (tree / ".git").exists():
         # A .git inside the tree would be taken as a submodule/gitlink and change the id.
-        raise ValueError(f"{tree} contains a .git entry; tree ids are taken of plain trees only")
+        raise IntegrityError(f"{tree} contains a .git entry; a verified tree never has one",
+                             hint=f"remove {tree} and rerun the command that made it")
     parent = scratch_parent or Path(tempfile.gettempdir())
     scratch = init_scratch(parent, env)
     try:

@@ -18,6 +18,7 @@ place; the provenance record is written before the rename, so a record without a
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import sys
@@ -309,15 +310,22 @@ def obtain_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> t
 def fetch_sdist(ctx: Context, pin: Pin, dest: Path, *, download: Any = pip_download) -> dict[str, Any]:
     sd = pin.sources.sdist
     path, downloaded = obtain_archive(ctx, pin, download=download)
-    # Re-check right before reading: the cache is shared with other workspaces.
-    actual = sha256_file(path)
-    if actual != sd.sha256:
-        raise IntegrityError(f"sdist {path}: sha256 {actual}, expected {sd.sha256}")
     top = sd.filename[: -len(".tar.gz")]
-    plan = archive.extract_subtree(
-        path, f"{top}/{sd.subtree}", dest, archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
-        where=f"sdist {sd.filename}", drop=(".git",),
-    )
+    # The cache is shared with other workspaces: hash the open file, then extract from that same
+    # file, so the bytes extracted are the bytes verified.
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256()
+        while block := fh.read(1 << 20):
+            digest.update(block)
+        actual = digest.hexdigest()
+        if actual != sd.sha256:
+            raise IntegrityError(f"sdist {path}: sha256 {actual}, expected {sd.sha256}")
+        fh.seek(0)
+        plan = archive.extract_subtree(
+            path, f"{top}/{sd.subtree}", dest,
+            archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
+            where=f"sdist {sd.filename}", drop=(".git",), fileobj=fh,
+        )
     return {
         "archive": {"kind": "sdist", "package": sd.package, "version": sd.version, "filename": sd.filename,
                     "sha256": actual, "subtree": sd.subtree, "downloaded": downloaded,

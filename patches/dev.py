@@ -28,9 +28,15 @@ _DIFF = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
 
 def describe(data: bytes) -> str:
     """The description in a patch's preamble: its '# ' lines after the name line."""
-    text = data.decode("utf-8", "replace").split("\ndiff --git ", 1)[0]
-    lines = [ln[2:] if ln.startswith("# ") else ln[1:] for ln in text.splitlines() if ln.startswith("#")]
-    return "\n".join(lines[1:]).strip()
+    lines: list[str] = []
+    for ln in data.decode("utf-8", "replace").splitlines():
+        if ln.startswith("diff --git "):
+            break
+        if ln.startswith("#"):
+            lines.append(ln[2:] if ln.startswith("# ") else ln[1:])
+    if lines and NAME.match(lines[0].strip()):
+        lines = lines[1:]
+    return "\n".join(lines).strip()
 
 
 def slug_of(subject: str) -> str:

@@ -154,3 +154,10 @@ def test_concurrent_fetches_agree(ctx: Context, upstream_pin) -> None:
         results = list(pool.map(lambda _: ensure_pristine(ctx, pin=upstream_pin), range(2)))
     assert results[0].provenance == results[1].provenance
     assert _leftovers(ctx) == [results[0].path.name, results[0].provenance_path.name]
+
+
+def test_git_dir_planted_in_the_tree_is_an_integrity_error(ctx: Context, upstream_pin) -> None:
+    pristine = ensure_pristine(ctx, pin=upstream_pin)
+    (pristine.path / ".git").mkdir()
+    with pytest.raises(IntegrityError, match="contains a .git entry"):
+        ensure_pristine(ctx, pin=upstream_pin)
