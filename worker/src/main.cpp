@@ -1,6 +1,120 @@
-// Placeholder entry point while the worker is being written; the real one replaces this file.
+// dgr-shard-worker: one pipeline stage (a contiguous layer range of a GGUF model) served over gRPC.
+//
+// Exit codes: 0 clean shutdown (SIGTERM/SIGINT), 2 usage error, 6 runtime failure (model load,
+// listen address, ...). stdout carries exactly one line, DGR-WORKER-LISTENING <host:port>; all
+// logging goes to stderr.
+#include "options.h"
+#include "service.h"
+#include "stage.h"
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <csignal>
 #include <cstdio>
-int main() {
-    std::fprintf(stderr, "dgr-shard-worker: not implemented yet\n");
-    return 6;
+#include <fstream>
+#include <memory>
+#include <pthread.h>
+#include <sstream>
+#include <string>
+
+#ifndef DGR_WORKER_VERSION
+#define DGR_WORKER_VERSION "0.0.0"
+#endif
+#ifndef DGR_LLAMA_COMMIT
+#define DGR_LLAMA_COMMIT "unknown"
+#endif
+#ifndef DGR_LANE
+#define DGR_LANE ""
+#endif
+
+static bool g_verbose = false;
+
+static void log_to_stderr(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_DEBUG && !g_verbose) {
+        return;
+    }
+    std::fputs(text, stderr);
+}
+
+static std::string read_file(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) {
+        throw std::runtime_error("cannot read --identity file '" + path + "'");
+    }
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+int main(int argc, char ** argv) {
+    dgr::WorkerOptions opts;
+    try {
+        if (!dgr::parse_options(argc, argv, opts)) {
+            return 0;
+        }
+    } catch (const dgr::UsageError & e) {
+        std::fprintf(stderr, "dgr-shard-worker: %s\n%s", e.what(), dgr::usage_text());
+        return 2;
+    }
+    g_verbose = opts.verbose;
+
+    // Block the stop signals in every thread (gRPC and ggml threads inherit the mask); main waits for them.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    llama_log_set(log_to_stderr, nullptr);
+    ggml_backend_load_all();
+    llama_backend_init();
+
+    int exit_code = 0;
+    try {
+        dgr::BuildIdentity id;
+        id.worker_version = DGR_WORKER_VERSION;
+        id.llama_commit   = DGR_LLAMA_COMMIT;
+        id.lane           = !opts.lane.empty() ? opts.lane : (std::string(DGR_LANE).empty() ? "cpu" : DGR_LANE);
+        id.model_path     = opts.model_path;
+        if (!opts.identity_path.empty()) {
+            id.identity_json = read_file(opts.identity_path);
+        }
+
+        dgr::Stage stage(opts);
+        dgr::ShardService service(stage, id);
+
+        int port = 0;
+        grpc::ServerBuilder builder;
+        builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &port);
+        builder.RegisterService(&service);
+        // logits of a long all_logits prefill are large; the defaults (4 MiB) would refuse them
+        builder.SetMaxReceiveMessageSize(-1);
+        builder.SetMaxSendMessageSize(-1);
+        std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+        if (!server || port == 0) {
+            throw std::runtime_error("cannot listen on '" + opts.listen + "'");
+        }
+
+        const std::string host = opts.listen.substr(0, opts.listen.rfind(':'));
+        std::fprintf(stdout, "DGR-WORKER-LISTENING %s:%d\n", host.c_str(), port);
+        std::fflush(stdout);
+        std::fprintf(stderr, "dgr-shard-worker: serving layers [%d, %d) of %s on %s:%d\n",
+                     stage.info().layer_begin, stage.info().layer_end, opts.model_path.c_str(), host.c_str(), port);
+
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        std::fprintf(stderr, "dgr-shard-worker: signal %d, shutting down\n", sig);
+        server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        server->Wait();
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "dgr-shard-worker: %s\n", e.what());
+        exit_code = 6;
+    }
+
+    llama_backend_free();
+    return exit_code;
 }

@@ -1,1 +1,95 @@
-// filled in by the worker implementation
+#include "options.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace dgr {
+
+const char * usage_text() {
+    return
+        "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
+        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N]\n"
+        "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME] [--verbose]\n"
+        "\n"
+        "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
+        "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
+        "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n";
+}
+
+static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
+    errno = 0;
+    char * end = nullptr;
+    const long v = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || errno != 0 || end == nullptr || *end != '\0' || v < lo || v > hi) {
+        throw UsageError(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "], got '" + text + "'");
+    }
+    return (int32_t) v;
+}
+
+static void parse_layers(const std::string & text, WorkerOptions & out) {
+    const auto colon = text.find(':');
+    if (colon == std::string::npos) {
+        throw UsageError("--layers: expected BEGIN:END, got '" + text + "'");
+    }
+    const std::string b = text.substr(0, colon);
+    const std::string e = text.substr(colon + 1);
+    out.layer_begin = parse_int("--layers", b, 0, INT32_MAX);
+    out.layer_end   = (e == "end" || e == "-1") ? -1 : parse_int("--layers", e, 1, INT32_MAX);
+    if (out.layer_end >= 0 && out.layer_end <= out.layer_begin) {
+        throw UsageError("--layers: empty range '" + text + "' (END must be greater than BEGIN)");
+    }
+}
+
+bool parse_options(int argc, char ** argv, WorkerOptions & out) {
+    bool have_model = false, have_layers = false, have_listen = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "-h" || arg == "--help") {
+            std::fputs(usage_text(), stdout);
+            return false;
+        }
+        if (arg == "--verbose") {
+            out.verbose = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            throw UsageError("missing value after " + arg);
+        }
+        const std::string val = argv[++i];
+        if      (arg == "--model")        { out.model_path = val; have_model = true; }
+        else if (arg == "--layers")       { parse_layers(val, out); have_layers = true; }
+        else if (arg == "--listen")       { out.listen = val; have_listen = true; }
+        else if (arg == "--threads")      { out.n_threads = parse_int(arg, val, 1, 1024); }
+        else if (arg == "--ctx")          { out.n_ctx = parse_int(arg, val, 16, 1 << 24); }
+        else if (arg == "--batch")        { out.n_batch = parse_int(arg, val, 1, 1 << 20); }
+        else if (arg == "--max-sessions") { out.max_sessions = parse_int(arg, val, 1, 4096); }
+        else if (arg == "--n-gpu-layers") { out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20); }
+        else if (arg == "--identity")     { out.identity_path = val; }
+        else if (arg == "--lane")         { out.lane = val; }
+        else {
+            throw UsageError("unknown argument '" + arg + "'");
+        }
+    }
+    if (!have_model)  { throw UsageError("--model is required"); }
+    if (!have_layers) { throw UsageError("--layers is required"); }
+    if (!have_listen) { throw UsageError("--listen is required"); }
+    if (out.listen.rfind(':') == std::string::npos) {
+        throw UsageError("--listen: expected HOST:PORT, got '" + out.listen + "'");
+    }
+    if (out.n_threads == 0) {
+        // fixed from here on: the thread count is part of what the certifier records
+        out.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    }
+    if (out.n_batch > out.n_ctx) {
+        out.n_batch = out.n_ctx;
+    }
+    return true;
+}
+
+}  // namespace dgr

@@ -1,1 +1,149 @@
-// filled in by the worker implementation
+#include "service.h"
+
+#include <cstdio>
+
+namespace pb = dgr::shard::v1;
+
+namespace dgr {
+
+static grpc::Status to_status(const StageError & e) {
+    using K = StageError::Kind;
+    grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+    switch (e.kind) {
+        case K::InvalidArgument:    code = grpc::StatusCode::INVALID_ARGUMENT;    break;
+        case K::FailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+        case K::NotFound:           code = grpc::StatusCode::NOT_FOUND;           break;
+        case K::ResourceExhausted:  code = grpc::StatusCode::RESOURCE_EXHAUSTED;  break;
+        case K::Internal:           code = grpc::StatusCode::INTERNAL;            break;
+    }
+    return grpc::Status(code, e.what());
+}
+
+// Runs fn and turns every failure into a gRPC status naming it; nothing escapes into the gRPC threads.
+template <typename Fn>
+static grpc::Status guarded(const char * rpc, Fn && fn) {
+    try {
+        fn();
+        return grpc::Status::OK;
+    } catch (const StageError & e) {
+        std::fprintf(stderr, "dgr-shard-worker: %s: %s\n", rpc, e.what());
+        return to_status(e);
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "dgr-shard-worker: %s failed: %s\n", rpc, e.what());
+        return grpc::Status(grpc::StatusCode::INTERNAL, std::string(rpc) + " failed: " + e.what());
+    }
+}
+
+static void put_tensor(const TensorOut & t, pb::Tensor * out) {
+    out->set_dtype(t.dtype == DType::F16 ? pb::F16 : pb::F32);
+    for (int64_t d : t.shape) {
+        out->add_shape(d);
+    }
+    out->set_data(t.data);
+}
+
+grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, pb::InfoReply * reply) {
+    return guarded("Info", [&] {
+        const StageInfo in = stage_.info();
+        reply->set_worker_version(id_.worker_version);
+        reply->set_llama_commit(id_.llama_commit);
+        reply->set_lane(id_.lane);
+        reply->set_backend_devices(in.backend_devices);
+        reply->set_model_path(id_.model_path);
+        reply->set_architecture(in.architecture);
+        reply->set_n_layer(in.n_layer);
+        reply->set_layer_begin(in.layer_begin);
+        reply->set_layer_end(in.layer_end);
+        reply->set_first_stage(in.first_stage);
+        reply->set_last_stage(in.last_stage);
+        reply->set_n_embd(in.n_embd);
+        reply->set_boundary_width(in.boundary_width);
+        reply->set_needs_token_sideband(in.needs_token_sideband);
+        reply->set_n_vocab(in.n_vocab);
+        reply->set_n_ctx(in.n_ctx);
+        reply->set_n_threads(in.n_threads);
+        reply->set_n_batch(in.n_batch);
+        auto * m = reply->mutable_memory();
+        m->set_weight_bytes(in.memory.weight_bytes);
+        m->set_kv_bytes(in.memory.kv_bytes);
+        m->set_compute_bytes(in.memory.compute_bytes);
+        m->set_has_token_embedding(in.has_token_embd);
+        m->set_has_output_head(in.has_output_head);
+        reply->set_identity_json(id_.identity_json);
+    });
+}
+
+static bool read_dtype(pb::DType d, DType & out) {
+    switch (d) {
+        case pb::DTYPE_UNSPECIFIED:
+        case pb::F32: out = DType::F32; return true;
+        case pb::F16: out = DType::F16; return true;
+        default:      return false;
+    }
+}
+
+grpc::Status ShardService::Forward(grpc::ServerContext *, const pb::ForwardRequest * req, pb::ForwardReply * reply) {
+    return guarded("Forward", [&] {
+        ForwardArgs a;
+        a.session_id = req->session_id();
+        a.epoch      = req->epoch();
+        a.positions.assign(req->positions().begin(), req->positions().end());
+        a.tokens.assign(req->tokens().begin(), req->tokens().end());
+        a.all_logits = req->all_logits();
+        a.capture_layers.assign(req->capture_layers().begin(), req->capture_layers().end());
+        if (!read_dtype(req->boundary_dtype(), a.boundary_dtype)) {
+            throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req->boundary_dtype()) +
+                             " is not supported (F32 or F16)");
+        }
+        if (req->has_boundary()) {
+            const auto & b = req->boundary();
+            a.has_boundary = true;
+            if (b.dtype() == pb::DTYPE_UNSPECIFIED || !read_dtype(b.dtype(), a.boundary.dtype)) {
+                throw StageError(StageError::Kind::InvalidArgument, "boundary dtype must be F32 or F16");
+            }
+            a.boundary.shape.assign(b.shape().begin(), b.shape().end());
+            a.boundary.data = &b.data();
+        }
+        ForwardResult r = stage_.forward(a);
+        if (r.has_boundary) {
+            put_tensor(r.boundary, reply->mutable_boundary());
+        }
+        if (r.has_logits) {
+            put_tensor(r.logits, reply->mutable_logits());
+        }
+        for (const auto & [layer, t] : r.captures) {
+            auto * c = reply->add_captures();
+            c->set_layer(layer);
+            put_tensor(t, c->mutable_residual());
+        }
+        reply->set_compute_seconds(r.compute_seconds);
+        reply->set_kv_used(r.kv_used);
+    });
+}
+
+grpc::Status ShardService::Reset(grpc::ServerContext *, const pb::ResetRequest * req, pb::ResetReply * reply) {
+    return guarded("Reset", [&] { reply->set_existed(stage_.reset(req->session_id())); });
+}
+
+grpc::Status ShardService::Health(grpc::ServerContext *, const pb::HealthRequest *, pb::HealthReply * reply) {
+    return guarded("Health", [&] {
+        reply->set_serving(true);
+        reply->set_status("serving, " + std::to_string(stage_.n_sessions()) + " session(s)");
+    });
+}
+
+grpc::Status ShardService::Tokenize(grpc::ServerContext *, const pb::TokenizeRequest * req, pb::TokenizeReply * reply) {
+    return guarded("Tokenize", [&] {
+        for (int32_t t : stage_.tokenize(req->text(), req->add_special())) {
+            reply->add_tokens(t);
+        }
+    });
+}
+
+grpc::Status ShardService::Detokenize(grpc::ServerContext *, const pb::DetokenizeRequest * req, pb::DetokenizeReply * reply) {
+    return guarded("Detokenize", [&] {
+        reply->set_text(stage_.detokenize(std::vector<int32_t>(req->tokens().begin(), req->tokens().end())));
+    });
+}
+
+}  // namespace dgr

@@ -1,1 +1,376 @@
-// filled in by the worker implementation
+#include "stage.h"
+
+#include "llama.h"
+#include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <cstring>
+#include <utility>
+
+namespace dgr {
+
+using Kind = StageError::Kind;
+
+static size_t dtype_size(DType t) { return t == DType::F16 ? sizeof(ggml_fp16_t) : sizeof(float); }
+
+static std::string meta_str(const llama_model * model, const char * key) {
+    char buf[256];
+    return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string();
+}
+
+// F32 rows in, the requested dtype out.
+static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DType dtype) {
+    TensorOut t;
+    t.dtype = dtype;
+    t.shape = {rows, width};
+    const int64_t n = rows * width;
+    t.data.resize((size_t) n * dtype_size(dtype));
+    if (dtype == DType::F16) {
+        ggml_fp32_to_fp16_row(src, reinterpret_cast<ggml_fp16_t *>(&t.data[0]), n);
+    } else {
+        std::memcpy(&t.data[0], src, (size_t) n * sizeof(float));
+    }
+    return t;
+}
+
+Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
+    llama_model_params mp = llama_model_default_params();
+    mp.layer_begin  = opts.layer_begin;
+    mp.layer_end    = opts.layer_end;
+    mp.n_gpu_layers = opts.n_gpu_layers;
+    model_ = llama_model_load_from_file(opts.model_path.c_str(), mp);
+    if (model_ == nullptr) {
+        throw std::runtime_error("failed to load layers " + std::to_string(opts.layer_begin) + ":" +
+                                 (opts.layer_end < 0 ? std::string("end") : std::to_string(opts.layer_end)) +
+                                 " of " + opts.model_path + " (see the llama log above)");
+    }
+
+    StageInfo & in = info_;
+    in.architecture = meta_str(model_, "general.architecture");
+    in.n_layer = llama_model_n_layer(model_);
+    llama_model_layer_range(model_, &in.layer_begin, &in.layer_end);
+    in.first_stage     = in.layer_begin == 0;
+    in.last_stage      = in.layer_end == in.n_layer;
+    in.has_token_embd  = llama_model_has_token_embd(model_);
+    in.has_output_head = llama_model_has_output_head(model_);
+    in.n_embd          = llama_model_n_embd(model_);
+    in.boundary_width  = llama_model_n_embd_boundary(model_);
+    in.n_vocab         = llama_vocab_n_tokens(llama_model_get_vocab(model_));
+    in.n_ctx           = opts.n_ctx;
+    in.n_batch         = opts.n_batch;
+    in.n_threads       = opts.n_threads;
+    in.needs_token_sideband = false;  // dense architectures: the boundary carries everything
+
+    if (in.last_stage && !in.has_output_head) {
+        throw std::runtime_error("the last stage loaded no output head (model without output.weight?)");
+    }
+
+    std::string devs;
+    for (int i = 0; i < llama_model_n_devices(model_); ++i) {
+        ggml_backend_dev_t d = llama_model_get_device(model_, i);
+        devs += (devs.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(d)) + " (" +
+                ggml_backend_dev_description(d) + ")";
+    }
+    in.backend_devices = devs.empty() ? "CPU" : devs + ", CPU";
+
+    // one context up front: fails fast when KV/compute cannot be allocated, and gives Info its figures
+    idle_.push_back(acquire_context());
+    in.memory.weight_bytes = llama_model_size(model_);
+    for (const auto & [buft, mb] : llama_get_memory_breakdown(idle_.back())) {
+        (void) buft;
+        in.memory.kv_bytes      += mb.context;
+        in.memory.compute_bytes += mb.compute;
+    }
+}
+
+Stage::~Stage() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto & [id, s] : sessions_) {
+        (void) id;
+        llama_free(s.ctx);
+    }
+    sessions_.clear();
+    for (auto * ctx : idle_) {
+        llama_free(ctx);
+    }
+    idle_.clear();
+    if (model_) {
+        llama_model_free(model_);
+    }
+}
+
+llama_context * Stage::acquire_context() {
+    if (!idle_.empty()) {
+        llama_context * ctx = idle_.back();
+        idle_.pop_back();
+        return ctx;
+    }
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = (uint32_t) opts_.n_ctx;
+    // n_ubatch == n_batch: every Forward is one ubatch, so the kernels (and their rounding) depend only
+    // on the request, identically on every stage and on the monolithic reference
+    cp.n_batch         = (uint32_t) opts_.n_batch;
+    cp.n_ubatch        = (uint32_t) opts_.n_batch;
+    cp.n_seq_max       = 1;  // one context per session: KV occupancy never depends on other sessions
+    cp.n_threads       = opts_.n_threads;
+    cp.n_threads_batch = opts_.n_threads;
+    cp.embeddings      = false;
+    cp.no_perf         = true;
+    llama_context * ctx = llama_init_from_model(model_, cp);
+    if (ctx == nullptr) {
+        throw StageError(Kind::ResourceExhausted, "could not create a session context (n_ctx " +
+                         std::to_string(opts_.n_ctx) + ")");
+    }
+    return ctx;
+}
+
+void Stage::release_context(llama_context * ctx) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    idle_.push_back(ctx);
+}
+
+StageInfo Stage::info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return info_;
+}
+
+size_t Stage::n_sessions() {
+    return n_sessions_.load();
+}
+
+bool Stage::reset(const std::string & session_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+        return false;
+    }
+    release_context(it->second.ctx);
+    sessions_.erase(it);
+    n_sessions_ = sessions_.size();
+    return true;
+}
+
+void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
+    const StageInfo & in = info_;
+    if (a.session_id.empty()) {
+        throw StageError(Kind::InvalidArgument, "session_id is empty");
+    }
+    if (n_tokens <= 0) {
+        throw StageError(Kind::InvalidArgument, "positions is empty: nothing to compute");
+    }
+    if (n_tokens > in.n_batch) {
+        throw StageError(Kind::InvalidArgument, std::to_string(n_tokens) + " positions in one Forward; this worker takes at most " +
+                         std::to_string(in.n_batch) + " (split the prefill)");
+    }
+    if (in.first_stage) {
+        if ((int32_t) a.tokens.size() != n_tokens) {
+            throw StageError(Kind::InvalidArgument, "first stage: expected " + std::to_string(n_tokens) +
+                             " token ids (one per position), got " + std::to_string(a.tokens.size()));
+        }
+        if (a.has_boundary) {
+            throw StageError(Kind::InvalidArgument, "first stage (layers 0:" + std::to_string(in.layer_end) +
+                             ") takes token ids, not a boundary tensor");
+        }
+        for (int32_t t : a.tokens) {
+            if (t < 0 || t >= in.n_vocab) {
+                throw StageError(Kind::InvalidArgument, "token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                                 std::to_string(in.n_vocab) + ")");
+            }
+        }
+    } else {
+        if (!a.has_boundary) {
+            throw StageError(Kind::InvalidArgument, "stage starting at layer " + std::to_string(in.layer_begin) +
+                             " needs the boundary tensor [n_tokens, " + std::to_string(in.boundary_width) + "]");
+        }
+        const auto & b = a.boundary;
+        if (b.shape.size() != 2 || b.shape[0] != n_tokens || b.shape[1] != in.boundary_width) {
+            std::string got;
+            for (size_t i = 0; i < b.shape.size(); ++i) {
+                got += (i ? ", " : "") + std::to_string(b.shape[i]);
+            }
+            throw StageError(Kind::InvalidArgument, "boundary shape [" + got + "] does not fit this stage: expected [" +
+                             std::to_string(n_tokens) + ", " + std::to_string(in.boundary_width) + "]");
+        }
+        const size_t want = (size_t) n_tokens * (size_t) in.boundary_width * dtype_size(b.dtype);
+        if (b.data == nullptr || b.data->size() != want) {
+            throw StageError(Kind::InvalidArgument, "boundary data is " + std::to_string(b.data ? b.data->size() : 0) +
+                             " bytes, expected " + std::to_string(want) + " for its shape and dtype");
+        }
+        if (!a.tokens.empty() && (int32_t) a.tokens.size() != n_tokens) {
+            throw StageError(Kind::InvalidArgument, "token sideband has " + std::to_string(a.tokens.size()) +
+                             " ids for " + std::to_string(n_tokens) + " positions");
+        }
+    }
+    for (int32_t l : a.capture_layers) {
+        if (l < in.layer_begin || l >= in.layer_end) {
+            throw StageError(Kind::InvalidArgument, "capture layer " + std::to_string(l) + " is not owned by this stage [" +
+                             std::to_string(in.layer_begin) + ", " + std::to_string(in.layer_end) + ")");
+        }
+    }
+}
+
+Stage::Session & Stage::session_for(const ForwardArgs & a) {
+    const int32_t p0 = a.positions.front();
+    auto it = sessions_.find(a.session_id);
+    if (it == sessions_.end()) {
+        if (p0 != 0) {
+            throw StageError(Kind::NotFound, "unknown session '" + a.session_id + "' (a new session starts at position 0, got " +
+                             std::to_string(p0) + ")");
+        }
+        if ((int32_t) sessions_.size() >= opts_.max_sessions) {
+            throw StageError(Kind::ResourceExhausted, "too many sessions (" + std::to_string(sessions_.size()) +
+                             "); Reset one or start the worker with a larger --max-sessions");
+        }
+        Session s;
+        s.epoch = a.epoch;
+        s.ctx   = acquire_context();
+        it = sessions_.emplace(a.session_id, s).first;
+        n_sessions_ = sessions_.size();
+        return it->second;
+    }
+    Session & s = it->second;
+    if (a.epoch < s.epoch) {
+        throw StageError(Kind::FailedPrecondition, "stale epoch " + std::to_string(a.epoch) + " for session '" + a.session_id +
+                         "' (current epoch " + std::to_string(s.epoch) + ")");
+    }
+    if (a.epoch > s.epoch) {
+        // route change: this stage's KV belongs to the old route; drop it, the caller re-prefills from 0
+        llama_memory_clear(llama_get_memory(s.ctx), true);
+        s.epoch  = a.epoch;
+        s.n_past = 0;
+    }
+    return s;
+}
+
+ForwardResult Stage::forward(const ForwardArgs & a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const StageInfo & in = info_;
+    const int32_t n_tokens = (int32_t) a.positions.size();
+    check_request(a, n_tokens);
+
+    Session & s = session_for(a);
+    if (a.positions.front() != s.n_past) {
+        throw StageError(Kind::FailedPrecondition, "positions must continue session '" + a.session_id + "' epoch " +
+                         std::to_string(s.epoch) + " at " + std::to_string(s.n_past) + ", got " +
+                         std::to_string(a.positions.front()) + (a.positions.front() > s.n_past ? " (gap)" : " (out of order)"));
+    }
+    for (int32_t i = 1; i < n_tokens; ++i) {
+        if (a.positions[i] != a.positions[0] + i) {
+            throw StageError(Kind::FailedPrecondition, "positions are not contiguous at index " + std::to_string(i));
+        }
+    }
+    if (s.n_past + n_tokens > in.n_ctx) {
+        throw StageError(Kind::ResourceExhausted, "context overflow: session '" + a.session_id + "' holds " +
+                         std::to_string(s.n_past) + " positions, +" + std::to_string(n_tokens) + " > n_ctx " +
+                         std::to_string(in.n_ctx));
+    }
+
+    const bool want_all = a.all_logits;
+    llama_batch batch = llama_batch_init(n_tokens, in.first_stage ? 0 : in.boundary_width, 1);
+    batch.n_tokens = n_tokens;
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (in.first_stage) {
+            batch.token[i] = a.tokens[i];
+        }
+        batch.pos[i]       = a.positions[i];
+        batch.n_seq_id[i]  = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i]    = in.last_stage && (want_all || i == n_tokens - 1);
+    }
+    if (!in.first_stage) {
+        const int64_t n = (int64_t) n_tokens * in.boundary_width;
+        if (a.boundary.dtype == DType::F16) {
+            ggml_fp16_to_fp32_row(reinterpret_cast<const ggml_fp16_t *>(a.boundary.data->data()), batch.embd, n);
+        } else {
+            std::memcpy(batch.embd, a.boundary.data->data(), (size_t) n * sizeof(float));
+        }
+    }
+
+    for (int32_t l : a.capture_layers) {
+        llama_set_embeddings_layer_inp(s.ctx, (uint32_t) l, true);
+    }
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const int32_t rc = llama_decode(s.ctx, batch);
+    llama_batch_free(batch);
+
+    ForwardResult r;
+    if (rc == 0) {
+        s.n_past += n_tokens;
+        if (in.last_stage) {
+            const int32_t rows = want_all ? n_tokens : 1;
+            std::vector<float> tmp((size_t) rows * in.n_vocab);
+            for (int32_t j = 0; j < rows; ++j) {
+                const float * row = llama_get_logits_ith(s.ctx, want_all ? j : n_tokens - 1);
+                std::memcpy(&tmp[(size_t) j * in.n_vocab], row, (size_t) in.n_vocab * sizeof(float));
+            }
+            r.has_logits = true;
+            r.logits = make_tensor(tmp.data(), rows, in.n_vocab, DType::F32);
+        } else {
+            const float * b = llama_get_boundary(s.ctx);
+            if (b == nullptr) {
+                throw StageError(Kind::Internal, "llama produced no boundary for a non-last stage");
+            }
+            r.has_boundary = true;
+            r.boundary = make_tensor(b, n_tokens, in.boundary_width, a.boundary_dtype);
+        }
+        for (int32_t l : a.capture_layers) {
+            const float * c = llama_get_embeddings_layer_inp(s.ctx, (uint32_t) l);
+            r.captures.emplace_back(l, make_tensor(c, n_tokens, in.n_embd, DType::F32));
+        }
+    }
+    r.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int32_t l : a.capture_layers) {
+        llama_set_embeddings_layer_inp(s.ctx, (uint32_t) l, false);
+    }
+
+    if (rc == 1) {
+        throw StageError(Kind::ResourceExhausted, "no KV slot for " + std::to_string(n_tokens) + " positions");
+    }
+    if (rc != 0) {
+        throw StageError(Kind::Internal, "llama_decode failed with code " + std::to_string(rc));
+    }
+    r.kv_used = s.n_past;
+    return r;
+}
+
+std::vector<int32_t> Stage::tokenize(const std::string & text, bool add_special) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const llama_vocab * vocab = llama_model_get_vocab(model_);
+    std::vector<llama_token> out(text.size() + 8);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, false);
+    if (n < 0) {
+        out.resize((size_t) -n);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, false);
+    }
+    if (n < 0) {
+        throw StageError(Kind::Internal, "tokenize failed");
+    }
+    out.resize((size_t) n);
+    return std::vector<int32_t>(out.begin(), out.end());
+}
+
+std::string Stage::detokenize(const std::vector<int32_t> & tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const llama_vocab * vocab = llama_model_get_vocab(model_);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab) {
+            throw StageError(Kind::InvalidArgument, "token id " + std::to_string(t) + " outside the vocabulary");
+        }
+    }
+    std::string text(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false, false);
+    if (n < 0) {
+        text.resize((size_t) -n);
+        n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false, false);
+    }
+    if (n < 0) {
+        throw StageError(Kind::Internal, "detokenize failed");
+    }
+    text.resize((size_t) n);
+    return text;
+}
+
+}  // namespace dgr

@@ -1,0 +1,35 @@
+// Command line of dgr-shard-worker.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace dgr {
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct WorkerOptions {
+    std::string model_path;          // first split file of the GGUF
+    int32_t     layer_begin   = 0;   // owned range [begin, end); end = -1: up to the last layer
+    int32_t     layer_end     = -1;
+    std::string listen        = "127.0.0.1:0";
+    int32_t     n_threads     = 0;   // 0: hardware concurrency
+    int32_t     n_ctx         = 4096;
+    int32_t     n_batch       = 512; // max tokens per Forward; also the physical ubatch (one ubatch per call)
+    int32_t     max_sessions  = 4;
+    int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
+    std::string identity_path;       // opaque identity JSON reported by Info
+    std::string lane;                // reported by Info; defaults to the lane compiled in
+    bool        verbose       = false;
+};
+
+// Parses argv; throws UsageError with a message naming the bad argument.
+// Returns false when --help was asked (usage already printed).
+bool parse_options(int argc, char ** argv, WorkerOptions & out);
+
+const char * usage_text();
+
+}  // namespace dgr

@@ -1,0 +1,35 @@
+// gRPC service dgr.shard.v1.ShardWorker on top of one Stage.
+#pragma once
+
+#include "shard.grpc.pb.h"
+#include "stage.h"
+
+#include <string>
+
+namespace dgr {
+
+struct BuildIdentity {
+    std::string worker_version;
+    std::string llama_commit;
+    std::string lane;
+    std::string model_path;
+    std::string identity_json;
+};
+
+class ShardService final : public dgr::shard::v1::ShardWorker::Service {
+public:
+    ShardService(Stage & stage, BuildIdentity id) : stage_(stage), id_(std::move(id)) {}
+
+    grpc::Status Info(grpc::ServerContext *, const dgr::shard::v1::InfoRequest *, dgr::shard::v1::InfoReply *) override;
+    grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *, dgr::shard::v1::ForwardReply *) override;
+    grpc::Status Reset(grpc::ServerContext *, const dgr::shard::v1::ResetRequest *, dgr::shard::v1::ResetReply *) override;
+    grpc::Status Health(grpc::ServerContext *, const dgr::shard::v1::HealthRequest *, dgr::shard::v1::HealthReply *) override;
+    grpc::Status Tokenize(grpc::ServerContext *, const dgr::shard::v1::TokenizeRequest *, dgr::shard::v1::TokenizeReply *) override;
+    grpc::Status Detokenize(grpc::ServerContext *, const dgr::shard::v1::DetokenizeRequest *, dgr::shard::v1::DetokenizeReply *) override;
+
+private:
+    Stage &       stage_;
+    BuildIdentity id_;
+};
+
+}  // namespace dgr

@@ -1,0 +1,122 @@
+// One pipeline stage: the patched libllama model (owned layers only) and per-session KV contexts.
+//
+// Thread-safety: every public method takes one mutex, so llama calls are serialised. gRPC may call
+// from many threads; a stage computes one batch at a time anyway (the CPU threads are all busy),
+// and serialising keeps results independent of request interleaving.
+#pragma once
+
+#include "options.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+
+namespace dgr {
+
+// Request errors, each mapped to one gRPC status code by the service.
+struct StageError : std::runtime_error {
+    enum class Kind { InvalidArgument, FailedPrecondition, NotFound, ResourceExhausted, Internal };
+    Kind kind;
+    StageError(Kind k, const std::string & msg) : std::runtime_error(msg), kind(k) {}
+};
+
+enum class DType { F32, F16 };
+
+struct TensorIn {                 // a boundary coming in: [n_tokens, width] row-major little-endian
+    DType               dtype = DType::F32;
+    std::vector<int64_t> shape;
+    const std::string * data = nullptr;
+};
+
+struct ForwardArgs {
+    std::string           session_id;
+    uint64_t              epoch = 0;
+    std::vector<int32_t>  positions;
+    std::vector<int32_t>  tokens;
+    bool                  has_boundary = false;
+    TensorIn              boundary;
+    DType                 boundary_dtype = DType::F32;  // of the boundary we return
+    bool                  all_logits = false;
+    std::vector<int32_t>  capture_layers;
+};
+
+struct TensorOut {
+    DType                dtype = DType::F32;
+    std::vector<int64_t> shape;
+    std::string          data;
+};
+
+struct ForwardResult {
+    bool                   has_boundary = false;
+    TensorOut              boundary;
+    bool                   has_logits = false;
+    TensorOut              logits;
+    std::vector<std::pair<int32_t, TensorOut>> captures;
+    double                 compute_seconds = 0.0;
+    int32_t                kv_used = 0;
+};
+
+struct MemoryFigures {
+    uint64_t weight_bytes  = 0;
+    uint64_t kv_bytes      = 0;
+    uint64_t compute_bytes = 0;
+};
+
+struct StageInfo {
+    std::string architecture;
+    std::string backend_devices;
+    int32_t n_layer = 0, layer_begin = 0, layer_end = 0;
+    bool    first_stage = false, last_stage = false;
+    bool    has_token_embd = false, has_output_head = false;
+    int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
+    int32_t n_ctx = 0, n_batch = 0, n_threads = 0;
+    bool    needs_token_sideband = false;
+    MemoryFigures memory;
+};
+
+class Stage {
+public:
+    // Loads the model range and one session context (so Info can report KV bytes); throws on failure.
+    explicit Stage(const WorkerOptions & opts);
+    ~Stage();
+    Stage(const Stage &) = delete;
+    Stage & operator=(const Stage &) = delete;
+
+    StageInfo     info();
+    ForwardResult forward(const ForwardArgs & args);
+    bool          reset(const std::string & session_id);
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special);
+    std::string          detokenize(const std::vector<int32_t> & tokens);
+    size_t        n_sessions();
+
+private:
+    struct Session {
+        uint64_t        epoch = 0;
+        llama_context * ctx   = nullptr;
+        int32_t         n_past = 0;
+    };
+
+    llama_context * acquire_context();           // from the idle pool, or a new one
+    void            release_context(llama_context * ctx);
+    Session &       session_for(const ForwardArgs & args);
+    void            check_request(const ForwardArgs & args, int32_t n_tokens) const;
+
+    WorkerOptions               opts_;
+    std::mutex                  mu_;
+    llama_model *               model_ = nullptr;
+    std::vector<llama_context *> idle_;
+    std::map<std::string, Session> sessions_;
+    StageInfo                   info_;
+    std::atomic<size_t>         n_sessions_{0};  // readable without the mutex (Health during a Forward)
+};
+
+}  // namespace dgr
