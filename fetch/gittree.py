@@ -112,8 +112,8 @@ def export_tree(git_dir: Path, treeish: str, dest: Path, env: Mapping[str, str])
 
 
 def tree_stamp(tree: Path) -> str:
-    """Cheap identity of a tree on disk: a digest over (path, type, size, mtime_ns, mode) of every
-    entry.  A walk of a few thousand lstat calls, no file contents read; any edit, touch, add or
+    """Cheap identity of a tree on disk: a digest over (path, mode, size, mtime_ns) of every entry
+    below it.  A walk of a few thousand lstat calls, no file contents read; any edit, touch, add or
     delete changes it, and then the tree id is recomputed (see STYLE 8)."""
     h = hashlib.sha256()
     root = os.path.abspath(tree)
@@ -121,7 +121,7 @@ def tree_stamp(tree: Path) -> str:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         rel = os.path.relpath(dirpath, root)
-        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+        for name in sorted(filenames) + dirnames:  # dirs too: an added empty dir or .git shows up
             st = os.lstat(os.path.join(dirpath, name))
             rows.append(f"{rel}/{name}\0{st.st_mode:o}\0{st.st_size}\0{st.st_mtime_ns}")
     for row in rows:
