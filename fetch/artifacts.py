@@ -35,6 +35,7 @@ SCHEMA = "artifact-set"
 DEFAULT_SET = "tiny-llama"
 _SET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 
 
@@ -158,6 +159,19 @@ class ArtifactSet:
     def variant_name(self, name: str | None) -> str:
         self.variant(name)
         return name or self.default_variant
+
+
+def expand_path(raw: str, env: Mapping[str, str]) -> Path:
+    """A local origin path with ``${NAME}`` taken from the environment (the operator's model volume)."""
+
+    def value(match: re.Match[str]) -> str:
+        if not env.get(match[1]):
+            raise ConfigurationError(
+                f"local origin {raw!r} needs {match[1]} set", hint=f"export {match[1]}=DIR"
+            )
+        return env[match[1]]
+
+    return Path(_VAR.sub(value, raw))
 
 
 def seal_hint(set_name: str) -> str:

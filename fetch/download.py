@@ -118,6 +118,7 @@ def open_url(
         if resp.status not in _REDIRECTS:
             return conn, resp
         location = resp.getheader("Location") or ""
+        resp.close()
         conn.close()
         target = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(current), location))
         if not _host_allowed(target, base, origin):
@@ -259,6 +260,7 @@ def _fetch_span(url: str, origin: Origin, feed: _ChunkFeed, first: int, last: in
             hint="check the origin URL in the artifact-set manifest",
         )
     finally:
+        resp.close()
         conn.close()
 
 

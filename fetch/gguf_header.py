@@ -335,7 +335,7 @@ def check_set(headers: Sequence[Header], expected: Any) -> None:
         raise MalformedGGUF(f"{headers[0].path.name}: split.count {count!r} is not a positive integer")
     present = [h.kv.get("split.no", 0) for h in headers]
     missing = [k for k in range(count) if k not in present]
-    if missing:
+    if missing and len(headers) != count:
         raise MalformedGGUF(
             f"missing shard: split {missing[0] + 1} of {count} is not in the set "
             f"(have {len(headers)} file(s))"
@@ -344,6 +344,8 @@ def check_set(headers: Sequence[Header], expected: Any) -> None:
         raise MalformedGGUF(f"split.count {count}, the manifest expects {expected.split_count}")
     for i, h in enumerate(headers):
         check_file(h, i, len(headers), expected)
+    if missing:
+        raise MalformedGGUF(f"missing shard: split {missing[0] + 1} of {count} is not in the set")
     total = sum(len(h.tensors) for h in headers)
     declared = headers[0].kv.get("split.tensors.count")
     if declared is not None and declared != total:

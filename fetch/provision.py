@@ -32,6 +32,7 @@ from fetch.artifacts import (
     ArtifactSet,
     Origin,
     Variant,
+    expand_path,
     load_set,
     require_sealed,
 )
@@ -196,14 +197,16 @@ class _Run:
         partial = ledger.open_partial(dest, entry, self.spec.chunk_size)
         try:
             errors: list[DgrError] = []
+            served = not partial.missing()  # a partial finished by an earlier run needs no origin
             for origin in self.aset.origins:
-                if not partial.missing():
+                if served:
                     break
                 stats = Stats()
                 with self.make_bar(f"fetch {entry.name}", entry.size) as bar:
                     bar.update(partial.bytes_verified)
                     try:
                         self._from_origin(origin, partial, stats, bar.update)
+                        served = True
                     except ledger.DiskFull as exc:
                         need = entry.size - partial.bytes_verified
                         raise RuntimeFailure(
@@ -218,7 +221,7 @@ class _Run:
                         errors.append(exc)
                     finally:
                         self.bytes_fetched += stats.bytes_received
-            if partial.missing():
+            if not served or partial.missing():  # an origin that misbehaved fails the run, even past the end
                 raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
             partial.maybe_sync(force=True)
             with self.make_bar(f"verify {entry.name}", entry.size) as bar:
@@ -245,7 +248,13 @@ class _Run:
             fetch_http(origin, partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
         elif origin.kind == "local":
             assert origin.path is not None
-            copy_local(Path(origin.path), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+            copy_local(
+                expand_path(origin.path, self.ctx.env),
+                partial,
+                policy=self.policy,
+                stats=stats,
+                on_bytes=on_bytes,
+            )
         elif origin.kind == "generated":
             copy_local(self._generate(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
         else:  # pragma: no cover - the schema admits no other kind
