@@ -118,6 +118,9 @@ def render_index(ctx: Context, reports: Path) -> Path:
         rel=lambda p: os.path.relpath(p, reports),
     )
     out = reports / "index.html"
-    ctx.workspace.ensure(reports)
+    if reports == ctx.workspace.reports:
+        ctx.workspace.ensure(reports)  # our own folder: no link planted on the way
+    else:
+        reports.mkdir(parents=True, exist_ok=True)  # a folder the user named with --reports
     atomic_write_bytes(out, html.encode("utf-8"))
     return out

@@ -1,0 +1,70 @@
+"""Run the real certification (measure -> gates -> render -> sign) over the Python fake worker.
+
+Everything is real except the worker binary and the model: loopback gRPC, subprocess workers, the
+launcher, the driver, the gates, the HTML and the Ed25519 certificate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from certify import certificate as cert
+from certify import recipes
+from certify.context import Context
+from certify.run import Prepared, Written, run_certification
+from tests.unit.fake_stages import FAKE, TOY, load_stubs
+
+
+def small_recipe_doc(**speed: float) -> dict[str, Any]:
+    """tiny-llama cut down to what the Python fake runs in a few seconds (same 12 layers)."""
+    doc = json.loads((recipes.RECIPES / "tiny-llama.json").read_text())
+    doc["name"] = "tiny-fake"
+    keep = ("mono", "two-middle", "three-first-middle", "twelve-single")
+    doc["placements"] = {k: v for k, v in doc["placements"].items() if k in keep}
+    doc["n_decode"] = 6
+    doc["measure"] = {"warmup": 1, "repetitions": 5, "prompt_tokens": 8, "decode_tokens": 4}
+    doc["route_change"] = {"placement": "three-first-middle", "after_tokens": 3}
+    doc["prompts"]["texts"] = doc["prompts"]["texts"][:2]
+    cls = doc["hardware_classes"][0]
+    cls["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01, **speed}
+    return doc
+
+
+def recipe_from(tmp: Path, doc: dict[str, Any]) -> recipes.Recipe:
+    path = tmp / f"{doc['name']}.json"
+    path.write_text(json.dumps(doc))
+    return recipes.load_file(path)
+
+
+def fake_context(root: Path, **extra: str) -> Context:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "GIT_"))}
+    env.update(DGR_WORK=str(root / "work"), DGR_CACHE=str(root / "cache"))
+    stubs = load_stubs(root)
+    env["DGR_STUBS_DIR"] = os.fspath(stubs.root)
+    env.update(extra)
+    return Context.from_env(env)
+
+
+def fake_prepared(root: Path) -> Prepared:
+    model = root / "toy.json"
+    model.write_text(json.dumps(TOY))
+    names = {"artifacts/toy/f32/toy.json": model, "build/cpu/fake_shard_worker.py": FAKE}
+    return Prepared(
+        model=model, worker=(sys.executable, os.fspath(FAKE)),
+        identity={"source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8", "tree": "t", "source": "test"},
+                  "patches": {"digest": "fake-patches"}, "build": {"key": "fake-build", "lane": "cpu"},
+                  "artifacts": {"set": "toy", "variant": "f32", "manifest_digest": "fake"}},
+        subjects=[cert.subject(n, cert.file_digests(p)) for n, p in names.items()],
+        local_paths={n: os.fspath(p) for n, p in names.items()},
+        verified=["toy model and fake worker hashed by the test"],
+    )
+
+
+def certify_fake(root: Path, doc: dict[str, Any] | None = None, **kw: Any) -> Written:
+    ctx = kw.pop("ctx", None) or fake_context(root)
+    recipe = recipe_from(root, doc or small_recipe_doc())
+    return run_certification(ctx, recipe, "cpu", fake_prepared(root), **kw)

@@ -1,0 +1,78 @@
+"""The certification run end to end over fake workers: PASS, a signed FAIL, and a stage that dies,
+hangs or answers with the wrong shape (RELIABILITY 20: exit 6, nothing signed, evidence kept, no
+worker left)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from certify import keys
+from certify.run import gate_failed
+from certify.verify import verify
+from tests.unit.certify_fixtures import certify_fake, fake_context, small_recipe_doc
+from tests.unit.fake_stages import running
+from worker.client import StageFailed
+
+
+def _pids(evidence: Path) -> list[int]:
+    return [s["pid"] for f in evidence.rglob("stages.json") for s in json.loads(f.read_text())["stages"]]
+
+
+def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
+    w = certify_fake(tmp_path)
+    assert w.verdict.passed, w.verdict.reasons
+    ctx = fake_context(tmp_path)
+    v = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace))
+    assert v.ok, [ln.text() for ln in v.failures]
+    pred = v.predicate
+    names = {p["name"] for p in pred["figures"]["placements"]}
+    assert names == {"mono", "two-middle", "three-first-middle", "twelve-single"}
+    staged = [p for p in pred["figures"]["placements"] if p["role"] == "under test"]
+    assert all(p["parity"]["bitwise_logits"] for p in staged)
+    assert all(p["speed"]["decode_tok_s"]["n"] == 5 for p in staged)
+    assert pred["figures"]["route_change"]["reference"] == pred["figures"]["route_change"]["switched"]
+    gates_run = {r["name"] for r in pred["results"]}
+    assert {"parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"} <= gates_run
+    assert w.certificate.parent.parent.name == "cpu" and w.certificate.parent.parent.parent.name == "tiny-fake"
+    assert json.loads((w.evidence / "run.json").read_text())["status"] == "PASS"
+    assert not any(running(p) for p in _pids(w.evidence))
+
+
+def test_tightened_thresholds_give_a_signed_fail(tmp_path: Path) -> None:
+    doc = small_recipe_doc(decode_tok_s_min=1e9)
+    w = certify_fake(tmp_path, doc)
+    assert w.verdict.status.value == "FAIL"
+    assert any("decode tok/s (median)" in r and "limit >= 1.000e+09" in r for r in w.verdict.reasons)
+    assert w.certificate.is_file() and w.html.is_file()
+    ctx = fake_context(tmp_path)
+    assert verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).ok
+    err = gate_failed(w)
+    assert err.exit_code == 5 and str(w.certificate) in err.one_line()
+
+
+@pytest.mark.parametrize(("fault", "code"), [
+    ("die-after-forwards:3", "DIED"),
+    ("bad-shape", "BAD_REPLY"),
+    # A hung stage costs the call deadline plus the driver's session resets: slow suite.
+    pytest.param("hang-forward", "DEADLINE_EXCEEDED", marks=pytest.mark.slow),
+])
+def test_stage_fault_ends_the_run_without_a_certificate(tmp_path: Path, fault: str, code: str) -> None:
+    ctx = fake_context(tmp_path, DGR_FAKE_FAULT=fault, DGR_FAKE_FAULT_BEGIN="6")
+    with pytest.raises(StageFailed) as err:
+        certify_fake(tmp_path, ctx=ctx, call_deadline=3.0)
+    exc = err.value
+    assert exc.exit_code == 6
+    line = exc.one_line()
+    assert "stage 1 (layers 6:12) failed" in line and code in line, line
+    assert "nothing was signed" in line
+    assert not list((tmp_path / "work" / "reports").rglob("certificate.json"))
+    runs = list((tmp_path / "work" / "runs").iterdir())
+    assert len(runs) == 1
+    record = json.loads((runs[0] / "run.json").read_text())
+    assert record["status"] == "ERROR" and "stage 1 (layers 6:12)" in record["error"]
+    assert list(runs[0].rglob("stage-1-layers-6-12.stderr"))
+    pids = _pids(runs[0])
+    assert pids and not any(running(p) for p in pids)
