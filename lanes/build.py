@@ -157,7 +157,7 @@ def build_tree(
     with _locked(where):
         started = time.monotonic()
         (where / RECORD).unlink(missing_ok=True)  # a half-finished dir must never be trusted
-        env = _environment(ctx, lane, probe)
+        env = _environment(ctx, lane, probe, tree)
         t0 = time.monotonic()
         cmake.configure(
             host,
@@ -208,9 +208,16 @@ def build_tree(
     return _as_build(where, prov, reused=False)
 
 
-def _environment(ctx: Context, lane: base.Lane, probe: base.ToolchainProbe) -> dict[str, str]:
+def _environment(ctx: Context, lane: base.Lane, probe: base.ToolchainProbe, tree: Tree) -> dict[str, str]:
     env = dict(ctx.env)
     env.update(lane.environment(ctx.env, probe))
+    # ggml's CMakeLists asks `git rev-parse HEAD` inside the tree and compiles the answer into
+    # ggml-base; the patched tree has no .git, so git would climb to whatever repository holds the
+    # workspace (this project's own checkout) and every commit here would change the binaries.
+    ceiling = str(tree.path.parent)
+    env["GIT_CEILING_DIRECTORIES"] = os.pathsep.join(
+        filter(None, [ceiling, env.get("GIT_CEILING_DIRECTORIES")])
+    )
     # Paths under the workspace hash as relative ones, so build dirs of different keys (siblings at
     # the same depth) share ccache hits.
     env.setdefault("CCACHE_BASEDIR", str(ctx.workspace.root))

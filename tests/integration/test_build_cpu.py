@@ -7,6 +7,7 @@ build.  The slow one builds the real patched tree and the shard worker in the re
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +28,10 @@ project(standin C)
 set(DGR_LLAMA_SOURCE_DIR "" CACHE PATH "")
 set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 add_library(llama STATIC ${DGR_LLAMA_SOURCE_DIR}/llama.c)
+# What ggml does at configure time: ask git for the commit of the tree it is built from.
+execute_process(COMMAND git rev-parse HEAD WORKING_DIRECTORY ${DGR_LLAMA_SOURCE_DIR}
+                OUTPUT_VARIABLE tree_commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+file(WRITE ${CMAKE_BINARY_DIR}/tree-commit.txt "${tree_commit}")
 foreach(t llama-bench llama-gguf-split llama-quantize dgr-shard-worker)
   add_executable(${t} main.c)
   target_link_libraries(${t} llama)
@@ -98,6 +103,28 @@ def test_changed_worker_sources_or_tree_get_their_own_build(
     assert (first.dir / build.RECORD).is_file()  # the earlier good build is left alone
     other = build.Tree(path=tree.path, digest="2" * 40, provenance=tree.provenance)
     assert build_standin(ctx, project, other).key not in (first.key, second.key)
+
+
+def test_git_never_sees_the_repository_around_the_workspace(
+    ctx: Context, standin: tuple[Path, build.Tree], tmp_path: Path
+) -> None:
+    """ggml compiles `git rev-parse HEAD` of its tree into ggml-base: an enclosing checkout must not leak."""
+    project, tree = standin
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    ident = ["-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, env=env)
+    subprocess.run(
+        ["git", *ident, "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "outer"],
+        check=True,
+        env=env,
+    )
+    assert (
+        subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree.path, env=env, capture_output=True).returncode
+        == 0
+    )
+    done = build_standin(ctx, project, tree)
+    assert (done.dir / "tree-commit.txt").read_text() == ""
 
 
 def test_a_failing_build_raises_and_leaves_no_record(ctx: Context, standin: tuple[Path, build.Tree]) -> None:
