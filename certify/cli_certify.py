@@ -27,8 +27,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     store = env_store(ctx.env, args.store, ctx.workspace)
     written = certify(ctx, recipe, args.lane, store=store)
-    print(f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "
-          f"{written.seconds:.1f} s)")
+    print(
+        f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "
+        f"{written.seconds:.1f} s)"
+    )
     print(f"certificate: {written.certificate}")
     print(f"report: {written.html}")
     if not written.verdict.passed:

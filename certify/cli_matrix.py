@@ -9,11 +9,18 @@ from certify.context import Context
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--self-hosted", action="store_true",
-                        help="GPU lanes certify on their self-hosted runner labels instead of compiling only")
+    parser.add_argument(
+        "--self-hosted",
+        action="store_true",
+        help="GPU lanes certify on their self-hosted runner labels instead of compiling only",
+    )
     parser.add_argument("--recipe", help="the recipe CI certifies (default: the embedded tiny-llama)")
-    parser.add_argument("--github-output", type=Path, metavar="FILE",
-                        help="also append `matrix=<json>` to this file (GitHub Actions' $GITHUB_OUTPUT)")
+    parser.add_argument(
+        "--github-output",
+        type=Path,
+        metavar="FILE",
+        help="also append `matrix=<json>` to this file (GitHub Actions' $GITHUB_OUTPUT)",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:

@@ -10,8 +10,14 @@ from certify.context import Context
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="certificate.json (a DSSE envelope)")
-    parser.add_argument("--key", type=Path, action="append", default=[], metavar="PEM",
-                        help="also trust this Ed25519 public key (repeatable)")
+    parser.add_argument(
+        "--key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="also trust this Ed25519 public key (repeatable)",
+    )
     parser.add_argument("--html", type=Path, help="report HTML to check (default: the one beside PATH)")
     parser.add_argument("--store", help="artifact store to recompute artifact digests from")
 

@@ -46,8 +46,15 @@ class Check:
     def row(self, current: Figures, reference: Figures | None) -> dict[str, Any]:
         value = self.value(current, reference)
         message = self.fails(current, reference)
-        return {"check": self.name, "metric": self.metric, "value": value, "op": self.op,
-                "limit": self.limit, "ok": message is None, "message": message or ""}
+        return {
+            "check": self.name,
+            "metric": self.metric,
+            "value": value,
+            "op": self.op,
+            "limit": self.limit,
+            "ok": message is None,
+            "message": message or "",
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,25 +98,44 @@ def parity_checks(parity: Parity, placement: Placement) -> list[Check]:
         AtLeast(name="greedy continuation match", metric="greedy_match", limit=parity.greedy_match_min),
     ]
     for cut in placement.cuts:
-        checks.append(AtMost(name=f"boundary NMSE at layer {cut}", metric=f"boundary_nmse@{cut}",
-                             limit=parity.boundary_nmse_max))
+        checks.append(
+            AtMost(
+                name=f"boundary NMSE at layer {cut}",
+                metric=f"boundary_nmse@{cut}",
+                limit=parity.boundary_nmse_max,
+            )
+        )
     return checks
 
 
 def speed_checks(speed: Speed, placement: Placement) -> list[Check]:
-    checks: list[Check] = [AtLeast(name="decode tok/s (median)", metric="decode_tok_s",
-                                   limit=speed.decode_tok_s_min)]
+    checks: list[Check] = [
+        AtLeast(name="decode tok/s (median)", metric="decode_tok_s", limit=speed.decode_tok_s_min)
+    ]
     if speed.prefill_tok_s_min is not None:
-        checks.append(AtLeast(name="prefill tok/s (median)", metric="prefill_tok_s",
-                              limit=speed.prefill_tok_s_min))
+        checks.append(
+            AtLeast(name="prefill tok/s (median)", metric="prefill_tok_s", limit=speed.prefill_tok_s_min)
+        )
     if not placement.is_monolithic:
-        checks.append(RatioAtLeast(name="staged/monolithic decode", metric="decode_tok_s",
-                                   limit=speed.ratio_min(placement.n_stages)))
+        checks.append(
+            RatioAtLeast(
+                name="staged/monolithic decode",
+                metric="decode_tok_s",
+                limit=speed.ratio_min(placement.n_stages),
+            )
+        )
     return checks
 
 
-def evaluate(gate: str, placement: str, checks: Iterable[Check], current: Figures,
-             reference: Figures | None = None, *, duration_s: float = 0.0) -> Result:
+def evaluate(
+    gate: str,
+    placement: str,
+    checks: Iterable[Check],
+    current: Figures,
+    reference: Figures | None = None,
+    *,
+    duration_s: float = 0.0,
+) -> Result:
     """One Result per (gate, placement) carrying every row; the reason lists every failing check."""
     rows = [c.row(current, reference) for c in checks]
     failed = [r["message"] for r in rows if not r["ok"]]

@@ -52,8 +52,12 @@ def _os_name() -> str:
 
 def _nvidia_gpus(env: Mapping[str, str]) -> list[dict[str, Any]]:
     try:
-        out = proc.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                       env=env, no_output_timeout=20, check=False)
+        out = proc.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            env=env,
+            no_output_timeout=20,
+            check=False,
+        )
     except DgrError:
         return []
     if out.returncode != 0:

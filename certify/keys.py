@@ -66,8 +66,10 @@ def _load_private(path: Path) -> Ed25519PrivateKey:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigurationError(f"signing key {path} is not readable: {exc.strerror}",
-                                 hint="DGR_SIGNING_KEY must name an Ed25519 PEM private key") from None
+        raise ConfigurationError(
+            f"signing key {path} is not readable: {exc.strerror}",
+            hint="DGR_SIGNING_KEY must name an Ed25519 PEM private key",
+        ) from None
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
@@ -96,7 +98,9 @@ def signing_key(env: Mapping[str, str], ws: Workspace) -> SigningKey:
     if explicit:
         path = Path(explicit)
         key = _load_private(path)
-        return SigningKey(private=key, keyid=keyid(key.public_key()), dev_key=False, path=path, public_path=None)
+        return SigningKey(
+            private=key, keyid=keyid(key.public_key()), dev_key=False, path=path, public_path=None
+        )
     return dev_key(ws)
 
 
@@ -108,8 +112,9 @@ def dev_key(ws: Workspace) -> SigningKey:
     refuse_links_below(ws.root, path)
     if not path.exists():
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         # O_EXCL: two concurrent first runs cannot both write; the loser reads the winner's key.
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -122,19 +127,23 @@ def dev_key(ws: Workspace) -> SigningKey:
                 os.fsync(fh.fileno())
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        raise IntegrityError(f"dev signing key {path} is readable by others (mode {mode:o})",
-                             hint=f"chmod 600 {path}")
+        raise IntegrityError(
+            f"dev signing key {path} is readable by others (mode {mode:o})", hint=f"chmod 600 {path}"
+        )
     key = _load_private(path)
     pem_pub = public_pem(key.public_key())
     if not pub_path.exists() or pub_path.read_bytes() != pem_pub:
         from certify.canonical import atomic_write_bytes
 
         atomic_write_bytes(pub_path, pem_pub)
-    return SigningKey(private=key, keyid=keyid(key.public_key()), dev_key=True, path=path, public_path=pub_path)
+    return SigningKey(
+        private=key, keyid=keyid(key.public_key()), dev_key=True, path=path, public_path=pub_path
+    )
 
 
-def trusted_keys(extra: Iterable[Path] = (), *, ws: Workspace | None = None,
-                 directory: Path = TRUSTED_KEYS) -> dict[str, TrustedKey]:
+def trusted_keys(
+    extra: Iterable[Path] = (), *, ws: Workspace | None = None, directory: Path = TRUSTED_KEYS
+) -> dict[str, TrustedKey]:
     """keyid -> key: the project's trusted keys, keys named on the command line, the workspace dev key."""
     found: dict[str, TrustedKey] = {}
     if directory.is_dir():
@@ -153,6 +162,7 @@ def trusted_keys(extra: Iterable[Path] = (), *, ws: Workspace | None = None,
         dev_pub = ws.keys / "dev-ed25519.pub.pem"
         if dev_pub.is_file() and not dev_pub.is_symlink():
             pub = load_public(dev_pub)
-            found.setdefault(keyid(pub), TrustedKey(public=pub, keyid=keyid(pub), source=str(dev_pub),
-                                                    dev_key=True))
+            found.setdefault(
+                keyid(pub), TrustedKey(public=pub, keyid=keyid(pub), source=str(dev_pub), dev_key=True)
+            )
     return found

@@ -28,7 +28,7 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
     from certify.errors import DgrError
     from certify.keys import trusted_keys
     from lanes.base import LANE_NAMES, get
-    from reports.index import build_exists, cell, scan
+    from reports.index import cell, scan
 
     names = [recipe] if recipe else rmod.available(ctx.env)
     loaded: dict[str, Any] = {}
@@ -39,7 +39,9 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
             if recipe:
                 raise
             loaded[name] = None
-    certs = scan(ctx.workspace.reports, trusted_keys(ws=ctx.workspace)) if ctx.workspace.reports.is_dir() else []
+    certs = (
+        scan(ctx.workspace.reports, trusted_keys(ws=ctx.workspace)) if ctx.workspace.reports.is_dir() else []
+    )
     out = []
     for lane_name in LANE_NAMES:
         lane = get(lane_name)
@@ -57,11 +59,26 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
             mode, runs_on, why = "certify", labels, f"certifies {chosen} on {', '.join(labels)}"
         status = "compile-only"
         if chosen is not None and loaded.get(chosen) is not None:
-            c = cell(certs, lane=lane_name, recipe=chosen, digest=loaded[chosen].digest, built=False, listed=True,
-                     root=ctx.workspace.reports)
+            c = cell(
+                certs,
+                lane=lane_name,
+                recipe=chosen,
+                digest=loaded[chosen].digest,
+                built=False,
+                listed=True,
+                root=ctx.workspace.reports,
+            )
             status = "certified" if c.state == "certified" else "compile-only"
-        out.append({"lane": lane_name, "recipe": chosen or "", "runs-on": list(runs_on), "mode": mode,
-                    "status": status, "reason": why})
+        out.append(
+            {
+                "lane": lane_name,
+                "recipe": chosen or "",
+                "runs-on": list(runs_on),
+                "mode": mode,
+                "status": status,
+                "reason": why,
+            }
+        )
     return out
 
 

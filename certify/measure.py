@@ -107,11 +107,15 @@ def speed_figures(samples: drive.SpeedSamples) -> dict[str, Any]:
     }
 
 
-def _placement_record(p: Placement, lane: str, dtype: str, role: str,
-                      infos: Sequence[Any]) -> dict[str, Any]:
+def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Sequence[Any]) -> dict[str, Any]:
     return {
-        "name": p.name, "stages": [list(s) for s in p.stages], "n_stages": p.n_stages, "cuts": list(p.cuts),
-        "boundary_dtype": dtype, "lane": lane, "role": role,
+        "name": p.name,
+        "stages": [list(s) for s in p.stages],
+        "n_stages": p.n_stages,
+        "cuts": list(p.cuts),
+        "boundary_dtype": dtype,
+        "lane": lane,
+        "role": role,
         "backend_devices": sorted({i.backend_devices for i in infos}),
         "threads": sorted({i.n_threads for i in infos}),
         "weight_bytes": [i.memory.weight_bytes for i in infos],
@@ -121,7 +125,9 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str,
 def _gate_figures(parity: Mapping[str, Any] | None, speed: Mapping[str, Any] | None) -> dict[str, float]:
     flat: dict[str, float] = {}
     if parity:
-        flat.update({k: v for k, v in parity.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        flat.update(
+            {k: v for k, v in parity.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        )
     if speed:
         flat["decode_tok_s"] = speed["decode_tok_s"]["median"]
         flat["prefill_tok_s"] = speed["prefill_tok_s"]["median"]
@@ -143,8 +149,15 @@ def run(plan: Plan) -> Outcome:
     rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
 
     def start(cmd: WorkerCommand, p: Placement, tag: str):  # noqa: ANN202 - a context manager
-        return launch(cmd, p.stages, stubs=plan.stubs, evidence=plan.evidence / tag, env=plan.env,
-                      start_timeout=plan.start_timeout, call_deadline=plan.call_deadline)
+        return launch(
+            cmd,
+            p.stages,
+            stubs=plan.stubs,
+            evidence=plan.evidence / tag,
+            env=plan.env,
+            start_timeout=plan.start_timeout,
+            call_deadline=plan.call_deadline,
+        )
 
     # The reference: monolithic, f32 seams (none), every cut captured.
     t0 = time.perf_counter()
@@ -155,22 +168,43 @@ def run(plan: Plan) -> Outcome:
         ref_speed = None
         if not cross:
             ref_speed = speed_figures(_measure(pipe.clients, prompts, recipe, "f32"))
-        record = _placement_record(mono, "cpu" if cross else plan.lane, "f32",
-                                   "reference" if not cross else "reference-cross-lane", reference.infos)
+        record = _placement_record(
+            mono,
+            "cpu" if cross else plan.lane,
+            "f32",
+            "reference" if not cross else "reference-cross-lane",
+            reference.infos,
+        )
     record["speed"] = ref_speed
     out.figures = {
         "reference": {"placement": mono.name, "lane": "cpu" if cross else plan.lane},
-        "prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "n_decode": recipe.n_decode,
-        "measure": {"warmup": recipe.measure.warmup, "repetitions": recipe.measure.repetitions,
-                    "prompt_tokens": recipe.measure.prompt_tokens, "decode_tokens": recipe.measure.decode_tokens},
+        "prompts": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "n_decode": recipe.n_decode,
+        "measure": {
+            "warmup": recipe.measure.warmup,
+            "repetitions": recipe.measure.repetitions,
+            "prompt_tokens": recipe.measure.prompt_tokens,
+            "decode_tokens": recipe.measure.decode_tokens,
+        },
         "reference_tokens": [list(p.tokens) for p in reference.prompts],
         "placements": [record],
     }
-    out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS, duration_s=time.perf_counter() - t0,
-                              reason="", details={"lane": record["lane"]}))
+    out.results.append(
+        Result(
+            name=f"reference/{mono.name}",
+            status=Status.PASS,
+            duration_s=time.perf_counter() - t0,
+            reason="",
+            details={"lane": record["lane"]},
+        )
+    )
     if not cross:
-        out.results.append(gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono),
-                                          _gate_figures(None, ref_speed)))
+        out.results.append(
+            gates.evaluate(
+                "speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, ref_speed)
+            )
+        )
 
     under_test = ([mono] if cross else []) + list(recipe.staged)
     for p in under_test:
@@ -181,40 +215,78 @@ def run(plan: Plan) -> Outcome:
             speed = speed_figures(_measure(pipe.clients, prompts, recipe, dtype))
             route = None
             if p.name == rc_placement:
-                route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after,
-                                           boundary_dtype=dtype)
+                route = drive.route_change(
+                    pipe.clients, prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
+                )
             record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
         parity = parity_figures(reference, trace)
         record.update(parity=parity, speed=speed)
         out.figures["placements"].append(record)
         elapsed = time.perf_counter() - t0
-        out.results.append(gates.evaluate("parity", p.name, gates.parity_checks(hc.parity_for(dtype), p),
-                                          _gate_figures(parity, None), duration_s=elapsed))
+        out.results.append(
+            gates.evaluate(
+                "parity",
+                p.name,
+                gates.parity_checks(hc.parity_for(dtype), p),
+                _gate_figures(parity, None),
+                duration_s=elapsed,
+            )
+        )
         if p.is_monolithic:  # the lane's own monolithic run is the speed reference for its staged runs
             ref_speed = speed
-            out.results.append(gates.evaluate("speed", p.name, gates.speed_checks(hc.speed, p),
-                                              _gate_figures(None, speed)))
+            out.results.append(
+                gates.evaluate("speed", p.name, gates.speed_checks(hc.speed, p), _gate_figures(None, speed))
+            )
         else:
-            out.results.append(gates.evaluate("speed", p.name, gates.speed_checks(hc.speed, p),
-                                              _gate_figures(None, speed), _gate_figures(None, ref_speed)))
+            out.results.append(
+                gates.evaluate(
+                    "speed",
+                    p.name,
+                    gates.speed_checks(hc.speed, p),
+                    _gate_figures(None, speed),
+                    _gate_figures(None, ref_speed),
+                )
+            )
         if route is not None:
             out.figures["route_change"] = {
-                "placement": p.name, "switch_at": route.switch_at, "reprefill_tokens": route.reprefill_tokens,
-                "cache_miss": route.cache_miss, "reference": list(route.reference), "switched": list(route.switched),
+                "placement": p.name,
+                "switch_at": route.switch_at,
+                "reprefill_tokens": route.reprefill_tokens,
+                "cache_miss": route.cache_miss,
+                "reference": list(route.reference),
+                "switched": list(route.switched),
             }
-            checks = [gates.AtLeast(name="tokens identical after re-prefill", metric="identical", limit=1),
-                      gates.AtLeast(name="new epoch refuses the old KV", metric="cache_miss", limit=1)]
-            out.results.append(gates.evaluate("route-change", p.name, checks, {
-                "identical": float(route.identical), "cache_miss": float(route.cache_miss != "ACCEPTED")}))
+            checks = [
+                gates.AtLeast(name="tokens identical after re-prefill", metric="identical", limit=1),
+                gates.AtLeast(name="new epoch refuses the old KV", metric="cache_miss", limit=1),
+            ]
+            out.results.append(
+                gates.evaluate(
+                    "route-change",
+                    p.name,
+                    checks,
+                    {
+                        "identical": float(route.identical),
+                        "cache_miss": float(route.cache_miss != "ACCEPTED"),
+                    },
+                )
+            )
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
 
 
-def _measure(clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe,
-             dtype: str) -> drive.SpeedSamples:
+def _measure(
+    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str
+) -> drive.SpeedSamples:
     m = recipe.measure
-    return drive.measure_speed(clients, _speed_prompt(prompts, m.prompt_tokens), m.decode_tokens,
-                               repetitions=m.repetitions, warmup=m.warmup, boundary_dtype=dtype)
+    return drive.measure_speed(
+        clients,
+        _speed_prompt(prompts, m.prompt_tokens),
+        m.decode_tokens,
+        repetitions=m.repetitions,
+        warmup=m.warmup,
+        boundary_dtype=dtype,
+    )
 
 
 def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -223,14 +295,26 @@ def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> l
     for p in placements:
         sp = p.get("speed") or {}
         if sp.get("seam_bytes_per_token"):
-            rows.append({"label": f"measured: {recipe.name} / {p['name']}", "boundary_width": None,
-                         "dtype": p["boundary_dtype"], "bytes_per_token": max(sp["seam_bytes_per_token"]),
-                         "source": "worker replies"})
+            rows.append(
+                {
+                    "label": f"measured: {recipe.name} / {p['name']}",
+                    "boundary_width": None,
+                    "dtype": p["boundary_dtype"],
+                    "bytes_per_token": max(sp["seam_bytes_per_token"]),
+                    "source": "worker replies",
+                }
+            )
             break
     pm = recipe.physical_model
     if pm is not None:
         for dtype in sorted({recipe.boundary_dtype, *(recipe.dtype_of(p) for p in recipe.staged)}):
-            rows.append({"label": pm.label, "boundary_width": pm.boundary_width, "dtype": dtype,
-                         "bytes_per_token": pm.boundary_width * DTYPE_BYTES[dtype] + pm.sideband_bytes_per_token,
-                         "source": "recipe physical_model (width x dtype size + sideband)"})
+            rows.append(
+                {
+                    "label": pm.label,
+                    "boundary_width": pm.boundary_width,
+                    "dtype": dtype,
+                    "bytes_per_token": pm.boundary_width * DTYPE_BYTES[dtype] + pm.sideband_bytes_per_token,
+                    "source": "recipe physical_model (width x dtype size + sideband)",
+                }
+            )
     return rows

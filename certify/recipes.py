@@ -277,8 +277,9 @@ def from_document(data: dict[str, Any], *, source: str) -> Recipe:
     }
     body = {**data, "placements": {}}
     recipe = build(Recipe, body)
-    recipe = _replace(recipe, placements=placements, digest=canonical_digest(data), source=source,
-                      document=data)
+    recipe = _replace(
+        recipe, placements=placements, digest=canonical_digest(data), source=source, document=data
+    )
     _check(recipe)
     return recipe
 
@@ -300,27 +301,34 @@ def _check(recipe: Recipe) -> None:
         expected = 0
         for k, (begin, end) in enumerate(p.stages):
             if begin != expected:
-                raise ConfigurationError(f"{at}/{k}: stage starts at layer {begin}, expected {expected} "
-                                         "(stages must tile the layers contiguously)")
+                raise ConfigurationError(
+                    f"{at}/{k}: stage starts at layer {begin}, expected {expected} "
+                    "(stages must tile the layers contiguously)"
+                )
             if end <= begin:
                 raise ConfigurationError(f"{at}/{k}: empty range [{begin}, {end})")
             expected = end
         if expected != recipe.n_layer:
             raise ConfigurationError(f"{at}: stages end at layer {expected}, the model has {recipe.n_layer}")
         if p.seams and len(p.seams) not in (1, p.n_stages - 1):
-            raise ConfigurationError(f"{where}: at /placements/{p.name}/seams: give 1 entry (every seam) or "
-                                     f"{p.n_stages - 1} (one per seam), not {len(p.seams)}")
+            raise ConfigurationError(
+                f"{where}: at /placements/{p.name}/seams: give 1 entry (every seam) or "
+                f"{p.n_stages - 1} (one per seam), not {len(p.seams)}"
+            )
     mono = [p.name for p in recipe.placements.values() if p.is_monolithic]
     if len(mono) != 1:
-        raise ConfigurationError(f"{where}: at /placements: exactly one single-stage (monolithic reference) "
-                                 f"placement is required, found {len(mono)}")
+        raise ConfigurationError(
+            f"{where}: at /placements: exactly one single-stage (monolithic reference) "
+            f"placement is required, found {len(mono)}"
+        )
     if recipe.route_change is not None:
         rc = recipe.route_change
         if rc.placement not in recipe.placements:
             raise ConfigurationError(f"{where}: at /route_change/placement: no placement {rc.placement!r}")
         if rc.after_tokens >= recipe.n_decode:
-            raise ConfigurationError(f"{where}: at /route_change/after_tokens: must be < n_decode "
-                                     f"({recipe.n_decode})")
+            raise ConfigurationError(
+                f"{where}: at /route_change/after_tokens: must be < n_decode ({recipe.n_decode})"
+            )
     uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
     names = [hc.name for hc in recipe.hardware_classes]
     for k, hc in enumerate(recipe.hardware_classes):
@@ -328,8 +336,12 @@ def _check(recipe: Recipe) -> None:
             raise ConfigurationError(f"{where}: at /hardware_classes/{k}/name: {hc.name!r} is listed twice")
         stray = sorted(set(hc.match.lanes) - set(recipe.lanes))
         if stray:
-            raise ConfigurationError(f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
-                                     f"not in the recipe's lanes {list(recipe.lanes)}")
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
+                f"not in the recipe's lanes {list(recipe.lanes)}"
+            )
         if uses_f16 and hc.parity_f16_boundary is None:
-            raise ConfigurationError(f"{where}: at /hardware_classes/{k}: parity_f16_boundary is missing but "
-                                     f"placement {uses_f16[0]!r} carries f16 boundaries")
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}: parity_f16_boundary is missing but "
+                f"placement {uses_f16[0]!r} carries f16 boundaries"
+            )

@@ -1,4 +1,4 @@
-"""`dgr certify`: provision -> build -> workers per placement -> gates -> verdict -> HTML -> signed certificate.
+"""`dgr certify`: provision -> build -> workers per placement -> gates -> verdict -> HTML -> certificate.
 
 A PASS or FAIL verdict is rendered, signed and written under
 ``.work/reports/<recipe>/<lane>/<run-id>/`` (certificate.json = the DSSE envelope, report.html).
@@ -62,23 +62,28 @@ def _utc(t: float) -> str:
 
 
 # Preparation: the real stages (each verifies its own output) ---------------------------------------
-def _binary_subjects(lane: str, binaries: Mapping[str, Path], recorded: Mapping[str, Any]) -> tuple[
-        list[dict[str, Any]], dict[str, str]]:
+def _binary_subjects(
+    lane: str, binaries: Mapping[str, Path], recorded: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
     subjects, paths = [], {}
     for name, path in sorted(binaries.items()):
         digests = cert.file_digests(Path(path))
         want = (recorded.get(name) or {}).get("sha256") if isinstance(recorded.get(name), Mapping) else None
         if want and want != digests["sha256"]:
-            raise IntegrityError(f"{lane} build: {path} changed since it was built (sha256 {digests['sha256']}, "
-                                 f"build provenance says {want})", hint=f"run `dgr build --lane {lane}` again")
+            raise IntegrityError(
+                f"{lane} build: {path} changed since it was built (sha256 {digests['sha256']}, "
+                f"build provenance says {want})",
+                hint=f"run `dgr build --lane {lane}` again",
+            )
         subject_name = f"build/{lane}/{Path(path).name}"
         subjects.append(cert.subject(subject_name, digests))
         paths[subject_name] = str(Path(path).resolve())
     return subjects, paths
 
 
-def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
-            need_cpu_reference: bool) -> Prepared:
+def prepare(
+    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None, need_cpu_reference: bool
+) -> Prepared:
     from fetch.provision import provision
     from fetch.source import ensure_pristine
     from lanes.build import ensure_build
@@ -87,8 +92,9 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
     provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
     build = ensure_build(ctx, lane)
     if build.worker is None:
-        raise ConfigurationError(f"the {lane} build at {build.dir} has no dgr-shard-worker",
-                                 hint=f"run `dgr build --lane {lane}`")
+        raise ConfigurationError(
+            f"the {lane} build at {build.dir} has no dgr-shard-worker", hint=f"run `dgr build --lane {lane}`"
+        )
     ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
     patched = ensure_patched(ctx)
     pristine = ensure_pristine(ctx)
@@ -113,10 +119,17 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
         "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
         "patches": {**prov_patched, "digest": patched.digest},
         "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
-        "reference_build": ({**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
-                            if ref_build else None),
-        "artifacts": {"set": recipe.artifacts, "variant": recipe.variant,
-                      "manifest_digest": provisioned.manifest_digest, **dict(provisioned.provenance)},
+        "reference_build": (
+            {**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
+            if ref_build
+            else None
+        ),
+        "artifacts": {
+            "set": recipe.artifacts,
+            "variant": recipe.variant,
+            "manifest_digest": provisioned.manifest_digest,
+            **dict(provisioned.provenance),
+        },
     }
     verified = [
         f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
@@ -125,85 +138,180 @@ def prepare(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None,
     ]
     if ref_build is not None:
         verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
-    return Prepared(model=Path(provisioned.files[0]), worker=(str(build.worker),),
-                    reference_worker=(str(ref_build.worker),) if ref_build else None,
-                    identity=identity, subjects=subjects, local_paths=paths, verified=verified)
+    return Prepared(
+        model=Path(provisioned.files[0]),
+        worker=(str(build.worker),),
+        reference_worker=(str(ref_build.worker),) if ref_build else None,
+        identity=identity,
+        subjects=subjects,
+        local_paths=paths,
+        verified=verified,
+    )
 
 
 # The run -------------------------------------------------------------------------------------------
 def _ctx_size(recipe: Recipe, prompt_chars: int) -> int:
     """Context for the workers: room for the longest prompt (tokens <= bytes + BOS) plus decode."""
-    need = max(prompt_chars + 2 + recipe.n_decode, recipe.measure.prompt_tokens + recipe.measure.decode_tokens)
+    need = max(
+        prompt_chars + 2 + recipe.n_decode, recipe.measure.prompt_tokens + recipe.measure.decode_tokens
+    )
     return max(256, -(-need // 256) * 256)
 
 
-def run_certification(ctx: Context, recipe: Recipe, lane: str, prepared: Prepared, *,
-                      key: SigningKey | None = None, run_id: str | None = None,
-                      start_timeout: float = 120.0, call_deadline: float = 120.0) -> Written:
+def run_certification(
+    ctx: Context,
+    recipe: Recipe,
+    lane: str,
+    prepared: Prepared,
+    *,
+    key: SigningKey | None = None,
+    run_id: str | None = None,
+    start_timeout: float = 120.0,
+    call_deadline: float = 120.0,
+) -> Written:
     """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL."""
     from certify import measure
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
 
     if lane not in recipe.lanes:
-        raise ConfigurationError(f"recipe {recipe.name} is not certified on lane {lane}",
-                                 hint=f"its lanes: {', '.join(recipe.lanes)}")
+        raise ConfigurationError(
+            f"recipe {recipe.name} is not certified on lane {lane}",
+            hint=f"its lanes: {', '.join(recipe.lanes)}",
+        )
     key = key or signing_key(ctx.env, ctx.workspace)  # a bad DGR_SIGNING_KEY fails before any work
     run_id = run_id or new_run_id()
     started = time.time()
     fp = hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     evidence = ctx.workspace.ensure(ctx.workspace.runs / run_id)
-    write_json(evidence / "identity.json", {"recipe": recipe.name, "recipe_digest": recipe.digest, "lane": lane,
-                                            "run_id": run_id, **{k: v for k, v in prepared.identity.items()}})
+    write_json(
+        evidence / "identity.json",
+        {
+            "recipe": recipe.name,
+            "recipe_digest": recipe.digest,
+            "lane": lane,
+            "run_id": run_id,
+            **{k: v for k, v in prepared.identity.items()},
+        },
+    )
     ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
-        return WorkerCommand(program=program, model=prepared.model, threads=int(fp["cpu_cores"]),
-                             ctx_size=ctx_size, identity=evidence / "identity.json", lane=worker_lane)
+        return WorkerCommand(
+            program=program,
+            model=prepared.model,
+            threads=int(fp["cpu_cores"]),
+            ctx_size=ctx_size,
+            identity=evidence / "identity.json",
+            lane=worker_lane,
+        )
 
     plan = measure.Plan(
-        recipe=recipe, lane=lane, hardware_class=hc, worker=command(prepared.worker, lane),
+        recipe=recipe,
+        lane=lane,
+        hardware_class=hc,
+        worker=command(prepared.worker, lane),
         reference_worker=command(prepared.reference_worker, "cpu") if prepared.reference_worker else None,
-        stubs=load_stubs(ctx.workspace), evidence=evidence, env=ctx.env,
-        start_timeout=start_timeout, call_deadline=call_deadline,
+        stubs=load_stubs(ctx.workspace),
+        evidence=evidence,
+        env=ctx.env,
+        start_timeout=start_timeout,
+        call_deadline=call_deadline,
     )
     try:
         outcome = measure.run(plan)
     except DgrError as exc:
-        write_json(evidence / "run.json", {"run_id": run_id, "status": Status.ERROR.value, "error": exc.one_line(),
-                                           "recipe": recipe.name, "lane": lane, "started": _utc(started),
-                                           "finished": _utc(time.time())})
+        write_json(
+            evidence / "run.json",
+            {
+                "run_id": run_id,
+                "status": Status.ERROR.value,
+                "error": exc.one_line(),
+                "recipe": recipe.name,
+                "lane": lane,
+                "started": _utc(started),
+                "finished": _utc(time.time()),
+            },
+        )
         exc.hint = f"nothing was signed; worker logs and the run record are kept in {evidence}"
         raise
     finished = time.time()
     verdict = decide(outcome.results)
-    written = publish(ctx, recipe=recipe, lane=lane, hc=hc, run_id=run_id, started=started, finished=finished,
-                      results=outcome.results, figures=outcome.figures, fingerprint=fp, prepared=prepared,
-                      key=key, verdict=verdict, evidence=evidence)
-    write_json(evidence / "run.json", {"run_id": run_id, "status": verdict.status.value, "recipe": recipe.name,
-                                       "lane": lane, "certificate": str(written.certificate),
-                                       "html": str(written.html), "seconds": written.seconds})
+    written = publish(
+        ctx,
+        recipe=recipe,
+        lane=lane,
+        hc=hc,
+        run_id=run_id,
+        started=started,
+        finished=finished,
+        results=outcome.results,
+        figures=outcome.figures,
+        fingerprint=fp,
+        prepared=prepared,
+        key=key,
+        verdict=verdict,
+        evidence=evidence,
+    )
+    write_json(
+        evidence / "run.json",
+        {
+            "run_id": run_id,
+            "status": verdict.status.value,
+            "recipe": recipe.name,
+            "lane": lane,
+            "certificate": str(written.certificate),
+            "html": str(written.html),
+            "seconds": written.seconds,
+        },
+    )
     return written
 
 
-def publish(ctx: Context, *, recipe: Recipe, lane: str, hc: HardwareClass, run_id: str, started: float,
-            finished: float, results: Sequence[Result], figures: Mapping[str, Any], fingerprint: Mapping[str, Any],
-            prepared: Prepared, key: SigningKey, verdict: Verdict, evidence: Path) -> Written:
+def publish(
+    ctx: Context,
+    *,
+    recipe: Recipe,
+    lane: str,
+    hc: HardwareClass,
+    run_id: str,
+    started: float,
+    finished: float,
+    results: Sequence[Result],
+    figures: Mapping[str, Any],
+    fingerprint: Mapping[str, Any],
+    prepared: Prepared,
+    key: SigningKey,
+    verdict: Verdict,
+    evidence: Path,
+) -> Written:
     """Render the page, put its digest in the predicate, sign, write both; never sign an ERROR."""
     from reports.render import render
 
     if verdict.status is Status.ERROR:
         raise ValueError("an incomplete run is never signed")
-    signer = {"keyid": key.keyid, "dev_key": key.dev_key,
-              "public_key_path": str(key.public_path) if key.public_path else None}
+    signer = {
+        "keyid": key.keyid,
+        "dev_key": key.dev_key,
+        "public_key_path": str(key.public_path) if key.public_path else None,
+    }
     predicate: dict[str, Any] = {
         "schema_version": cert.PREDICATE_SCHEMA_VERSION,
-        "run_id": run_id, "started": _utc(started), "finished": _utc(finished),
-        "duration_s": round(finished - started, 3), "lane": lane,
-        "recipe": {"name": recipe.name, "digest": recipe.digest, "hardware_class": hc.name,
-                   "thresholds": {"hardware_class": hc.name,
-                                  **next(c for c in recipe.thresholds() if c["name"] == hc.name)}},
+        "run_id": run_id,
+        "started": _utc(started),
+        "finished": _utc(finished),
+        "duration_s": round(finished - started, 3),
+        "lane": lane,
+        "recipe": {
+            "name": recipe.name,
+            "digest": recipe.digest,
+            "hardware_class": hc.name,
+            "thresholds": {
+                "hardware_class": hc.name,
+                **next(c for c in recipe.thresholds() if c["name"] == hc.name),
+            },
+        },
         "identity": dict(prepared.identity),
         "hardware": dict(fingerprint),
         "results": [r.as_dict() for r in results],
@@ -223,15 +331,27 @@ def publish(ctx: Context, *, recipe: Recipe, lane: str, hc: HardwareClass, run_i
 
     atomic_write_bytes(out / REPORT_FILE, html)
     cert.write(out / CERTIFICATE_FILE, envelope)
-    return Written(run_id=run_id, verdict=verdict, certificate=(out / CERTIFICATE_FILE).resolve(),
-                   html=(out / REPORT_FILE).resolve(), evidence=evidence, seconds=round(finished - started, 3))
+    return Written(
+        run_id=run_id,
+        verdict=verdict,
+        certificate=(out / CERTIFICATE_FILE).resolve(),
+        html=(out / REPORT_FILE).resolve(),
+        evidence=evidence,
+        seconds=round(finished - started, 3),
+    )
 
 
 def certify(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = None) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5."""
     if lane not in recipe.lanes:
-        raise ConfigurationError(f"recipe {recipe.name} is not certified on lane {lane}",
-                                 hint=f"its lanes: {', '.join(recipe.lanes)}")
+        raise ConfigurationError(
+            f"recipe {recipe.name} is not certified on lane {lane}",
+            hint=f"its lanes: {', '.join(recipe.lanes)}",
+        )
+    from fetch.artifacts import load_set, require_sealed
+
+    # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.
+    require_sealed(load_set(recipe.artifacts), recipe.variant)
     fp = hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
@@ -242,5 +362,7 @@ def certify(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = Non
 def gate_failed(written: Written) -> GateFailed:
     reasons = written.verdict.reasons
     more = f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""
-    return GateFailed(f"verdict {written.verdict.status.value}: " + "; ".join(reasons[:3]) + more,
-                      hint=f"the signed FAIL certificate is {written.certificate}")
+    return GateFailed(
+        f"verdict {written.verdict.status.value}: " + "; ".join(reasons[:3]) + more,
+        hint=f"the signed FAIL certificate is {written.certificate}",
+    )

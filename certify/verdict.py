@@ -24,13 +24,23 @@ class Result:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status.value, "reason": self.reason,
-                "duration_s": round(self.duration_s, 6), "details": dict(self.details)}
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "reason": self.reason,
+            "duration_s": round(self.duration_s, 6),
+            "details": dict(self.details),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Result:
-        return cls(name=data["name"], status=Status(data["status"]), reason=data.get("reason", ""),
-                   duration_s=float(data.get("duration_s", 0.0)), details=dict(data.get("details", {})))
+        return cls(
+            name=data["name"],
+            status=Status(data["status"]),
+            reason=data.get("reason", ""),
+            duration_s=float(data.get("duration_s", 0.0)),
+            details=dict(data.get("details", {})),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

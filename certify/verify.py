@@ -53,8 +53,14 @@ class Verification:
         return (self.statement or {}).get("predicate") or {}
 
 
-def verify(path: Path, keys: Mapping[str, TrustedKey], *, html: Path | None = None,
-           store: Path | None = None, subjects: bool = True) -> Verification:
+def verify(
+    path: Path,
+    keys: Mapping[str, TrustedKey],
+    *,
+    html: Path | None = None,
+    store: Path | None = None,
+    subjects: bool = True,
+) -> Verification:
     """``subjects=False`` skips re-hashing artifact files (the report index only needs signature + HTML)."""
     path = Path(path)
     v = Verification(path=path)
@@ -85,8 +91,9 @@ def verify(path: Path, keys: Mapping[str, TrustedKey], *, html: Path | None = No
     return v
 
 
-def _check_signature(v: Verification, envelope: Mapping[str, Any], payload: bytes,
-                     keys: Mapping[str, TrustedKey]) -> None:
+def _check_signature(
+    v: Verification, envelope: Mapping[str, Any], payload: bytes, keys: Mapping[str, TrustedKey]
+) -> None:
     message = cert.pae(envelope["payloadType"], payload)
     named = [s.get("keyid", "") for s in envelope["signatures"]]
     for s in envelope["signatures"]:
@@ -102,11 +109,19 @@ def _check_signature(v: Verification, envelope: Mapping[str, Any], payload: byte
                 return
     trusted_named = [k for k in named if k in keys]
     if trusted_named:
-        v.add(FAIL, "signature", f"does not verify with trusted key {trusted_named[0][:16]}…: "
-                                 "the payload or the signature was changed after signing")
+        v.add(
+            FAIL,
+            "signature",
+            f"does not verify with trusted key {trusted_named[0][:16]}…: "
+            "the payload or the signature was changed after signing",
+        )
     else:
-        v.add(FAIL, "signature", f"signed by key {(named[0] or 'unnamed')[:16]}…, which is not trusted "
-                                 "(add its public key to manifests/keys/ or pass --key PEM)")
+        v.add(
+            FAIL,
+            "signature",
+            f"signed by key {(named[0] or 'unnamed')[:16]}…, which is not trusted "
+            "(add its public key to manifests/keys/ or pass --key PEM)",
+        )
 
 
 def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
@@ -120,8 +135,12 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
         return False
     pred = stmt.get("predicate")
     if isinstance(pred, dict) and pred.get("schema_version") != cert.PREDICATE_SCHEMA_VERSION:
-        v.add(FAIL, "predicate", f"schema_version {pred.get('schema_version')!r} is not supported "
-                                 f"(this dgr reads {cert.PREDICATE_SCHEMA_VERSION})")
+        v.add(
+            FAIL,
+            "predicate",
+            f"schema_version {pred.get('schema_version')!r} is not supported "
+            f"(this dgr reads {cert.PREDICATE_SCHEMA_VERSION})",
+        )
         return False
     try:
         validate(pred, "certificate-predicate", source="the predicate")
@@ -132,15 +151,22 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
     if not isinstance(subjects, list) or not subjects:
         v.add(FAIL, "subjects", "the statement names no subject")
         return False
-    v.add(OK, "statement", f"in-toto Statement v1, {len(subjects)} subjects, verdict {pred['verdict']['status']}")
+    v.add(
+        OK,
+        "statement",
+        f"in-toto Statement v1, {len(subjects)} subjects, verdict {pred['verdict']['status']}",
+    )
     return True
 
 
 def _check_signer_binding(v: Verification) -> None:
     named = v.predicate.get("signer", {}).get("keyid")
     if v.signer is not None and named != v.signer.keyid:
-        v.add(FAIL, "signer", f"the predicate names key {str(named)[:16]}… but the signature is by "
-                              f"{v.signer.keyid[:16]}…")
+        v.add(
+            FAIL,
+            "signer",
+            f"the predicate names key {str(named)[:16]}… but the signature is by {v.signer.keyid[:16]}…",
+        )
     elif v.predicate.get("signer", {}).get("dev_key"):
         v.add(WARN, "signer", "the certificate says it was signed with a workspace dev key")
 
@@ -172,8 +198,11 @@ def _check_subjects(v: Verification, stmt: Mapping[str, Any], store: Path | None
         bad = [alg for alg in ("sha256", "blake3") if alg in expected and expected[alg] != actual[alg]]
         if bad:
             alg = bad[0]
-            v.add(FAIL, f"subject {name}", f"{alg} mismatch for {found}: certificate says "
-                                           f"{expected[alg]}, file has {actual[alg]}")
+            v.add(
+                FAIL,
+                f"subject {name}",
+                f"{alg} mismatch for {found}: certificate says {expected[alg]}, file has {actual[alg]}",
+            )
         else:
             v.add(OK, f"subject {name}", f"{' + '.join(sorted(expected))} match {found}")
 
@@ -187,7 +216,11 @@ def _check_html(v: Verification, html: Path | None) -> None:
         return
     actual = sha256_file(target)
     if actual != expected:
-        v.add(FAIL, "report HTML", f"{target} does not match the certificate: sha256 {actual}, "
-                                   f"certificate says {expected} (the page was edited or belongs to another run)")
+        v.add(
+            FAIL,
+            "report HTML",
+            f"{target} does not match the certificate: sha256 {actual}, "
+            f"certificate says {expected} (the page was edited or belongs to another run)",
+        )
     else:
         v.add(OK, "report HTML", f"sha256 matches {target}")

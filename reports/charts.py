@@ -33,22 +33,32 @@ def decode_speed(rows: Sequence[tuple[str, float, float | None, bool]], *, title
     height = top + len(rows) * (bar_h + gap) + 30
     peak = max([v for _, v, _, _ in rows] + [t or 0 for _, _, t, _ in rows] + [1e-9])
     scale = (width - left - 90) / peak
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="{escape(title)}" class="chart">',
-             f'<text x="0" y="18" class="chart-title">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}" class="chart">',
+        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
+    ]
     for i, (name, value, limit, ok) in enumerate(rows):
         y = top + i * (bar_h + gap)
         w = max(1.0, value * scale)
         colour = BAR_COLOUR if ok else FAIL_COLOUR
-        parts.append(f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>'
+        )
         parts.append(f'<rect x="{left}" y="{y}" width="{_num(w)}" height="{bar_h}" fill="{colour}"/>')
-        parts.append(f'<text x="{left + w + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(value, "tok/s"))}</text>')
+        parts.append(
+            f'<text x="{left + w + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(value, "tok/s"))}</text>'
+        )
         if limit is not None:
             x = left + limit * scale
-            parts.append(f'<line x1="{_num(x)}" y1="{y - 3}" x2="{_num(x)}" y2="{y + bar_h + 3}" '
-                         f'stroke="#222" stroke-width="2" stroke-dasharray="4 2"/>')
-    parts.append(f'<text x="{left}" y="{height - 8}" class="chart-note">dashed line: the recipe\'s minimum '
-                 f'for this hardware class</text>')
+            parts.append(
+                f'<line x1="{_num(x)}" y1="{y - 3}" x2="{_num(x)}" y2="{y + bar_h + 3}" '
+                f'stroke="#222" stroke-width="2" stroke-dasharray="4 2"/>'
+            )
+    parts.append(
+        f'<text x="{left}" y="{height - 8}" class="chart-note">dashed line: the recipe\'s minimum '
+        f"for this hardware class</text>"
+    )
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -65,28 +75,41 @@ def stage_seam_time(rows: Sequence[tuple[str, Sequence[float], Sequence[float]]]
     totals = [sum(s) + sum(m) for _, s, m in rows]
     peak = max(totals + [1e-12])
     scale = (width - left - 90) / peak
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="{escape(title)}" class="chart">',
-             f'<text x="0" y="18" class="chart-title">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}" class="chart">',
+        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
+    ]
     for i, (name, stages, seams) in enumerate(rows):
         y = top + i * (bar_h + gap)
         x = float(left)
-        parts.append(f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>'
+        )
         for k, stage_s in enumerate(stages):
             w = stage_s * scale
-            parts.append(f'<rect x="{_num(x)}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{STAGE_COLOUR}" '
-                         f'stroke="#fff" stroke-width="0.5"><title>stage {k}: {stage_s * 1e3:.3f} ms</title></rect>')
+            parts.append(
+                f'<rect x="{_num(x)}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{STAGE_COLOUR}" '
+                f'stroke="#fff" stroke-width="0.5"><title>stage {k}: {stage_s * 1e3:.3f} ms</title></rect>'
+            )
             x += w
             if k < len(seams):
                 w = seams[k] * scale
-                parts.append(f'<rect x="{_num(x)}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{SEAM_COLOUR}" '
-                             f'stroke="#fff" stroke-width="0.5"><title>seam {k}: {seams[k] * 1e3:.3f} ms</title></rect>')
+                parts.append(
+                    f'<rect x="{_num(x)}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{SEAM_COLOUR}" '
+                    f'stroke="#fff" stroke-width="0.5">'
+                    f"<title>seam {k}: {seams[k] * 1e3:.3f} ms</title></rect>"
+                )
                 x += w
-        parts.append(f'<text x="{x + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(totals[i] * 1e3, "ms"))}</text>')
+        parts.append(
+            f'<text x="{x + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(totals[i] * 1e3, "ms"))}</text>'
+        )
     ly = height - 14
-    parts.append(f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{STAGE_COLOUR}"/>'
-                 f'<text x="{left + 16}" y="{ly}">stage compute</text>'
-                 f'<rect x="{left + 130}" y="{ly - 10}" width="12" height="12" fill="{SEAM_COLOUR}"/>'
-                 f'<text x="{left + 146}" y="{ly}">seam (transfer + RPC overhead)</text>')
+    parts.append(
+        f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{STAGE_COLOUR}"/>'
+        f'<text x="{left + 16}" y="{ly}">stage compute</text>'
+        f'<rect x="{left + 130}" y="{ly - 10}" width="12" height="12" fill="{SEAM_COLOUR}"/>'
+        f'<text x="{left + 146}" y="{ly}">seam (transfer + RPC overhead)</text>'
+    )
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -38,23 +38,46 @@ def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
         try:
             v = verify(path, keys, subjects=False)
         except DgrError as exc:
-            entries.append(Entry(recipe=recipe, lane=lane, run_id=run_dir.name, finished="", verdict="?",
-                                 verified=False, problem=exc.message, recipe_digest="", certificate=path,
-                                 html=run_dir / "report.html", dev_key=False))
+            entries.append(
+                Entry(
+                    recipe=recipe,
+                    lane=lane,
+                    run_id=run_dir.name,
+                    finished="",
+                    verdict="?",
+                    verified=False,
+                    problem=exc.message,
+                    recipe_digest="",
+                    certificate=path,
+                    html=run_dir / "report.html",
+                    dev_key=False,
+                )
+            )
             continue
         pred = v.predicate
         problem = "; ".join(f"{ln.what} {ln.detail}" for ln in v.failures)
         # Where the certificate says something else than the folder it sits in, believe neither.
         if pred and (pred.get("lane") != lane or pred.get("recipe", {}).get("name") != recipe):
-            problem = problem or f"filed under {recipe}/{lane} but certifies {pred.get('recipe', {}).get('name')}" \
-                                 f"/{pred.get('lane')}"
-        entries.append(Entry(
-            recipe=recipe, lane=lane, run_id=str(pred.get("run_id", run_dir.name)),
-            finished=str(pred.get("finished", "")), verdict=str(pred.get("verdict", {}).get("status", "?")),
-            verified=not problem, problem=problem, recipe_digest=str(pred.get("recipe", {}).get("digest", "")),
-            certificate=path, html=run_dir / str(pred.get("report", {}).get("file", "report.html")),
-            dev_key=bool(pred.get("signer", {}).get("dev_key")),
-        ))
+            problem = (
+                problem
+                or f"filed under {recipe}/{lane} but certifies {pred.get('recipe', {}).get('name')}"
+                f"/{pred.get('lane')}"
+            )
+        entries.append(
+            Entry(
+                recipe=recipe,
+                lane=lane,
+                run_id=str(pred.get("run_id", run_dir.name)),
+                finished=str(pred.get("finished", "")),
+                verdict=str(pred.get("verdict", {}).get("status", "?")),
+                verified=not problem,
+                problem=problem,
+                recipe_digest=str(pred.get("recipe", {}).get("digest", "")),
+                certificate=path,
+                html=run_dir / str(pred.get("report", {}).get("file", "report.html")),
+                dev_key=bool(pred.get("signer", {}).get("dev_key")),
+            )
+        )
     return entries
 
 
@@ -65,23 +88,44 @@ class Cell:
     link: str | None
 
 
-def cell(entries: Sequence[Entry], *, lane: str, recipe: str, digest: str | None, built: bool,
-         listed: bool, root: Path) -> Cell:
-    mine = sorted((e for e in entries if e.lane == lane and e.recipe == recipe), key=lambda e: (e.finished, e.run_id))
+def cell(
+    entries: Sequence[Entry],
+    *,
+    lane: str,
+    recipe: str,
+    digest: str | None,
+    built: bool,
+    listed: bool,
+    root: Path,
+) -> Cell:
+    mine = sorted(
+        (e for e in entries if e.lane == lane and e.recipe == recipe), key=lambda e: (e.finished, e.run_id)
+    )
     if mine:
         last = mine[-1]
         link = os.path.relpath(last.html, root)
         if not last.verified:
             return Cell(state="failed", note=f"does not verify: {last.problem}", link=link)
         if digest is not None and last.recipe_digest != digest:
-            return Cell(state="compile-only" if built else "never run",
-                        note=f"last certificate ({last.verdict}, {last.finished}) is for an older recipe", link=link)
+            return Cell(
+                state="compile-only" if built else "never run",
+                note=f"last certificate ({last.verdict}, {last.finished}) is for an older recipe",
+                link=link,
+            )
         if last.verdict == "PASS":
-            return Cell(state="certified", note=f"{last.finished}{' (dev key)' if last.dev_key else ''}", link=link)
+            return Cell(
+                state="certified", note=f"{last.finished}{' (dev key)' if last.dev_key else ''}", link=link
+            )
         return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
     if not listed:
-        return Cell(state="compile-only" if built else "never run", note="not a lane of this recipe", link=None)
-    return Cell(state="compile-only" if built else "never run", note="built, no certificate" if built else "", link=None)
+        return Cell(
+            state="compile-only" if built else "never run", note="not a lane of this recipe", link=None
+        )
+    return Cell(
+        state="compile-only" if built else "never run",
+        note="built, no certificate" if built else "",
+        link=None,
+    )
 
 
 def build_exists(ctx: Context, lane: str) -> bool:
@@ -107,15 +151,32 @@ def render_index(ctx: Context, reports: Path) -> Path:
             loaded[name] = None
     built = {lane: build_exists(ctx, lane) for lane in LANE_NAMES}
     matrix = [
-        (lane, [cell(entries, lane=lane, recipe=name,
-                     digest=loaded[name].digest if loaded[name] else None, built=built[lane],
-                     listed=bool(loaded[name]) and lane in loaded[name].lanes, root=reports) for name in names])
+        (
+            lane,
+            [
+                cell(
+                    entries,
+                    lane=lane,
+                    recipe=name,
+                    digest=loaded[name].digest if loaded[name] else None,
+                    built=built[lane],
+                    listed=bool(loaded[name]) and lane in loaded[name].lanes,
+                    root=reports,
+                )
+                for name in names
+            ],
+        )
         for lane in LANE_NAMES
     ]
-    html = environment().get_template("index.html.j2").render(
-        recipes=names, matrix=matrix,
-        entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
-        rel=lambda p: os.path.relpath(p, reports),
+    html = (
+        environment()
+        .get_template("index.html.j2")
+        .render(
+            recipes=names,
+            matrix=matrix,
+            entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
+            rel=lambda p: os.path.relpath(p, reports),
+        )
     )
     out = reports / "index.html"
     if reports == ctx.workspace.reports:

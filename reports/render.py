@@ -91,8 +91,11 @@ def gate_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataFrame:
         row["result"] = "pass" if r["status"] == "PASS" else str(r["status"])
         rows.append(row)
     header = {"placement": "threshold", **limits, "result": ""}
-    return pd.DataFrame([header, *rows], columns=["placement", *columns, "result"]) if rows else \
-        pd.DataFrame(columns=["placement", "result"])
+    return (
+        pd.DataFrame([header, *rows], columns=["placement", *columns, "result"])
+        if rows
+        else pd.DataFrame(columns=["placement", "result"])
+    )
 
 
 def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataFrame:
@@ -103,9 +106,15 @@ def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataF
         if details.get("gate") != gate:
             continue
         for row in details.get("rows", []):
-            rows.append({"placement": details.get("placement"), "check": row["check"],
-                         "value": fmt(row["value"]), "threshold": f"{row['op']} {fmt(row['limit'])}",
-                         "result": "pass" if row["ok"] else "FAIL"})
+            rows.append(
+                {
+                    "placement": details.get("placement"),
+                    "check": row["check"],
+                    "value": fmt(row["value"]),
+                    "threshold": f"{row['op']} {fmt(row['limit'])}",
+                    "result": "pass" if row["ok"] else "FAIL",
+                }
+            )
     return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
 
 
@@ -119,16 +128,18 @@ def speed_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
     for p in placements:
         sp = p.get("speed") or {}
-        rows.append({
-            "placement": p["name"],
-            "lane": p.get("lane", ""),
-            "stages": p["n_stages"],
-            "boundary": p.get("boundary_dtype", ""),
-            "prefill tok/s (median ± IQR/2)": _spread(sp.get("prefill_tok_s")),
-            "decode tok/s (median ± IQR/2)": _spread(sp.get("decode_tok_s")),
-            "seam bytes / token": ", ".join(fmt(b) for b in sp.get("seam_bytes_per_token", [])) or "—",
-            "seam ms / token": ", ".join(f"{s * 1e3:.3f}" for s in sp.get("seam_s", [])) or "—",
-        })
+        rows.append(
+            {
+                "placement": p["name"],
+                "lane": p.get("lane", ""),
+                "stages": p["n_stages"],
+                "boundary": p.get("boundary_dtype", ""),
+                "prefill tok/s (median ± IQR/2)": _spread(sp.get("prefill_tok_s")),
+                "decode tok/s (median ± IQR/2)": _spread(sp.get("decode_tok_s")),
+                "seam bytes / token": ", ".join(fmt(b) for b in sp.get("seam_bytes_per_token", [])) or "—",
+                "seam ms / token": ", ".join(f"{s * 1e3:.3f}" for s in sp.get("seam_s", [])) or "—",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -136,26 +147,52 @@ def physical_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
     phys = figures.get("physical_model")
     if not phys:
         return None
-    rows = [{"model": r["label"], "boundary width": fmt(r["boundary_width"]), "dtype": r["dtype"],
-             "bytes / token / seam": fmt(r["bytes_per_token"]), "source": r["source"]} for r in phys]
+    rows = [
+        {
+            "model": r["label"],
+            "boundary width": fmt(r["boundary_width"]),
+            "dtype": r["dtype"],
+            "bytes / token / seam": fmt(r["bytes_per_token"]),
+            "source": r["source"],
+        }
+        for r in phys
+    ]
     return pd.DataFrame(rows)
 
 
 def result_frame(results: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    rows = [{"step": r["name"], "status": r["status"], "seconds": f"{r.get('duration_s', 0):.2f}",
-             "reason": r.get("reason", "")} for r in results]
+    rows = [
+        {
+            "step": r["name"],
+            "status": r["status"],
+            "seconds": f"{r.get('duration_s', 0):.2f}",
+            "reason": r.get("reason", ""),
+        }
+        for r in results
+    ]
     return pd.DataFrame(rows, columns=["step", "status", "seconds", "reason"])
 
 
 def subject_frame(subjects: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    rows = [{"subject": s["name"], "sha256": s["digest"].get("sha256", ""),
-             "blake3": s["digest"].get("blake3", "")} for s in subjects]
+    rows = [
+        {
+            "subject": s["name"],
+            "sha256": s["digest"].get("sha256", ""),
+            "blake3": s["digest"].get("blake3", ""),
+        }
+        for s in subjects
+    ]
     return pd.DataFrame(rows, columns=["subject", "sha256", "blake3"])
 
 
 def kv_frame(mapping: Mapping[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame([{"field": k, "value": fmt(v) if not isinstance(v, (dict, list)) else str(v)}
-                         for k, v in mapping.items()], columns=["field", "value"])
+    return pd.DataFrame(
+        [
+            {"field": k, "value": fmt(v) if not isinstance(v, (dict, list)) else str(v)}
+            for k, v in mapping.items()
+        ],
+        columns=["field", "value"],
+    )
 
 
 def _charts(figures: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> list[Markup]:
@@ -179,7 +216,9 @@ def _charts(figures: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) ->
         if sp.get("stage_compute_s"):
             time_rows.append((label, sp["stage_compute_s"], sp.get("seam_s", [])))
     return [
-        charts.decode_speed(speed_rows, title="Decode tokens/s per placement (median of the timed repetitions)"),
+        charts.decode_speed(
+            speed_rows, title="Decode tokens/s per placement (median of the timed repetitions)"
+        ),
         charts.stage_seam_time(time_rows, title="Time per decoded token: stage compute and seams (median)"),
     ]
 
@@ -206,11 +245,16 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         hardware=table(kv_frame(pred.get("hardware", {}))),
         charts=_charts(figures, results),
         identity=_identity_rows(pred),
-        ref={"placement": figures.get("reference", {}).get("placement", "—"),
-             "lane": figures.get("reference", {}).get("lane", "—"),
-             "prompts": figures.get("prompts", "—"), "n_decode": figures.get("n_decode", "—")},
-        measure={k: figures.get("measure", {}).get(k, "—")
-                 for k in ("warmup", "repetitions", "prompt_tokens", "decode_tokens")},
+        ref={
+            "placement": figures.get("reference", {}).get("placement", "—"),
+            "lane": figures.get("reference", {}).get("lane", "—"),
+            "prompts": figures.get("prompts", "—"),
+            "n_decode": figures.get("n_decode", "—"),
+        },
+        measure={
+            k: figures.get("measure", {}).get(k, "—")
+            for k in ("warmup", "repetitions", "prompt_tokens", "decode_tokens")
+        },
     )
 
 
@@ -223,7 +267,11 @@ def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     art = ident.get("artifacts") or {}
     rec = pred.get("recipe", {})
     rows = [
-        ("llama.cpp source", str(src.get("commit", "—")), f"tree {src.get('tree', '—')} via {src.get('source', '—')}"),
+        (
+            "llama.cpp source",
+            str(src.get("commit", "—")),
+            f"tree {src.get('tree', '—')} via {src.get('source', '—')}",
+        ),
         ("patch stack", str(pat.get("digest", "—")), f"{len(pat.get('patches', []))} patches"),
         ("build", str(bld.get("key", "—")), f"lane {bld.get('lane', pred.get('lane', '—'))}"),
     ]
@@ -231,7 +279,15 @@ def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     if ref:
         rows.append(("reference build", str(ref.get("key", "—")), f"lane {ref.get('lane', '—')}"))
     rows += [
-        ("artifacts", str(art.get("manifest_digest", "—")), f"set {art.get('set', '—')} variant {art.get('variant', '—')}"),
-        ("recipe", str(rec.get("digest", "—")), f"{rec.get('name', '—')}, hardware class {rec.get('hardware_class', '—')}"),
+        (
+            "artifacts",
+            str(art.get("manifest_digest", "—")),
+            f"set {art.get('set', '—')} variant {art.get('variant', '—')}",
+        ),
+        (
+            "recipe",
+            str(rec.get("digest", "—")),
+            f"{rec.get('name', '—')}, hardware class {rec.get('hardware_class', '—')}",
+        ),
     ]
     return rows

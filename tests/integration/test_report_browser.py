@@ -17,9 +17,17 @@ from tests.unit.certify_fixtures import certify_fake, small_recipe_doc
 pytestmark = pytest.mark.slow
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1280,2000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,2000",
+]
 
 
 def artifacts_dir() -> Path:
@@ -45,7 +53,13 @@ def test_report_renders_in_chromium(tmp_path: Path, verdict: str) -> None:
     assert "<html" in dom, dom[-2000:]
     banner = re.search(r'<div class="banner (\w+)" id="verdict">\s*Verdict: (\w+)', dom)
     assert banner is not None and banner.groups() == (verdict, verdict)
-    for heading in ("Parity gate", "Useful-speed gate", "Route change", "Identity chain", "Verification state"):
+    for heading in (
+        "Parity gate",
+        "Useful-speed gate",
+        "Route change",
+        "Identity chain",
+        "Verification state",
+    ):
         assert f"<h2>{heading}</h2>" in dom, heading
     assert dom.count('class="dataframe gate"') == 3
     assert "top-1 agreement" in dom and "staged/monolithic decode" in dom

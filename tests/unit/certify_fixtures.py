@@ -54,10 +54,14 @@ def fake_prepared(root: Path) -> Prepared:
     model.write_text(json.dumps(TOY))
     names = {"artifacts/toy/f32/toy.json": model, "build/cpu/fake_shard_worker.py": FAKE}
     return Prepared(
-        model=model, worker=(sys.executable, os.fspath(FAKE)),
-        identity={"source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8", "tree": "t", "source": "test"},
-                  "patches": {"digest": "fake-patches"}, "build": {"key": "fake-build", "lane": "cpu"},
-                  "artifacts": {"set": "toy", "variant": "f32", "manifest_digest": "fake"}},
+        model=model,
+        worker=(sys.executable, os.fspath(FAKE)),
+        identity={
+            "source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8", "tree": "t", "source": "test"},
+            "patches": {"digest": "fake-patches"},
+            "build": {"key": "fake-build", "lane": "cpu"},
+            "artifacts": {"set": "toy", "variant": "f32", "manifest_digest": "fake"},
+        },
         subjects=[cert.subject(n, cert.file_digests(p)) for n, p in names.items()],
         local_paths={n: os.fspath(p) for n, p in names.items()},
         verified=["toy model and fake worker hashed by the test"],

@@ -37,8 +37,10 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
     """A real signed certificate over real files, from hand-made gate figures (no workers)."""
     art = tmp / "store" / "tiny-llama" / "f32"
     art.mkdir(parents=True, exist_ok=True)
-    files = {"artifacts/tiny-llama/f32/m-00001-of-00002.gguf": art / "m-00001-of-00002.gguf",
-             "artifacts/tiny-llama/f32/m-00002-of-00002.gguf": art / "m-00002-of-00002.gguf"}
+    files = {
+        "artifacts/tiny-llama/f32/m-00001-of-00002.gguf": art / "m-00001-of-00002.gguf",
+        "artifacts/tiny-llama/f32/m-00002-of-00002.gguf": art / "m-00002-of-00002.gguf",
+    }
     for i, p in enumerate(files.values()):
         p.write_bytes(bytes([i]) * 4096)
     binary = tmp / "bin" / "dgr-shard-worker"
@@ -46,22 +48,49 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
     binary.write_bytes(b"\x7fELF pretend worker")
     files["build/cpu/dgr-shard-worker"] = binary
     subjects = [cert.subject(name, cert.file_digests(p)) for name, p in files.items()]
-    figures = {"top1_agreement": 0.5 if bad else 1.0, "kl_mean": 0.0, "kl_max": 0.0, "logits_nmse": 0.0,
-               "greedy_match": 1.0, "boundary_nmse@6": 0.0}
-    results = [gates.evaluate("parity", "two-middle", gates.parity_checks(HC.parity, RECIPE.placements["two-middle"]),
-                              figures)]
+    figures = {
+        "top1_agreement": 0.5 if bad else 1.0,
+        "kl_mean": 0.0,
+        "kl_max": 0.0,
+        "logits_nmse": 0.0,
+        "greedy_match": 1.0,
+        "boundary_nmse@6": 0.0,
+    }
+    results = [
+        gates.evaluate(
+            "parity", "two-middle", gates.parity_checks(HC.parity, RECIPE.placements["two-middle"]), figures
+        )
+    ]
     prepared = Prepared(
-        model=files["artifacts/tiny-llama/f32/m-00001-of-00002.gguf"], worker=(str(binary),),
-        identity={"source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8"}, "patches": {"digest": "p"},
-                  "build": {"key": "k", "lane": "cpu"}, "artifacts": {"set": "tiny-llama", "manifest_digest": "m"}},
-        subjects=subjects, local_paths={n: str(p) for n, p in files.items()}, verified=["test files"],
+        model=files["artifacts/tiny-llama/f32/m-00001-of-00002.gguf"],
+        worker=(str(binary),),
+        identity={
+            "source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8"},
+            "patches": {"digest": "p"},
+            "build": {"key": "k", "lane": "cpu"},
+            "artifacts": {"set": "tiny-llama", "manifest_digest": "m"},
+        },
+        subjects=subjects,
+        local_paths={n: str(p) for n, p in files.items()},
+        verified=["test files"],
     )
     now = time.time()
-    return publish(ctx, recipe=RECIPE, lane="cpu", hc=HC, run_id="20260101T000000Z-abcdef", started=now,
-                   finished=now + 1, results=results, figures={"placements": []},
-                   fingerprint=hardware.fingerprint(ctx.env), prepared=prepared,
-                   key=keys.signing_key(ctx.env, ctx.workspace), verdict=decide(results),
-                   evidence=ctx.workspace.runs / "x")
+    return publish(
+        ctx,
+        recipe=RECIPE,
+        lane="cpu",
+        hc=HC,
+        run_id="20260101T000000Z-abcdef",
+        started=now,
+        finished=now + 1,
+        results=results,
+        figures={"placements": []},
+        fingerprint=hardware.fingerprint(ctx.env),
+        prepared=prepared,
+        key=keys.signing_key(ctx.env, ctx.workspace),
+        verdict=decide(results),
+        evidence=ctx.workspace.runs / "x",
+    )
 
 
 def trusted(ctx: Context) -> dict[str, keys.TrustedKey]:
@@ -82,8 +111,10 @@ def payload_of(path: Path) -> dict[str, Any]:
 
 
 def test_pae_matches_the_dsse_spec() -> None:
-    assert cert.pae("http://example.com/HelloWorld", b"hello world") == \
-        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    assert (
+        cert.pae("http://example.com/HelloWorld", b"hello world")
+        == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
 
 
 def test_statement_shape_and_clean_verify(ctx: Context, tmp_path: Path) -> None:
@@ -100,7 +131,9 @@ def test_statement_shape_and_clean_verify(ctx: Context, tmp_path: Path) -> None:
     assert pred["recipe"]["thresholds"]["parity"]["logits_nmse_max"] == HC.parity.logits_nmse_max
     v = verify(w.certificate, trusted(ctx))
     assert v.ok, reasons(v)
-    assert [ln.status for ln in v.lines].count("ok") >= 6  # payloadType, signature, statement, 3 subjects, html
+    assert [ln.status for ln in v.lines].count(
+        "ok"
+    ) >= 6  # payloadType, signature, statement, 3 subjects, html
     assert any(ln.detail == "dev key, not trusted for publication" for ln in v.lines)
 
 
@@ -163,8 +196,13 @@ def test_wrong_payload_type(ctx: Context, tmp_path: Path) -> None:
 def test_untrusted_key(ctx: Context, tmp_path: Path) -> None:
     w = make_certificate(ctx, tmp_path)
     stranger = Ed25519PrivateKey.generate()
-    sk = keys.SigningKey(private=stranger, keyid=keys.keyid(stranger.public_key()), dev_key=False,
-                         path=tmp_path / "none", public_path=None)
+    sk = keys.SigningKey(
+        private=stranger,
+        keyid=keys.keyid(stranger.public_key()),
+        dev_key=False,
+        path=tmp_path / "none",
+        public_path=None,
+    )
     stmt = payload_of(w.certificate)
     stmt["predicate"]["signer"]["keyid"] = sk.keyid
     resign(w.certificate, stmt, sk)
@@ -222,13 +260,19 @@ def test_dev_key_is_private_and_stable(ctx: Context) -> None:
 def test_signing_key_from_env(ctx: Context, tmp_path: Path) -> None:
     k = Ed25519PrivateKey.generate()
     pem = tmp_path / "release.pem"
-    pem.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
+    pem.write_bytes(
+        k.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     sk = keys.signing_key({"DGR_SIGNING_KEY": str(pem)}, ctx.workspace)
     assert sk.dev_key is False and sk.keyid == keys.keyid(k.public_key())
     ec = tmp_path / "ec.pem"
-    ec.write_bytes(generate_private_key(SECP256R1()).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    ec.write_bytes(
+        generate_private_key(SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     with pytest.raises(ConfigurationError, match="not an Ed25519 key"):
         keys.signing_key({"DGR_SIGNING_KEY": str(ec)}, ctx.workspace)
     with pytest.raises(ConfigurationError, match="not readable"):

@@ -36,7 +36,9 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     assert pred["figures"]["route_change"]["reference"] == pred["figures"]["route_change"]["switched"]
     gates_run = {r["name"] for r in pred["results"]}
     assert {"parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"} <= gates_run
-    assert w.certificate.parent.parent.name == "cpu" and w.certificate.parent.parent.parent.name == "tiny-fake"
+    assert (
+        w.certificate.parent.parent.name == "cpu" and w.certificate.parent.parent.parent.name == "tiny-fake"
+    )
     assert json.loads((w.evidence / "run.json").read_text())["status"] == "PASS"
     assert not any(running(p) for p in _pids(w.evidence))
 
@@ -53,12 +55,15 @@ def test_tightened_thresholds_give_a_signed_fail(tmp_path: Path) -> None:
     assert err.exit_code == 5 and str(w.certificate) in err.one_line()
 
 
-@pytest.mark.parametrize(("fault", "code"), [
-    ("die-after-forwards:3", "DIED"),
-    ("bad-shape", "BAD_REPLY"),
-    # A hung stage costs the call deadline plus the driver's session resets: slow suite.
-    pytest.param("hang-forward", "DEADLINE_EXCEEDED", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("die-after-forwards:3", "DIED"),
+        ("bad-shape", "BAD_REPLY"),
+        # A hung stage costs the call deadline plus the driver's session resets: slow suite.
+        pytest.param("hang-forward", "DEADLINE_EXCEEDED", marks=pytest.mark.slow),
+    ],
+)
 def test_stage_fault_ends_the_run_without_a_certificate(tmp_path: Path, fault: str, code: str) -> None:
     ctx = fake_context(tmp_path, DGR_FAKE_FAULT=fault, DGR_FAKE_FAULT_BEGIN="6")
     with pytest.raises(StageFailed) as err:

@@ -13,8 +13,14 @@ HC = RECIPE.hardware_class("cpu", 2)
 TWO = RECIPE.placements["two-middle"]
 MONO = RECIPE.monolithic
 
-GOOD = {"top1_agreement": 1.0, "kl_mean": 0.0, "kl_max": 0.0, "logits_nmse": 0.0, "greedy_match": 1.0,
-        "boundary_nmse@6": 0.0}
+GOOD = {
+    "top1_agreement": 1.0,
+    "kl_mean": 0.0,
+    "kl_max": 0.0,
+    "logits_nmse": 0.0,
+    "greedy_match": 1.0,
+    "boundary_nmse@6": 0.0,
+}
 
 
 def test_checks_pass_and_fail_with_a_reason() -> None:
@@ -38,12 +44,17 @@ def test_missing_or_nan_never_passes() -> None:
 def test_ratio_check() -> None:
     ratio = gates.RatioAtLeast(name="staged/monolithic decode", metric="decode_tok_s", limit=0.5)
     assert ratio.fails({"decode_tok_s": 60.0}, {"decode_tok_s": 100.0}) is None
-    assert ratio.fails({"decode_tok_s": 40.0}, {"decode_tok_s": 100.0}) == "staged/monolithic decode 0.4 (limit >= 0.5)"
+    assert (
+        ratio.fails({"decode_tok_s": 40.0}, {"decode_tok_s": 100.0})
+        == "staged/monolithic decode 0.4 (limit >= 0.5)"
+    )
 
 
 def test_parity_checks_cover_every_cut() -> None:
     names = [c.name for c in gates.parity_checks(HC.parity, RECIPE.placements["four-even"])]
-    assert [n for n in names if n.startswith("boundary")] == [f"boundary NMSE at layer {c}" for c in (3, 6, 9)]
+    assert [n for n in names if n.startswith("boundary")] == [
+        f"boundary NMSE at layer {c}" for c in (3, 6, 9)
+    ]
     assert {"top-1 agreement", "KL mean", "KL max", "logits NMSE", "greedy continuation match"} <= set(names)
 
 

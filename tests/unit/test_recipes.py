@@ -70,11 +70,17 @@ def test_digest_is_canonical_and_follows_thresholds(tmp_path: Path) -> None:
 
 def test_unknown_key_names_key_and_typo(tmp_path: Path) -> None:
     doc = _doc()
-    doc["hardware_classes"][0]["parity"]["kl_mean_maxx"] = doc["hardware_classes"][0]["parity"].pop("kl_mean_max")
+    doc["hardware_classes"][0]["parity"]["kl_mean_maxx"] = doc["hardware_classes"][0]["parity"].pop(
+        "kl_mean_max"
+    )
     with pytest.raises(ConfigurationError) as err:
         recipes.load_file(_write(tmp_path, doc))
     text = err.value.message
-    assert "/hardware_classes/0/parity" in text and "'kl_mean_maxx'" in text and "did you mean 'kl_mean_max'" in text
+    assert (
+        "/hardware_classes/0/parity" in text
+        and "'kl_mean_maxx'" in text
+        and "did you mean 'kl_mean_max'" in text
+    )
 
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
@@ -94,7 +100,9 @@ def test_mtp_on_is_refused_with_its_key(tmp_path: Path) -> None:
 def test_missing_threshold_is_named(tmp_path: Path) -> None:
     doc = _doc()
     del doc["hardware_classes"][0]["speed"]["decode_tok_s_min"]
-    with pytest.raises(ConfigurationError, match=r"/hardware_classes/0/speed: 'decode_tok_s_min' is a required"):
+    with pytest.raises(
+        ConfigurationError, match=r"/hardware_classes/0/speed: 'decode_tok_s_min' is a required"
+    ):
         recipes.load_file(_write(tmp_path, doc))
 
 
@@ -105,11 +113,14 @@ def test_repetitions_below_five_refused(tmp_path: Path) -> None:
         recipes.load_file(_write(tmp_path, doc))
 
 
-@pytest.mark.parametrize(("stages", "message"), [
-    ([[0, 6], [7, 12]], r"/placements/bad/stages/1: stage starts at layer 7, expected 6"),
-    ([[0, 6], [6, 11]], r"stages end at layer 11, the model has 12"),
-    ([[0, 6], [6, 6], [6, 12]], r"/stages/1: stage starts|empty range"),
-])
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([[0, 6], [7, 12]], r"/placements/bad/stages/1: stage starts at layer 7, expected 6"),
+        ([[0, 6], [6, 11]], r"stages end at layer 11, the model has 12"),
+        ([[0, 6], [6, 6], [6, 12]], r"/stages/1: stage starts|empty range"),
+    ],
+)
 def test_placements_must_tile_the_layers(tmp_path: Path, stages: list[list[int]], message: str) -> None:
     doc = _doc()
     doc["placements"]["bad"] = {"stages": stages}
@@ -164,8 +175,14 @@ def test_recipes_dir_and_typo_hint(tmp_path: Path) -> None:
 
 
 def _dgr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "certify", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "certify", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_cli_refuses_mtp_and_unknown_key_with_exit_2(tmp_path: Path) -> None:

@@ -46,8 +46,15 @@ def test_page_shows_verdict_gates_and_identity(run) -> None:
     stmt = _statement(w)
     pred = stmt["predicate"]
     assert 'class="banner PASS"' in html and "Verdict: PASS" in html
-    for check in ("top-1 agreement", "KL mean", "logits NMSE", "boundary NMSE (worst cut)",
-                  "decode tok/s (median)", "staged/monolithic decode", "tokens identical after re-prefill"):
+    for check in (
+        "top-1 agreement",
+        "KL mean",
+        "logits NMSE",
+        "boundary NMSE (worst cut)",
+        "decode tok/s (median)",
+        "staged/monolithic decode",
+        "tokens identical after re-prefill",
+    ):
         assert check in html, check
     assert "&lt;= 1.000e-10" in html  # thresholds beside values
     assert pred["recipe"]["digest"] in html and pred["signer"]["keyid"] in html

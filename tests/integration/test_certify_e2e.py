@@ -1,0 +1,181 @@
+"""`dgr certify` end to end with the real CPU build and real workers on the embedded tiny-llama:
+PASS + verify; a stage killed mid-run (exit 6, nothing signed, evidence kept, no worker left);
+thresholds tightened past what the lane reaches (exit 5, signed FAIL); refused recipes (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from certify.recipes import RECIPES
+from certify.workspace import PROJECT_ROOT, Workspace
+
+pytestmark = pytest.mark.slow
+
+# The project's own workspace: the CPU build and the provisioned model are shared with the other
+# slow tests and with `nox -s certify` (building them again here would double the suite's time).
+ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
+WS = Workspace.from_env(ENV)
+
+
+def dgr(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "certify", *args],
+        cwd=PROJECT_ROOT,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def paths_from(stdout: str) -> dict[str, Path]:
+    found = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition(": ")
+        if key in ("certificate", "report"):
+            found[key] = Path(value.strip())
+    return found
+
+
+def live_workers(marker: str) -> list[int]:
+    """Processes whose command line mentions ``marker`` (the run's evidence folder)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and "--layers" in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
+    doc = json.loads((RECIPES / "tiny-llama.json").read_text())
+    doc["name"] = name
+    doc["placements"] = {
+        k: v for k, v in doc["placements"].items() if k in ("mono", "two-middle", "three-first-middle")
+    }
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = doc
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        node[leaf] = value
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_default_certify_passes_and_verifies() -> None:
+    started = time.monotonic()
+    done = dgr("certify")
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: PASS" in done.stdout
+    paths = paths_from(done.stdout)
+    assert paths["certificate"].is_absolute() and paths["certificate"].is_file()
+    assert paths["report"].is_absolute() and paths["report"].is_file()
+    assert paths["certificate"].parent.parent == WS.reports / "tiny-llama" / "cpu"
+    check = dgr("verify", str(paths["certificate"]))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "verified: tiny-llama on cpu, verdict PASS" in check.stdout
+    assert "FAIL" not in check.stdout and check.stdout.count("ok   subject") >= 4
+    print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
+
+
+def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
+    WS.runs.mkdir(parents=True, exist_ok=True)
+    before = set(os.listdir(WS.runs))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "certify", "certify"],
+        cwd=PROJECT_ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed = None
+    run_dir = None
+    try:
+        deadline = time.monotonic() + 600
+        while killed is None and time.monotonic() < deadline and proc.poll() is None:
+            new = set(os.listdir(WS.runs)) - before
+            if new:
+                run_dir = WS.runs / sorted(new)[0]
+                out = run_dir / "two-middle" / "stage-1-layers-6-12.stdout"
+                if out.is_file() and "DGR-WORKER-LISTENING" in out.read_text(errors="replace"):
+                    pids = [
+                        p
+                        for p in live_workers(str(run_dir))
+                        if "6:12" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                    ]
+                    if pids:
+                        os.kill(pids[0], signal.SIGKILL)
+                        killed = pids[0]
+            time.sleep(0.01)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert killed is not None and run_dir is not None, "never saw stage 1 of two-middle running"
+    assert proc.returncode == 6, stdout + stderr
+    line = stderr.strip().splitlines()[-1]
+    assert "stage 1 (layers 6:12) failed" in line and "nothing was signed" in line, stderr
+    assert not (WS.reports / "tiny-llama" / "cpu" / run_dir.name).exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ERROR"
+    assert (run_dir / "two-middle" / "stage-1-layers-6-12.stderr").is_file()
+    assert (run_dir / "two-middle" / "stages.json").is_file()
+    assert live_workers(str(run_dir)) == []
+
+
+def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
+    done = dgr("certify", "--recipe-file", str(recipe))
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "verdict: FAIL" in done.stdout
+    assert "decode tok/s (median)" in done.stderr and "limit >= 1.000e+09" in done.stderr
+    paths = paths_from(done.stdout)
+    check = dgr("verify", str(paths["certificate"]))
+    assert check.returncode == 0 and "verdict FAIL" in check.stdout, check.stdout + check.stderr
+    # The same recipe through DGR_RECIPES_DIR, by name.
+    env = dict(ENV, DGR_RECIPES_DIR=str(tmp_path))
+    by_name = dgr("certify", "--recipe", "tiny-llama-tight", env=env)
+    assert by_name.returncode == 5, by_name.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"),
+    [
+        ({"mtp": True}, "at /mtp: multi-token prediction is reserved"),
+        ({"n_decodee": 3}, "unknown key 'n_decodee' (did you mean 'n_decode'?)"),
+    ],
+)
+def test_refused_recipes_exit_2(tmp_path: Path, change: dict[str, object], expect: str) -> None:
+    recipe = small_recipe(tmp_path, "tiny-llama-bad", **change)
+    done = dgr("certify", "--recipe-file", str(recipe), timeout=120)
+    assert done.returncode == 2 and expect in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_v4_q4_stops_at_its_unsealed_artifact_set() -> None:
+    done = dgr("certify", "--recipe", "v4-q4", timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "deepseek-v4-flash-q4" in lines[0] and "not sealed" in lines[0]
+    assert "dgr seal --artifacts deepseek-v4-flash-q4 --from DIR" in lines[0]
