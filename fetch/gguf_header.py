@@ -194,9 +194,14 @@ class _Reader:
         raise self.bad(f"unknown value type {vtype}")
 
 
-def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:
-    """Parse and bound-check one GGUF file's header; MalformedGGUF (an IntegrityError) otherwise."""
-    with open(path, "rb", buffering=1 << 16) as fh:
+def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES, fd: int | None = None) -> Header:
+    """Parse and bound-check one GGUF file's header; MalformedGGUF (an IntegrityError) otherwise.
+
+    With ``fd``, read that open file (from its start) and use ``path`` only in messages.
+    """
+    source = os.dup(fd) if fd is not None else path
+    with open(source, "rb", buffering=1 << 16) as fh:
+        fh.seek(0)
         size = os.fstat(fh.fileno()).st_size
         r = _Reader(fh, path, size, max_header_bytes)
         if r.take(4) != MAGIC:

@@ -26,7 +26,7 @@ import json
 import mmap
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,30 +66,31 @@ def blake3_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) ->
     """Whole-file blake3 over an mmap in large slices (multi-threaded; progress between slices)."""
     fd = open_nofollow(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        if size:
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
-                view = memoryview(mm)
-                try:
-                    for start in range(0, size, HASH_SLICE):
-                        piece = view[start : start + HASH_SLICE]
-                        hasher.update(piece)
-                        piece.release()
-                        if on_bytes:
-                            on_bytes(min(HASH_SLICE, size - start))
-                finally:
-                    view.release()
-        return hasher.hexdigest()
+        return blake3_fd(fd, on_bytes=on_bytes)
     finally:
         os.close(fd)
 
 
+def blake3_fd(fd: int, *, on_bytes: Callable[[int], None] | None = None) -> str:
+    """As blake3_file, on an open descriptor (a partial another run may rename away meanwhile)."""
+    size = os.fstat(fd).st_size
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if size:
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for start in range(0, size, HASH_SLICE):
+                    piece = view[start : start + HASH_SLICE]
+                    hasher.update(piece)
+                    piece.release()
+                    if on_bytes:
+                        on_bytes(min(HASH_SLICE, size - start))
+            finally:
+                view.release()
+    return hasher.hexdigest()
+
+
 # --- ledger ------------------------------------------------------------------------------------------
-
-
-def _ranges(indices: Iterable[int]) -> list[int]:
-    return sorted(set(indices))
 
 
 @dataclass

@@ -188,8 +188,8 @@ class _Run:
         self.bytes_hashed += entry.size
         return actual == entry.blake3
 
-    def _check_header(self, path: Path, index: int) -> None:
-        header = gguf_header.read_header(path)
+    def _check_header(self, path: Path, index: int, fd: int | None = None) -> None:
+        header = gguf_header.read_header(path, fd=fd)
         gguf_header.check_file(header, index, len(self.spec.files), self.spec.gguf)
 
     def _fill(self, entry: ArtifactFile, dest: Path) -> None:
@@ -225,7 +225,7 @@ class _Run:
                 raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
             partial.maybe_sync(force=True)
             with self.make_bar(f"verify {entry.name}", entry.size) as bar:
-                actual = ledger.blake3_file(partial.path, on_bytes=bar.update)
+                actual = ledger.blake3_fd(partial.fd, on_bytes=bar.update)
             if actual != entry.blake3:
                 partial.close()
                 partial.path.unlink(missing_ok=True)
@@ -235,8 +235,9 @@ class _Run:
                     f"got {actual}; not published",
                     hint="the manifest's chunk and file digests disagree; re-seal it",
                 )
-            self._check_header(partial.path, self.spec.files.index(entry))
-            publish(partial.path, dest)
+            self._check_header(partial.path, self.spec.files.index(entry), fd=partial.fd)
+            if not publish(partial.path, dest, partial.fd) and not self._hash_ok(dest, entry):
+                raise IntegrityError(f"{dest}: another run published a file that does not match the manifest")
             partial.discard_ledger()
         finally:
             partial.close()

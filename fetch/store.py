@@ -134,19 +134,23 @@ def file_lock(dest: Path, *, wait_s: float = 0.0, poll_s: float = 0.2):
         os.close(fd)  # releases the flock; the file stays so a waiter never locks an unlinked inode
 
 
-def publish(partial: Path, dest: Path) -> None:
-    """fsync, rename over the final name, fsync the directory: the final name is whole or absent."""
+def publish(partial: Path, dest: Path, fd: int) -> bool:
+    """fsync, rename over the final name, fsync the directory: the final name is whole or absent.
+
+    ``fd`` is our open partial.  False when the partial's name was already gone: a concurrent run
+    (whose lock did nothing) published that shared inode first, and the caller checks ``dest``.
+    """
     if dest.is_symlink():
         raise IntegrityError(
             f"{dest} is a symbolic link; refusing to publish through it", hint="remove the link and retry"
         )
-    fd = open_nofollow(partial, os.O_RDONLY)
+    os.fsync(fd)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(partial, dest)
+        os.replace(partial, dest)
+    except FileNotFoundError:
+        return False
     fsync_dir(dest.parent)
+    return True
 
 
 def fsync_dir(directory: Path) -> None:
