@@ -130,7 +130,13 @@ class Lane(Protocol):
 
     def probe(self, env: Mapping[str, str]) -> ToolchainProbe: ...
 
-    def cmake_args(self, options: BuildOptions) -> list[str]: ...
+    def cmake_args(self, options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
+        """Every argument that shapes the binaries (all of them go into the build key).
+
+        Without a probe: the lane's own choices only (what tests and `dgr matrix` see); with one,
+        also what follows from the toolchain found (a cuBLAS outside the CUDA toolkit, say).
+        """
+        ...
 
     def environment(self, env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]: ...
 

@@ -136,7 +136,7 @@ def build_tree(
     if host.problem:
         raise ToolchainMissing(f"{lane.name} lane: {host.problem}")
     args = [
-        *lane.cmake_args(options),
+        *lane.cmake_args(options, probe),
         *cmake.identity_args(lane=lane.name, commit=_commit(tree), tree_digest=tree.digest),
     ]
     inputs = key_inputs(

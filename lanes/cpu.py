@@ -36,7 +36,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
     )
 
 
-def cmake_args(options: BuildOptions) -> list[str]:
+def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
     return cmake.common_args(options)
 
 

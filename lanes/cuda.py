@@ -35,6 +35,13 @@ DEFAULT_ARCHITECTURES = "80;86;89;90"
 # Where the toolkit lives when nothing on PATH or in the environment says so.
 WELL_KNOWN_NVCC: tuple[str, ...] = ("/usr/local/cuda/bin/nvcc",)
 
+# Where a driver's libcuda.so lives on a GPU box (Debian/Ubuntu, RHEL).
+DRIVER_DIRS: tuple[str, ...] = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
+CUBLAS_INSTALL = (
+    "install the toolkit's cuBLAS (NVIDIA's libcublas-dev package), or `pip install nvidia-cublas` and set "
+    "DGR_CUBLAS_ROOT=<site-packages>/nvidia/cu13"
+)
+
 _ARCH = re.compile(r"^\d{2,3}[af]?(-real|-virtual)?$")
 
 
@@ -96,6 +103,20 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             f"install the CUDA toolkit >= {dotted(MINIMUM)}",
         )
     bindir = _toolkit_bin(nvcc, env)
+    root = Path(bindir).parent
+    include, lib = _cublas(root, env)
+    if include is None or lib is None:
+        return ToolchainProbe(
+            lane=name,
+            status=Status.MISSING,
+            tool="cuBLAS",
+            version=text,
+            path=nvcc,
+            minimum=minimum,
+            reason=f"toolchain not found: cuBLAS (cublas_v2.h, libcublas) for the CUDA {text} toolkit "
+            f"at {root}: {CUBLAS_INSTALL}",
+        )
+    driver = _driver(root)
     found = ToolchainProbe(
         lane=name,
         status=Status.OK,
@@ -104,17 +125,65 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         path=nvcc,
         minimum=minimum,
         versions={"nvcc": text},  # type: ignore[dict-item]
-        locations={"nvcc": str(Path(bindir) / "nvcc"), "cuda_root": str(Path(bindir).parent)},
+        locations={
+            "nvcc": str(Path(bindir) / "nvcc"),
+            "cuda_root": str(root),
+            "cublas_include": str(include),
+            "cublas_lib": str(lib),
+            "cuda_driver": str(driver or ""),
+        },
     )
     return cmake.merge(found, cmake.probe_host(env, cmake_minimum=CMAKE_MINIMUM))
 
 
-def cmake_args(options: BuildOptions) -> list[str]:
-    return [
+def _prefixes(root: Path, env: Mapping[str, str]) -> list[Path]:
+    extra = [Path(env["DGR_CUBLAS_ROOT"])] if env.get("DGR_CUBLAS_ROOT", "").strip() else []
+    return [*extra, root, *sorted(root.glob("targets/*"))]
+
+
+def _cublas(root: Path, env: Mapping[str, str]) -> tuple[Path | None, Path | None]:
+    """cuBLAS headers and library: in the toolkit, or under DGR_CUBLAS_ROOT (a wheel's nvidia/cu13)."""
+    prefixes = _prefixes(root, env)
+    include = next((p / "include" for p in prefixes if (p / "include" / "cublas_v2.h").is_file()), None)
+    libs = (p / d for p in prefixes for d in ("lib64", "lib"))
+    lib = next((d for d in libs if any(d.glob("libcublas.so*")) and any(d.glob("libcublasLt.so*"))), None)
+    return include, lib
+
+
+def _driver(root: Path) -> Path | None:
+    """libcuda.so to link against: the driver's, or the toolkit's stub (a GPU-less build box)."""
+    places = [root / d / "stubs" for d in ("lib64", "lib")] + [
+        t / "lib" / "stubs" for t in root.glob("targets/*")
+    ]
+    places += [Path(p) for p in DRIVER_DIRS]
+    return next((p / "libcuda.so" for p in places if (p / "libcuda.so").exists()), None)
+
+
+def _library(directory: Path, stem: str) -> Path:
+    """The unversioned name when present (a toolkit), else the soname a wheel ships (libcublas.so.13)."""
+    plain = directory / f"{stem}.so"
+    return plain if plain.exists() else sorted(directory.glob(f"{stem}.so.*"))[0]
+
+
+def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
+    args = [
         *cmake.common_args(options),
         cmake.define("GGML_CUDA", "ON"),
         cmake.define("CMAKE_CUDA_ARCHITECTURES", architectures(options)),
     ]
+    where = probe.locations if probe is not None else {}
+    if where.get("cuda_root") and not where.get("cuda_driver"):
+        # No libcuda.so (driver or stub) to link: ggml's legacy memory pool instead of the VMM one.
+        args.append(cmake.define("GGML_CUDA_NO_VMM", "ON"))
+    include, lib, root = where.get("cublas_include"), where.get("cublas_lib"), where.get("cuda_root")
+    if include and lib and root and not Path(include).is_relative_to(root):
+        # cuBLAS outside the toolkit (a package-index wheel): FindCUDAToolkit would not look there.
+        args += [
+            cmake.define("CUDA_cublas_LIBRARY", str(_library(Path(lib), "libcublas"))),
+            cmake.define("CUDA_cublasLt_LIBRARY", str(_library(Path(lib), "libcublasLt"))),
+            cmake.define("CMAKE_CUDA_FLAGS", f"-I{include}"),
+        ]
+    return args
 
 
 def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]:

@@ -57,7 +57,7 @@ def probe(env: Mapping[str, str], *, platform: str = sys.platform) -> ToolchainP
     return cmake.merge(found, cmake.probe_host(env))
 
 
-def cmake_args(options: BuildOptions) -> list[str]:
+def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
     # The embedded library puts the compiled shaders inside the binary: nothing to ship beside it.
     return [
         *cmake.common_args(options),

@@ -140,7 +140,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
     return cmake.merge(found, cmake.probe_host(env))
 
 
-def cmake_args(options: BuildOptions) -> list[str]:
+def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
     return [*cmake.common_args(options), cmake.define("GGML_VULKAN", "ON")]
 
 

@@ -51,6 +51,7 @@ def host(bindir: Path) -> dict[str, str]:
 def no_well_known_locations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Probes also look in fixed system places; tests see only their own fake PATH."""
     monkeypatch.setattr(cuda, "WELL_KNOWN_NVCC", ())
+    monkeypatch.setattr(cuda, "DRIVER_DIRS", ())
     monkeypatch.setattr(rocm, "WELL_KNOWN_ROOTS", ())
     monkeypatch.setattr(vulkan, "SYSTEM_PREFIXES", ())
 
@@ -142,19 +143,63 @@ def test_a_failing_version_query_is_not_a_version(host: dict[str, str], bindir: 
 NVCC_13 = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88"
 
 
-def test_cuda_found(host: dict[str, str], bindir: Path) -> None:
-    tool(bindir, "nvcc", NVCC_13)
-    probe = cuda.probe(host)
+def toolkit(root: Path, *, cublas: bool = True, stub: bool = False) -> Path:
+    """A CUDA toolkit's layout: bin/nvcc, include/, lib64/ (cuBLAS and the driver stub optional)."""
+    tool(root / "bin", "nvcc", NVCC_13)
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "cuda_runtime.h").write_text("")
+    (root / "lib64").mkdir()
+    if cublas:
+        (root / "include" / "cublas_v2.h").write_text("")
+        for lib in ("libcublas.so", "libcublasLt.so"):
+            (root / "lib64" / lib).write_bytes(b"")
+    if stub:
+        (root / "lib64" / "stubs").mkdir()
+        (root / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
+    return root
+
+
+def test_cuda_found(host: dict[str, str], tmp_path: Path) -> None:
+    tk = toolkit(tmp_path / "cuda")
+    env = {**host, "PATH": f"{tk / 'bin'}:{host['PATH']}"}
+    probe = cuda.probe(env)
     assert probe.usable and probe.tool == "nvcc" and probe.version == "13.0.88"
     assert probe.versions["nvcc"] == "13.0.88" and probe.versions["cmake"] == "3.25.1"
-    env = cuda.environment(host, probe)
-    assert env["CUDACXX"] == str(bindir / "nvcc")
+    assert cuda.environment(env, probe) == {"CUDACXX": str(tk / "bin" / "nvcc"), "CUDAToolkit_ROOT": str(tk)}
+    args = cuda.cmake_args(BuildOptions(), probe)
+    # No libcuda.so to link (no driver, no stub): the legacy pool; cuBLAS is the toolkit's own.
+    assert "-DGGML_CUDA_NO_VMM=ON" in args and not any("cublas" in a for a in args)
 
 
-def test_cuda_from_cuda_home(host: dict[str, str], tmp_path: Path) -> None:
-    tool(tmp_path / "toolkit" / "bin", "nvcc", NVCC_13)
-    probe = cuda.probe({**host, "CUDA_HOME": str(tmp_path / "toolkit")})
-    assert probe.usable and probe.path == str(tmp_path / "toolkit" / "bin" / "nvcc")
+def test_cuda_with_the_driver_stub_keeps_vmm(host: dict[str, str], tmp_path: Path) -> None:
+    tk = toolkit(tmp_path / "cuda", stub=True)
+    probe = cuda.probe({**host, "CUDA_HOME": str(tk)})
+    assert probe.usable and probe.path == str(tk / "bin" / "nvcc")
+    assert probe.locations["cuda_driver"] == str(tk / "lib64" / "stubs" / "libcuda.so")
+    assert "-DGGML_CUDA_NO_VMM=ON" not in cuda.cmake_args(BuildOptions(), probe)
+
+
+def test_cuda_without_cublas_names_what_to_install(host: dict[str, str], tmp_path: Path) -> None:
+    tk = toolkit(tmp_path / "cuda", cublas=False)
+    probe = cuda.probe({**host, "CUDA_HOME": str(tk)})
+    assert probe.status is Status.MISSING and probe.tool == "cuBLAS"
+    assert "cublas_v2.h" in probe.reason and "DGR_CUBLAS_ROOT" in probe.reason
+
+
+def test_cuda_with_cublas_from_a_wheel(host: dict[str, str], tmp_path: Path) -> None:
+    tk = toolkit(tmp_path / "cuda", cublas=False)
+    wheel = tmp_path / "site" / "nvidia" / "cu13"  # what `pip install nvidia-cublas` lays out
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "include" / "cublas_v2.h").write_text("")
+    (wheel / "lib").mkdir()
+    for lib in ("libcublas.so.13", "libcublasLt.so.13"):
+        (wheel / "lib" / lib).write_bytes(b"")
+    probe = cuda.probe({**host, "CUDA_HOME": str(tk), "DGR_CUBLAS_ROOT": str(wheel)})
+    assert probe.usable
+    args = cuda.cmake_args(BuildOptions(), probe)
+    assert f"-DCUDA_cublas_LIBRARY={wheel / 'lib' / 'libcublas.so.13'}" in args
+    assert f"-DCUDA_cublasLt_LIBRARY={wheel / 'lib' / 'libcublasLt.so.13'}" in args
+    assert f"-DCMAKE_CUDA_FLAGS=-I{wheel / 'include'}" in args
 
 
 def test_cuda_too_old(host: dict[str, str], bindir: Path) -> None:
@@ -170,9 +215,9 @@ def test_cuda_missing(host: dict[str, str]) -> None:
         probe.require()
 
 
-def test_cuda_found_but_host_tools_missing(bindir: Path) -> None:
-    tool(bindir, "nvcc", NVCC_13)
-    probe = cuda.probe({"PATH": str(bindir)})
+def test_cuda_found_but_host_tools_missing(tmp_path: Path) -> None:
+    tk = toolkit(tmp_path / "cuda")
+    probe = cuda.probe({"PATH": str(tk / "bin")})
     assert probe.status is Status.MISSING and "cmake not found" in probe.reason
 
 
@@ -355,9 +400,9 @@ def test_unknown_lane_is_a_configuration_error() -> None:
 def test_doctor_table_lists_all_five_lanes(
     host: dict[str, str], bindir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tool(bindir, "nvcc", NVCC_13)
+    tk = toolkit(bindir.parent / "cuda")
     tool(bindir, "hipconfig", "5.2.21153-0")
-    monkeypatch.setenv("PATH", host["PATH"])
+    monkeypatch.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
     for var in (
         "CUDA_HOME",
         "CUDA_PATH",
@@ -366,6 +411,7 @@ def test_doctor_table_lists_all_five_lanes(
         "HIP_PATH",
         "VULKAN_SDK",
         "DGR_VULKAN_SDK",
+        "DGR_CUBLAS_ROOT",
         "CXX",
         "CC",
     ):
