@@ -97,7 +97,6 @@ class BuildOptions:
     native: bool = False
     cuda_architectures: str | None = None
     hip_targets: str | None = None
-    vulkan_sdk: str | None = None
     reverify: bool = False
 
     @classmethod
@@ -106,7 +105,6 @@ class BuildOptions:
         for name, var in (
             ("cuda_architectures", "DGR_CUDA_ARCHITECTURES"),
             ("hip_targets", "DGR_HIP_TARGETS"),
-            ("vulkan_sdk", "DGR_VULKAN_SDK"),
         ):
             if name not in values and env.get(var, "").strip():
                 values[name] = env[var].strip()

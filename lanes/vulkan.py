@@ -20,6 +20,7 @@ from lanes.base import BuildOptions, Status, ToolchainProbe, first_line, tool_ou
 
 name = "vulkan"
 targets: tuple[str, ...] = ()
+# Ubuntu 24.04 ships Vulkan headers 1.3.275 (>= 272), glslc and Mesa's lavapipe.
 runner_labels: tuple[str, ...] = ("ubuntu-24.04",)
 
 MINIMUM_HEADER = 272  # VK_HEADER_VERSION that first defines vk::LayerSettingEXT
