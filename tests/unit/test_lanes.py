@@ -451,3 +451,24 @@ def test_build_of_a_missing_lane_exits_4_before_any_work(
     err = capsys.readouterr().err
     assert err.startswith("dgr: toolchain not found: rocm lane: hipcc") and err.count("\n") == 1
     assert not (tmp_path / "work").exists()
+
+
+def test_build_with_bad_cuda_architectures_exits_2_before_any_work(
+    host: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tk = toolkit(tmp_path / "cuda")
+    for var in (
+        "CUDACXX",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "DGR_CUBLAS_ROOT",
+        "DGR_CUDA_ARCHITECTURES",
+        "CXX",
+        "CC",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
+    monkeypatch.setenv("DGR_WORK", str(tmp_path / "work"))
+    assert cli.main(["build", "--lane", "cuda", "--cuda-architectures", "native"]) == 2
+    assert "invalid CUDA architectures 'native'" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
