@@ -56,6 +56,30 @@ def no_well_known_locations(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vulkan, "SYSTEM_PREFIXES", ())
 
 
+TOOLCHAIN_VARS = (
+    "CUDACXX",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "DGR_CUBLAS_ROOT",
+    "DGR_CUDA_ARCHITECTURES",
+    "ROCM_PATH",
+    "HIP_PATH",
+    "DGR_HIP_TARGETS",
+    "VULKAN_SDK",
+    "DGR_VULKAN_SDK",
+    "CXX",
+    "CC",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """For tests that go through the CLI (which reads os.environ): no toolchain hints from outside."""
+    for var in TOOLCHAIN_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
 # --- host tools / CPU lane -----------------------------------------------------------------------------
 
 
@@ -398,24 +422,11 @@ def test_unknown_lane_is_a_configuration_error() -> None:
 
 
 def test_doctor_table_lists_all_five_lanes(
-    host: dict[str, str], bindir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    host: dict[str, str], bindir: Path, clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tk = toolkit(bindir.parent / "cuda")
     tool(bindir, "hipconfig", "5.2.21153-0")
-    monkeypatch.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
-    for var in (
-        "CUDA_HOME",
-        "CUDA_PATH",
-        "CUDACXX",
-        "ROCM_PATH",
-        "HIP_PATH",
-        "VULKAN_SDK",
-        "DGR_VULKAN_SDK",
-        "DGR_CUBLAS_ROOT",
-        "CXX",
-        "CC",
-    ):
-        monkeypatch.delenv(var, raising=False)
+    clean_env.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:4] == ["lane", "status", "tool", "version"]
@@ -430,9 +441,9 @@ def test_doctor_table_lists_all_five_lanes(
 
 
 def test_doctor_with_nothing_installed_still_reports(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    clean_env.setenv("PATH", str(tmp_path / "empty"))
     assert cli.main(["doctor", "--json"]) == 0
     import json
 
@@ -443,10 +454,10 @@ def test_doctor_with_nothing_installed_still_reports(
 
 
 def test_build_of_a_missing_lane_exits_4_before_any_work(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setenv("DGR_WORK", str(tmp_path / "work"))
+    clean_env.setenv("PATH", str(tmp_path / "empty"))
+    clean_env.setenv("DGR_WORK", str(tmp_path / "work"))
     assert cli.main(["build", "--lane", "rocm"]) == 4
     err = capsys.readouterr().err
     assert err.startswith("dgr: toolchain not found: rocm lane: hipcc") and err.count("\n") == 1
@@ -454,21 +465,11 @@ def test_build_of_a_missing_lane_exits_4_before_any_work(
 
 
 def test_build_with_bad_cuda_architectures_exits_2_before_any_work(
-    host: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    host: dict[str, str], tmp_path: Path, clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tk = toolkit(tmp_path / "cuda")
-    for var in (
-        "CUDACXX",
-        "CUDA_HOME",
-        "CUDA_PATH",
-        "DGR_CUBLAS_ROOT",
-        "DGR_CUDA_ARCHITECTURES",
-        "CXX",
-        "CC",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
-    monkeypatch.setenv("DGR_WORK", str(tmp_path / "work"))
+    clean_env.setenv("PATH", f"{tk / 'bin'}:{host['PATH']}")
+    clean_env.setenv("DGR_WORK", str(tmp_path / "work"))
     assert cli.main(["build", "--lane", "cuda", "--cuda-architectures", "native"]) == 2
     assert "invalid CUDA architectures 'native'" in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
