@@ -49,7 +49,7 @@ from manifests.loader import build, load_json
 
 PROVENANCE_VERSION = 1
 SOURCES = ("git", "sdist")
-GIT_NO_OUTPUT_S = 60.0  # `git fetch --progress` prints steadily; silence this long means stuck
+GIT_NO_OUTPUT_S = 30.0  # `git fetch --progress` prints steadily once connected; silence = stuck
 PIP_NO_OUTPUT_S = 300.0
 
 
@@ -236,7 +236,7 @@ def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
     try:
         try:
             gittree.git(["-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=30",
-                         "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--depth", "1",
+                         "-c", "protocol.version=2", "fetch", "--progress", "--no-tags", "--depth", "1",
                          url, pin.commit], env=env, no_output_timeout=GIT_NO_OUTPUT_S)
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
             raise SourceUnavailable(f"{where}: could not fetch {pin.commit}: {_why(exc)}") from None
