@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from certify import proc
 from certify.canonical import read_json, sha256_file, write_json
@@ -146,6 +147,7 @@ def ensure_pristine(ctx: Context, *, pin: Pin | None = None, reverify: bool = Fa
         existing = _existing(ctx, pin, final, record, reverify=reverify)
         if existing is not None:
             return existing
+        sweep_leftovers(final.parent, f".{final.name}.tmp-*")
         return _fetch(ctx, pin, final, record)
 
 
@@ -227,10 +229,20 @@ def git_url(pin: Pin, env: Mapping[str, str]) -> str:
     return env.get("DGR_LLAMA_GIT_URL", "").strip() or pin.upstream
 
 
+def redact(url: str) -> str:
+    """A mirror URL may carry credentials; they never reach a record or a message."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
     """Shallow-fetch the pinned commit into a scratch object store; export its tree into ``dest``."""
     url = git_url(pin, ctx.env)
-    where = f"git source {url}"
+    where = f"git source {redact(url)}"
     scratch = gittree.init_scratch(dest.parent, ctx.env)
     env = gittree.git_env(ctx.env, GIT_DIR=str(scratch))
     try:
@@ -252,7 +264,7 @@ def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
         gittree.export_tree(scratch, tree, dest, ctx.env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"git_url": url, "archive": None}
+    return {"git_url": redact(url), "archive": None}
 
 
 # --- sdist ---------------------------------------------------------------------------------------
@@ -346,6 +358,13 @@ def _why(exc: DgrError) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sweep_leftovers(parent: Path, pattern: str) -> None:
+    """Temp dirs of an interrupted run (kill -9); only called while holding that target's lock."""
+    for old in parent.glob(pattern):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager

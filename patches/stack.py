@@ -25,7 +25,7 @@ from certify.context import Context
 from certify.errors import CommandFailed, ConfigurationError, IntegrityError
 from certify.workspace import PATCHES, refuse_links_below
 from fetch import gittree
-from fetch.source import Pin, Pristine, ensure_pristine, lock_file
+from fetch.source import Pin, Pristine, ensure_pristine, lock_file, sweep_leftovers
 
 PROVENANCE_VERSION = 1
 NAME = re.compile(r"^(?P<num>[0-9]{4})-[a-z0-9][a-z0-9._-]*\.patch$")
@@ -293,6 +293,8 @@ def ensure_patched(ctx: Context, *, pin: Pin | None = None, patches_dir: Path = 
         found = _existing(ctx, final, record, key, reverify=False)
         if found is not None:
             return found
+        sweep_leftovers(root, f".{key}.tmp-*")
+        sweep_leftovers(root, f".{key}.stale-*")
         return _build(ctx, pristine, entries, contents, final, record, key)
 
 

@@ -161,3 +161,18 @@ def test_git_dir_planted_in_the_tree_is_an_integrity_error(ctx: Context, upstrea
     (pristine.path / ".git").mkdir()
     with pytest.raises(IntegrityError, match="contains a .git entry"):
         ensure_pristine(ctx, pin=upstream_pin)
+
+
+def test_credentials_in_a_mirror_url_are_not_recorded(tmp_path: Path, upstream_pin) -> None:
+    from fetch.source import redact
+
+    assert redact("https://user:s3cret@mirror.example:8443/llama.cpp.git") == \
+        "https://***@mirror.example:8443/llama.cpp.git"
+    assert redact("file:///srv/llama.cpp.git") == "file:///srv/llama.cpp.git"
+
+
+def test_leftovers_of_a_killed_run_are_swept(ctx: Context, upstream_pin) -> None:
+    leftover = tree_dir(ctx, upstream_pin).parent / f".{tree_dir(ctx, upstream_pin).name}.tmp-killed"
+    (leftover / "src").mkdir(parents=True)
+    ensure_pristine(ctx, pin=upstream_pin)
+    assert not leftover.exists()
