@@ -12,6 +12,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,8 @@
 #include <pthread.h>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <future>
 
 #ifndef DGR_WORKER_VERSION
 #define DGR_WORKER_VERSION "0.0.0"
@@ -69,6 +72,21 @@ int main(int argc, char ** argv) {
     sigaddset(&stop_signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+    // A stop signal during the (possibly long) model load ends the process at once; after the server
+    // is up it triggers the orderly shutdown in main.
+    std::atomic<bool> serving{false};
+    std::promise<int> stop_requested;
+    std::thread signal_thread([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        if (!serving.load()) {
+            std::fprintf(stderr, "dgr-shard-worker: signal %d before serving, exiting\n", sig);
+            std::_Exit(0);
+        }
+        stop_requested.set_value(sig);
+    });
+    signal_thread.detach();
+
     llama_log_set(log_to_stderr, nullptr);
     ggml_backend_load_all();
     llama_backend_init();
@@ -105,8 +123,8 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "dgr-shard-worker: serving layers [%d, %d) of %s on %s:%d\n",
                      stage.info().layer_begin, stage.info().layer_end, opts.model_path.c_str(), host.c_str(), port);
 
-        int sig = 0;
-        sigwait(&stop_signals, &sig);
+        serving = true;
+        const int sig = stop_requested.get_future().get();
         std::fprintf(stderr, "dgr-shard-worker: signal %d, shutting down\n", sig);
         server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
         server->Wait();
