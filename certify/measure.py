@@ -119,6 +119,7 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         "backend_devices": sorted({i.backend_devices for i in infos}),
         "threads": sorted({i.n_threads for i in infos}),
         "weight_bytes": [i.memory.weight_bytes for i in infos],
+        "boundary_width": infos[0].boundary_width if infos else None,
     }
 
 
@@ -292,19 +293,20 @@ def _measure(
 def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Boundary bytes per token per seam: measured on this model, and for the shape the recipe stands for."""
     rows = []
+    seen: set[str] = set()
     for p in placements:
         sp = p.get("speed") or {}
-        if sp.get("seam_bytes_per_token"):
+        if sp.get("seam_bytes_per_token") and p["boundary_dtype"] not in seen:
+            seen.add(p["boundary_dtype"])  # one measured row per seam dtype
             rows.append(
                 {
                     "label": f"measured: {recipe.name} / {p['name']}",
-                    "boundary_width": None,
+                    "boundary_width": p.get("boundary_width"),
                     "dtype": p["boundary_dtype"],
                     "bytes_per_token": max(sp["seam_bytes_per_token"]),
                     "source": "worker replies",
                 }
             )
-            break
     pm = recipe.physical_model
     if pm is not None:
         for dtype in sorted({recipe.boundary_dtype, *(recipe.dtype_of(p) for p in recipe.staged)}):

@@ -331,6 +331,8 @@ def publish(
 
     atomic_write_bytes(out / REPORT_FILE, html)
     cert.write(out / CERTIFICATE_FILE, envelope)
+    for published in (out / REPORT_FILE, out / CERTIFICATE_FILE):
+        published.chmod(0o644)  # evidence for reviewers (the temp file it was renamed from was private)
     return Written(
         run_id=run_id,
         verdict=verdict,

@@ -184,4 +184,5 @@ def render_index(ctx: Context, reports: Path) -> Path:
     else:
         reports.mkdir(parents=True, exist_ok=True)  # a folder the user named with --reports
     atomic_write_bytes(out, html.encode("utf-8"))
+    out.chmod(0o644)
     return out
