@@ -18,14 +18,17 @@ HTTP(S) uses http.client directly (no third-party client) so that every rule bel
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import logging
+import os
 import re
 import socket
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,20 +156,80 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview, stats: Stats) 
 
 
 class _ChunkFeed:
-    """Shared bookkeeping: accept chunks into the partial, count digest failures, report progress."""
+    """Accept chunks into the partial, count digest failures, report progress.
+
+    A three-stage pipeline over a ring of three chunk buffers: the caller receives chunk k+2 while
+    one thread hashes chunk k+1 and another writes chunk k (recv, blake3 and pwrite all release the
+    GIL).  Hashing stays in chunk order (the whole-file hasher is fed there), writing too.
+    """
+
+    SLOTS = 3
 
     def __init__(self, partial: Partial, policy: RetryPolicy, stats: Stats, on_bytes: Callable[[int], None]):
         self.partial = partial
         self.policy = policy
         self.stats = stats
         self.on_bytes = on_bytes
-        self.buffer = bytearray(partial.chunk_size)
+        self.buffers = [memoryview(bytearray(partial.chunk_size)) for _ in range(self.SLOTS)]
+        self.busy: list[Future[bool] | None] = [None] * self.SLOTS
+        self.turn = 0
+        self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgr-hash")
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgr-write")
 
-    def offer(self, index: int, view: memoryview) -> bool:
-        wrong = self.partial.accept(index, view)
-        if wrong is None:
+    def next_buffer(self, length: int) -> memoryview:
+        """The next buffer of the ring, once the job that last used it has finished."""
+        self.turn = (self.turn + 1) % self.SLOTS
+        job, self.busy[self.turn] = self.busy[self.turn], None
+        if job is not None:
+            job.result()
+        return self.buffers[self.turn][:length]
+
+    def submit(self, index: int, view: memoryview) -> None:
+        digest = self.hasher.submit(self.partial.check, index, view)
+        self.busy[self.turn] = self.writer.submit(self._settle, index, view, digest)
+
+    def drain(self) -> None:
+        """Wait for every queued chunk; the first error (in chunk order) is raised."""
+        order = [(self.turn + k) % self.SLOTS for k in range(1, self.SLOTS + 1)]  # oldest first
+        jobs = [j for j in (self.busy[i] for i in order) if j is not None]
+        self.busy = [None] * self.SLOTS
+        error: BaseException | None = None
+        for job in jobs:
+            try:
+                job.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below once all jobs are done
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.hasher.shutdown(wait=True)
+            self.writer.shutdown(wait=True)
+
+    def __enter__(self) -> _ChunkFeed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except Exception:  # the error already in flight is the one worth reporting
+                pass
+
+    def _settle(self, index: int, view: memoryview, digest: Future[str]) -> bool:
+        got = digest.result()
+        assert self.partial.entry.chunks is not None
+        if got == self.partial.entry.chunks[index]:
+            self.partial.commit(index, view)
             self.on_bytes(len(view))
             return True
+        if index in self.partial.verified:
+            return True  # a bad copy of a chunk we already hold (a 200 body re-sent it): ours stays
         fails = self.stats.chunk_failures.get(index, 0) + 1
         self.stats.chunk_failures[index] = fails
         start, end = self.partial.span(index)
@@ -174,11 +237,10 @@ class _ChunkFeed:
             "%s: chunk %d (bytes %d-%d) failed verification", self.partial.entry.name, index, start, end
         )
         if fails >= self.policy.chunk_attempts:
-            assert self.partial.entry.chunks is not None
             raise IntegrityError(
                 f"{self.partial.entry.name}: chunk {index} at offset {start} (bytes {start}-{end - 1}) "
                 f"failed verification {fails} times: expected blake3 {self.partial.entry.chunks[index]}, "
-                f"got {wrong}",
+                f"got {got}",
                 hint="the origin does not serve the sealed bytes; try another origin or re-seal deliberately",
             )
         return False
@@ -196,7 +258,19 @@ def fetch_http(
     """Fill every missing chunk of ``partial`` from ``origin`` or raise a typed error."""
     assert origin.base_url is not None
     url = file_url(origin.base_url, partial.entry.name)
-    feed = _ChunkFeed(partial, policy, stats, on_bytes)
+    with _ChunkFeed(partial, policy, stats, on_bytes) as feed:
+        _fetch_all(url, origin, partial, feed, policy, stats, sleep)
+
+
+def _fetch_all(
+    url: str,
+    origin: Origin,
+    partial: Partial,
+    feed: _ChunkFeed,
+    policy: RetryPolicy,
+    stats: Stats,
+    sleep: Callable[[float], None],
+) -> None:
     failures = 0
     while missing := partial.missing():
         first = missing[0]
@@ -207,6 +281,7 @@ def fetch_http(
         try:
             _fetch_span(url, origin, feed, first, last)
         except Transient as exc:
+            feed.drain()  # the chunk received before the failure still counts as progress
             stats.transient_failures += 1
             failures = 0 if len(partial.verified) > before else failures + 1
             if failures >= policy.attempts:
@@ -299,28 +374,22 @@ def _consume(
             raise IntegrityError(
                 f"{url}: unexpected size: the origin sends {length} bytes, the manifest says {partial.size}"
             )
-    view = memoryview(feed.buffer)
-    try:
-        for index in range(first, last + 1):
-            a, b = partial.span(index)
-            piece = view[: b - a]
-            _read_exact(resp, piece, feed.stats)
-            if index in partial.verified:
-                feed.on_bytes(0)
-                continue  # a 200 body restarts from zero: already-verified chunks are read past
-            feed.offer(index, piece)
-        if whole_body:
-            try:
-                extra = resp.read(1)
-            except _TRANSIENT_ERRORS:
-                extra = b""
-            if extra:
-                raise IntegrityError(
-                    f"{url}: unexpected size: the origin sends more than the manifest's "
-                    f"{partial.size} bytes; stopped at the expected length"
-                )
-    finally:
-        view.release()
+    for index in range(first, last + 1):
+        a, b = partial.span(index)
+        piece = feed.next_buffer(b - a)
+        _read_exact(resp, piece, feed.stats)
+        feed.submit(index, piece)  # a 200 body restarts from zero: verified chunks are only re-hashed
+    feed.drain()
+    if whole_body:
+        try:
+            extra = resp.read(1)
+        except _TRANSIENT_ERRORS:
+            extra = b""
+        if extra:
+            raise IntegrityError(
+                f"{url}: unexpected size: the origin sends more than the manifest's "
+                f"{partial.size} bytes; stopped at the expected length"
+            )
 
 
 def copy_local(
@@ -332,29 +401,23 @@ def copy_local(
     on_bytes: Callable[[int], None] = lambda n: None,
 ) -> None:
     """A local-directory origin: the same chunk verification, reading instead of downloading."""
-    import os
-
     src = directory / partial.entry.name
     try:
         fd = open_nofollow(src, os.O_RDONLY)
     except FileNotFoundError:
         raise RuntimeFailure(f"{src} does not exist (local origin)") from None
-    feed = _ChunkFeed(partial, policy.__class__(**{**policy.__dict__, "chunk_attempts": 1}), stats, on_bytes)
     try:
         size = os.fstat(fd).st_size
         if size != partial.size:
             raise IntegrityError(f"{src}: unexpected size: {size} bytes, the manifest says {partial.size}")
-        view = memoryview(feed.buffer)
-        try:
+        with _ChunkFeed(partial, dataclasses.replace(policy, chunk_attempts=1), stats, on_bytes) as feed:
             for index in partial.missing():
                 a, b = partial.span(index)
-                piece = view[: b - a]
+                piece = feed.next_buffer(b - a)
                 n = os.preadv(fd, [piece], a)
                 if n != b - a:
                     raise RuntimeFailure(f"{src}: short read at byte {a}")
                 stats.bytes_received += n
-                feed.offer(index, piece)
-        finally:
-            view.release()
+                feed.submit(index, piece)
     finally:
         os.close(fd)

@@ -26,6 +26,7 @@ import json
 import mmap
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,8 @@ class Partial:
     verified: set[int]
     validator: dict[str, str]
     identity: str
+    whole: Any = None  # blake3 hasher fed in chunk order (see feed_whole)
+    whole_next: int = 0
     _last_sync: float = 0.0
 
     @property
@@ -128,21 +131,47 @@ class Partial:
     def span(self, index: int) -> tuple[int, int]:
         return self.entry.chunk_span(index, self.chunk_size)
 
-    def accept(self, index: int, data: memoryview | bytes) -> str | None:
-        """Verify a whole chunk, then write it and record it; return None, or the wrong digest."""
+    def check(self, index: int, data: memoryview | bytes) -> str:
+        """The chunk's blake3; a right one also feeds the whole-file hasher (call in chunk order)."""
         assert self.entry.chunks is not None
         start, end = self.span(index)
         if len(data) != end - start:
             raise AssertionError(f"chunk {index}: {len(data)} bytes for span {start}:{end}")
         got = chunk_digest(data)
-        if got != self.entry.chunks[index]:
+        if got == self.entry.chunks[index]:
+            self.feed_whole(index, data)
+        return got
+
+    def commit(self, index: int, data: memoryview | bytes) -> None:
+        """Write a chunk ``check`` found right, then record it; a chunk we hold is not written again."""
+        if index in self.verified:
+            return
+        assert self.entry.chunks is not None
+        _pwrite_all(self.fd, data, self.span(index)[0], self.path)
+        _append(self.ledger_fd, f"{index} {self.entry.chunks[index]}\n".encode())
+        self.verified.add(index)
+        self.maybe_sync()
+
+    def accept(self, index: int, data: memoryview | bytes) -> str | None:
+        """check + commit in one call; None when the chunk was right, else its wrong digest."""
+        got = self.check(index, data)
+        if got != self.entry.chunks[index]:  # type: ignore[index]
             return got
-        if index not in self.verified:
-            _pwrite_all(self.fd, data, start, self.path)
-            _append(self.ledger_fd, f"{index} {got}\n".encode())
-            self.verified.add(index)
-            self.maybe_sync()
+        self.commit(index, data)
         return None
+
+    def feed_whole(self, index: int, data: memoryview | bytes) -> None:
+        """The whole-file blake3, built as verified chunks pass in order from chunk 0.
+
+        A fresh download sees every chunk in order, so the whole-file check costs no second read;
+        after a gap (a resume, a refetched chunk) ``whole_digest`` is None and the caller re-reads.
+        """
+        if index == self.whole_next:
+            self.whole.update(data)
+            self.whole_next += 1
+
+    def whole_digest(self) -> str | None:
+        return self.whole.hexdigest() if self.whole_next == self.n_chunks else None
 
     def set_validator(self, validator: dict[str, str]) -> None:
         """The origin's ETag/Last-Modified for If-Range; a change rewrites the ledger header atomically."""
@@ -215,7 +244,8 @@ def open_partial(
         if st.st_size < entry.size:
             os.ftruncate(fd, entry.size)  # sparse; only ever grows, so a sharer's bytes stay valid
         claims, validator = _read_ledger(ledger, identity, entry)
-        verified = _recheck(fd, entry, chunk_size, claims, on_rehash)
+        whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        verified, whole_next = _recheck(fd, entry, chunk_size, claims, on_rehash, whole)
         if not ledger.exists() or claims is None:
             lines = (
                 json.dumps({"ledger": LEDGER_VERSION, "identity": identity, "validator": validator}) + "\n"
@@ -236,6 +266,8 @@ def open_partial(
         verified=verified,
         validator=validator,
         identity=identity,
+        whole=whole,
+        whole_next=whole_next,
         _last_sync=time.monotonic(),
     )
 
@@ -278,17 +310,23 @@ def _recheck(
     chunk_size: int,
     claims: set[int] | None,
     on_rehash: Callable[[int], None] | None,
-) -> set[int]:
+    whole: Any,
+) -> tuple[set[int], int]:
+    """Claimed chunks whose bytes hash right, and how many leading chunks fed ``whole``."""
     assert entry.chunks is not None
     good: set[int] = set()
+    whole_next = 0
     for index in sorted(claims or ()):
         start, end = entry.chunk_span(index, chunk_size)
         data = os.pread(fd, end - start, start)
         if len(data) == end - start and chunk_digest(data) == entry.chunks[index]:
             good.add(index)
+            if index == whole_next:
+                whole.update(data)
+                whole_next += 1
         if on_rehash:
             on_rehash(end - start)
-    return good
+    return good, whole_next
 
 
 # --- sidecar -----------------------------------------------------------------------------------------
@@ -328,10 +366,23 @@ def read_sidecar(directory: Path, manifest_digest: str) -> dict[str, dict[str, A
 
 
 def write_sidecar(directory: Path, manifest_digest: str, files: dict[str, dict[str, Any]]) -> None:
-    atomic_write_bytes(
-        directory / SIDECAR,
-        canonical_bytes({"sidecar": SIDECAR_VERSION, "manifest": manifest_digest, "files": files}),
-    )
+    """Atomic (temp + rename) but not fsync'd: the sidecar is a cache of hashing already done.
+
+    After a power cut it may be missing, empty or old; each of those reads as "not trusted" and
+    costs one re-hash, never a wrong answer, so paying an fsync per file on every run buys nothing.
+    """
+    data = canonical_bytes({"sidecar": SIDECAR_VERSION, "manifest": manifest_digest, "files": files})
+    tmp = directory / f"{SIDECAR}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, directory / SIDECAR)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sidecar_record(path: Path, entry: ArtifactFile, chunk_size: int) -> dict[str, Any]:

@@ -224,8 +224,10 @@ class _Run:
             if not served or partial.missing():  # an origin that misbehaved fails the run, even past the end
                 raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
             partial.maybe_sync(force=True)
-            with self.make_bar(f"verify {entry.name}", entry.size) as bar:
-                actual = ledger.blake3_fd(partial.fd, on_bytes=bar.update)
+            actual = partial.whole_digest()
+            if actual is None:  # chunks came out of order (resume, refetch): read the file once more
+                with self.make_bar(f"verify {entry.name}", entry.size) as bar:
+                    actual = ledger.blake3_fd(partial.fd, on_bytes=bar.update)
             if actual != entry.blake3:
                 partial.close()
                 partial.path.unlink(missing_ok=True)

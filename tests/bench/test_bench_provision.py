@@ -1,0 +1,209 @@
+"""Provisioning figures, in one run on the same 1 GiB split set (``nox -s bench``).
+
+- verify: ``provision(..., reverify=True)`` over the published set vs one raw single-call blake3
+  (multi-threaded, over an mmap) of the same files; goal >= 0.8x.
+- download: a fresh provision from a loopback HTTP origin vs ``curl`` fetching the same files from the
+  same server into the same directory; goal >= 0.7x.
+- re-run: provisioning again over the verified set (a stat per file); goal < 0.5 s.
+Each figure goes into the benchmark's ``extra_info`` and is printed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+
+from certify.context import Context
+from fetch.download import RetryPolicy
+from fetch.provision import Provisioned, provision
+from tests.unit.ggufmaker import ALIGN, I32, STRING, U16, U32, kv, tensor_info, write_set
+from tests.unit.httpfault import FaultServer
+
+TOTAL = 1 << 30
+N_FILES = 3
+CHUNK = 16 << 20
+ROUNDS = 3
+
+
+@dataclass
+class BenchSet:
+    ctx: Context
+    src: Path
+    manifests: Path
+    store: Path
+    server: FaultServer
+    files: list[Path]
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.files)
+
+    def provision(self, store: Path | None = None, **kw: object) -> Provisioned:
+        return provision(
+            self.ctx,
+            "bench",
+            store=store or self.store,
+            manifests=self.manifests,
+            policy=RetryPolicy(backoff_s=0.1),
+            progress=None,
+            **kw,
+        )  # type: ignore[arg-type]
+
+
+def _write_big_gguf(path: Path, index: int, elements: int, rng: np.random.Generator) -> None:
+    kvs = []
+    if index == 0:
+        kvs += [kv("general.architecture", STRING, "llama"), kv("llama.block_count", U32, 1)]
+    kvs += [
+        kv("split.no", U16, index),
+        kv("split.count", U16, N_FILES),
+        kv("split.tensors.count", I32, N_FILES),
+    ]
+    head = (
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 1, len(kvs))
+        + b"".join(kvs)
+        + tensor_info(f"t{index}", [elements], 0, 0)
+    )
+    head += b"\0" * (-len(head) % ALIGN)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        left = elements * 4
+        while left:
+            n = min(left, 64 << 20)
+            fh.write(rng.bytes(n))
+            left -= n
+
+
+@pytest.fixture(scope="module")
+def bench_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchSet]:
+    root = tmp_path_factory.mktemp("bench")
+    src = root / "src"
+    src.mkdir()
+    rng = np.random.default_rng(7)
+    elements = (TOTAL // N_FILES // 4) // 8 * 8
+    raw = []
+    for i in range(N_FILES):
+        path = src / f"raw{i}"
+        _write_big_gguf(path, i, elements, rng)
+        raw.append(path.read_bytes())
+        path.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DGR_")}
+    env.update(DGR_WORK=str(root / "work"), DGR_CACHE=str(root / "cache"))
+    with FaultServer() as server:
+        entries = write_set(
+            src,
+            root / "m",
+            "bench",
+            raw,
+            chunk_size=CHUNK,
+            origins=[{"kind": "http", "base_url": server.base_url}],
+        )
+        del raw
+        for e in entries:
+            server.files[e["name"]] = src / e["name"]
+        yield BenchSet(
+            ctx=Context.from_env(env),
+            src=src,
+            manifests=root / "m",
+            store=root / "store",
+            server=server,
+            files=[src / e["name"] for e in entries],
+        )
+
+
+def _best(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _raw_blake3(files: list[Path]) -> None:
+    for path in files:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            blake3.blake3(mm, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+def _report(benchmark, name: str, **figures: float) -> None:
+    benchmark.extra_info.update(figures)
+    print(f"\n[bench] {name}: " + ", ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+
+
+def test_bench_download_vs_curl(benchmark, bench_set: BenchSet, tmp_path: Path) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    size = bench_set.size
+    out = tmp_path / "curl"
+
+    def with_curl() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        for p in bench_set.files:
+            subprocess.run(
+                [curl, "-sSf", "-o", str(out / p.name), f"{bench_set.server.base_url}/{p.name}"], check=True
+            )
+
+    def ours() -> Provisioned:
+        shutil.rmtree(bench_set.store, ignore_errors=True)
+        return bench_set.provision()
+
+    curl_s = _best(with_curl)
+    done = benchmark.pedantic(ours, rounds=ROUNDS, iterations=1)
+    assert done.bytes_fetched == size
+    ours_s = benchmark.stats.stats.min
+    ratio = curl_s / ours_s
+    _report(
+        benchmark,
+        "download",
+        ours_gib_s=size / ours_s / 2**30,
+        curl_gib_s=size / curl_s / 2**30,
+        ratio_vs_curl=ratio,
+    )
+    assert ratio >= 0.7, f"download at {ratio:.2f}x curl (goal >= 0.7x)"
+
+
+def test_bench_verify_vs_raw_blake3(benchmark, bench_set: BenchSet) -> None:
+    bench_set.provision()
+    size = bench_set.size
+    raw_s = _best(lambda: _raw_blake3(bench_set.files))
+    done = benchmark.pedantic(lambda: bench_set.provision(reverify=True), rounds=ROUNDS, iterations=1)
+    assert done.bytes_hashed == size and done.bytes_fetched == 0
+    ours_s = benchmark.stats.stats.min
+    ratio = raw_s / ours_s
+    _report(
+        benchmark,
+        "verify",
+        ours_gib_s=size / ours_s / 2**30,
+        raw_blake3_gib_s=size / raw_s / 2**30,
+        ratio_vs_raw_blake3=ratio,
+    )
+    assert ratio >= 0.8, f"verify at {ratio:.2f}x raw blake3 (goal >= 0.8x)"
+
+
+def test_bench_rerun_over_verified_set(benchmark, bench_set: BenchSet) -> None:
+    bench_set.provision()
+    done = benchmark.pedantic(bench_set.provision, rounds=10, iterations=1)
+    assert done.reused == N_FILES and done.bytes_hashed == 0 and done.bytes_fetched == 0
+    _report(
+        benchmark,
+        "re-run",
+        ms_max=benchmark.stats.stats.max * 1e3,
+        ms_median=benchmark.stats.stats.median * 1e3,
+        gib=bench_set.size / 2**30,
+    )
+    assert benchmark.stats.stats.max < 0.5
