@@ -342,36 +342,52 @@ def stat_identity(st: os.stat_result) -> dict[str, int]:
     }
 
 
-def read_sidecar(directory: Path, manifest_digest: str) -> dict[str, dict[str, Any]]:
-    """Per-file records, or {} when the sidecar is absent, corrupt or from another manifest."""
+@dataclass
+class Sidecar:
+    """Per-file records by name, and whether the split headers were checked together afterwards."""
+
+    files: dict[str, dict[str, Any]]
+    set_checked: bool = False
+
+
+def read_sidecar(directory: Path, manifest_digest: str) -> Sidecar:
+    """The sidecar, or an empty one when it is absent, corrupt or from another manifest."""
     path = directory / SIDECAR
     try:
         fd = open_nofollow(path, os.O_RDONLY)
     except (FileNotFoundError, IntegrityError):
-        return {}
+        return Sidecar(files={})
     with os.fdopen(fd, "rb") as fh:
         raw = fh.read(16 << 20)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
+        return Sidecar(files={})
     if (
         not isinstance(data, dict)
         or data.get("sidecar") != SIDECAR_VERSION
         or data.get("manifest") != manifest_digest
         or not isinstance(data.get("files"), dict)
     ):
-        return {}
-    return {k: v for k, v in data["files"].items() if isinstance(v, dict)}
+        return Sidecar(files={})
+    files = {k: v for k, v in data["files"].items() if isinstance(v, dict)}
+    return Sidecar(files=files, set_checked=data.get("set_checked") is True)
 
 
-def write_sidecar(directory: Path, manifest_digest: str, files: dict[str, dict[str, Any]]) -> None:
+def write_sidecar(directory: Path, manifest_digest: str, sidecar: Sidecar) -> None:
     """Atomic (temp + rename) but not fsync'd: the sidecar is a cache of hashing already done.
 
     After a power cut it may be missing, empty or old; each of those reads as "not trusted" and
     costs one re-hash, never a wrong answer, so paying an fsync per file on every run buys nothing.
     """
-    data = canonical_bytes({"sidecar": SIDECAR_VERSION, "manifest": manifest_digest, "files": files})
+    data = canonical_bytes(
+        {
+            "sidecar": SIDECAR_VERSION,
+            "manifest": manifest_digest,
+            "files": sidecar.files,
+            "set_checked": sidecar.set_checked,
+        }
+    )
     tmp = directory / f"{SIDECAR}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:

@@ -105,23 +105,25 @@ def provision(
 
     todo: list[int] = []
     for i, (entry, dest) in enumerate(zip(spec.files, dests, strict=True)):
-        if not reverify and ledger.sidecar_trusts(records.get(entry.name), dest, entry, spec.chunk_size):
+        if not reverify and ledger.sidecar_trusts(
+            records.files.get(entry.name), dest, entry, spec.chunk_size
+        ):
             run.reused += 1
         else:
             todo.append(i)
-    if not todo and records.get("", {}).get("set_checked") is True:
+    if not todo and records.set_checked:
         return run.result(dests, started)
 
     remaining = sum(_remaining(spec.files[i], dests[i]) for i in todo)
     preflight(vdir, remaining, free=free)
     try:
         for i in todo:
-            records[spec.files[i].name] = run.one(i, spec.files[i], dests[i], reverify=reverify)
-            records.pop("", None)
+            records.files[spec.files[i].name] = run.one(i, spec.files[i], dests[i], reverify=reverify)
+            records.set_checked = False
             ledger.write_sidecar(vdir, aset.digest, records)
         headers = [gguf_header.read_header(d) for d in dests]
         gguf_header.check_set(headers, spec.gguf)
-        records[""] = {"set_checked": True}
+        records.set_checked = True
         ledger.write_sidecar(vdir, aset.digest, records)
     finally:
         run.cleanup()
@@ -134,6 +136,17 @@ def _dest(root: Path, vdir: Path, entry: ArtifactFile) -> Path:
         prepare_dir(root, dest.parent)
     refuse_links_below(root, dest)
     return dest
+
+
+def _drop_leftovers(dest: Path) -> None:
+    """A partial + ledger left by a killed run for a file that is now published and verified.
+
+    Safe even if another run still writes into that partial: it keeps its descriptor, its rename
+    then finds the name gone and it checks the published file instead.
+    """
+    for leftover in (dest.with_name(f".{dest.name}.part"), dest.with_name(f".{dest.name}.ledger")):
+        if leftover.is_symlink() or leftover.is_file():
+            leftover.unlink(missing_ok=True)
 
 
 def _remaining(entry: ArtifactFile, dest: Path) -> int:
@@ -174,6 +187,7 @@ class _Run:
             if dest.exists():
                 if self._hash_ok(dest, entry):
                     self._check_header(dest, index)
+                    _drop_leftovers(dest)
                     return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
                 log.warning("%s does not match the manifest; fetching it again", dest)
             self._fill(entry, dest)
