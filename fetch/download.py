@@ -151,6 +151,8 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview, stats: Stats) 
                 raise Transient("connection closed early")
             got += n
             stats.bytes_received += n
+    except TimeoutError:
+        raise Transient("the origin stopped sending (read timed out)") from None
     except _TRANSIENT_ERRORS as exc:
         raise Transient(f"connection closed early ({exc.__class__.__name__})") from None
 

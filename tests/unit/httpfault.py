@@ -34,6 +34,7 @@ class Faults:
     status: int | None = None  # answer this status ...
     status_times: int = 0  # ... this many times
     delay_per_block: float = 0.0  # seconds to sleep per 64 KiB block (slow origin)
+    stall_s: float = 0.0  # seconds to sit silent after the headers (a stalled origin)
     no_etag: bool = False
 
 
@@ -180,6 +181,9 @@ class FaultServer:
         if f.flip_offset is not None and f.flip_times > 0 and start <= f.flip_offset < end:
             f.flip_times -= 1
             flip = f.flip_offset
+        if f.stall_s:
+            h.wfile.flush()
+            time.sleep(f.stall_s)
         sent = self._send_body(h, src, start, end, limit, flip, f.delay_per_block)
         if limit is None and extra:
             h.wfile.write(extra)

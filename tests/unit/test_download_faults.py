@@ -279,6 +279,16 @@ def test_5xx_is_retried_with_backoff(served: Served) -> None:
     assert served.final.read_bytes() == served.blob
 
 
+def test_stalled_origin_times_out_and_gives_up_keeping_verified_chunks(served: Served) -> None:
+    served.server.faults.stall_s = 1.0  # headers, then silence longer than the read timeout
+    with pytest.raises(
+        RuntimeFailure, match=r"incomplete \d+ of \d+ bytes after 2 failed attempts .*timed out"
+    ):
+        served.run(RetryPolicy(attempts=2, backoff_s=0.0, timeout_s=0.5))
+    assert not served.final.exists()
+    served.server.faults.stall_s = 0.0
+
+
 CHILD = """
 import sys
 from pathlib import Path
