@@ -28,6 +28,7 @@ from lanes import base, cmake
 
 SCHEMA_VERSION = 1
 RECORD = "build.json"
+SOURCE_LINK = "llama-src"
 WORKER_TARGET = "dgr-shard-worker"
 # What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker.
 TARGETS: tuple[str, ...] = ("llama", "llama-bench", "llama-gguf-split", "llama-quantize", WORKER_TARGET)
@@ -158,12 +159,14 @@ def build_tree(
         started = time.monotonic()
         (where / RECORD).unlink(missing_ok=True)  # a half-finished dir must never be trusted
         env = _environment(ctx, lane, probe, tree)
+        source = _source_link(where, tree.path)
+        located = [*args, *cmake.location_args(host, llama_source=source)]
         t0 = time.monotonic()
         cmake.configure(
             host,
             source=project,
             build_dir=where,
-            args=[*args, *cmake.location_args(host, llama_source=tree.path)],
+            args=located,
             env=env,
         )
         t1 = time.monotonic()
@@ -192,7 +195,7 @@ def build_tree(
                 "versions": dict(host.versions),
             },
             "cmake_source": str(project),
-            "cmake_args": [*args, *cmake.location_args(host, llama_source=tree.path)],
+            "cmake_args": located,
             "targets": list(all_targets),
             "jobs": options.parallel,
             "machine": {"system": platform.system(), "arch": platform.machine()},
@@ -206,6 +209,23 @@ def build_tree(
         }
         write_json(where / RECORD, prov)
     return _as_build(where, prov, reused=False)
+
+
+def _source_link(where: Path, tree: Path) -> Path:
+    """``<build dir>/llama-src`` -> the patched tree, the path CMake and the compilers see.
+
+    The patched tree's own path names its patch stack, so a changed patch would give every
+    compile line a new path and ccache would miss on all ~250 files, not just the patched ones.
+    Seen through this link (relative under CCACHE_BASEDIR), unchanged files hit in any build dir.
+    """
+    link = where / SOURCE_LINK
+    if link.is_symlink() and os.readlink(link) == str(tree):
+        return link
+    tmp = where / f".{SOURCE_LINK}.tmp"
+    tmp.unlink(missing_ok=True)
+    os.symlink(tree, tmp)
+    os.replace(tmp, link)
+    return link
 
 
 def _environment(ctx: Context, lane: base.Lane, probe: base.ToolchainProbe, tree: Tree) -> dict[str, str]:
@@ -229,6 +249,7 @@ def _collect(where: Path, targets: tuple[str, ...]) -> dict[str, dict[str, Any]]
     found: dict[str, Path] = {}
     for target in targets:
         candidates = [where / "bin" / target, *sorted(where.rglob(target))]
+        candidates = [c for c in candidates if c.relative_to(where).parts[:1] != (SOURCE_LINK,)]
         exe = next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
         if exe is not None:
             found[target] = exe

@@ -8,6 +8,7 @@ build.  The slow one builds the real patched tree and the shard worker in the re
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -73,7 +74,10 @@ def test_build_records_what_it_produced_and_a_rerun_is_a_noop(
     assert "-DGGML_NATIVE=OFF" in record["key_inputs"]["cmake_args"]
     assert f"-DDGR_LLAMA_COMMIT={COMMIT}" in record["key_inputs"]["cmake_args"]
     assert not any("DGR_LLAMA_SOURCE_DIR" in a for a in record["key_inputs"]["cmake_args"])
-    assert f"-DDGR_LLAMA_SOURCE_DIR={tree.path}" in record["cmake_args"]
+    link = first.dir / build.SOURCE_LINK
+    assert f"-DDGR_LLAMA_SOURCE_DIR={link}" in record["cmake_args"] and link.resolve() == tree.path
+    # Compile lines name the tree through the link, so they are the same in every build dir.
+    assert f"{link}/llama.c" in (first.dir / "build.ninja").read_text()
     assert set(record["binaries"]) >= {
         "llama-bench",
         "llama-gguf-split",
@@ -125,6 +129,30 @@ def test_git_never_sees_the_repository_around_the_workspace(
     )
     done = build_standin(ctx, project, tree)
     assert (done.dir / "tree-commit.txt").read_text() == ""
+
+
+def test_a_new_patched_tree_path_still_hits_ccache(
+    ctx: Context, standin: tuple[Path, build.Tree], tmp_path: Path
+) -> None:
+    """Patched trees live at paths named by their stack; unchanged files must still come from ccache."""
+    if shutil.which("ccache", path=ctx.env.get("PATH")) is None:
+        pytest.skip("ccache is not installed")
+    project, tree = standin
+    env = {**ctx.env, "CCACHE_DIR": str(tmp_path / "ccache")}
+    ctx = Context(env=env, workspace=ctx.workspace)
+
+    def stats() -> tuple[int, int]:
+        out = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True).stdout
+        got = {k: int(v) for k, v in (line.split("\t") for line in out.splitlines() if "\t" in line)}
+        return got["direct_cache_hit"] + got["preprocessed_cache_hit"], got["cache_miss"]
+
+    build_standin(ctx, project, tree)
+    moved = tmp_path / "patched-elsewhere"
+    shutil.copytree(tree.path, moved)
+    hits, misses = stats()
+    build_standin(ctx, project, build.Tree(path=moved, digest="3" * 40, provenance=tree.provenance))
+    now_hits, now_misses = stats()
+    assert now_misses == misses and now_hits - hits >= 2  # llama.c and main.c, both unchanged
 
 
 def test_a_failing_build_raises_and_leaves_no_record(ctx: Context, standin: tuple[Path, build.Tree]) -> None:
