@@ -72,7 +72,7 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.done:  # a bar that never moved (nothing to re-check) leaves no line
             self._draw(time.monotonic())
             self.stream.write("\n")
             self.stream.flush()

@@ -208,7 +208,8 @@ class _Run:
 
     def _fill(self, entry: ArtifactFile, dest: Path) -> None:
         assert entry.size is not None
-        partial = ledger.open_partial(dest, entry, self.spec.chunk_size)
+        with self.make_bar(f"recheck {entry.name}", entry.size) as bar:  # resumed chunks are hashed again
+            partial = ledger.open_partial(dest, entry, self.spec.chunk_size, on_rehash=bar.update)
         try:
             errors: list[DgrError] = []
             served = not partial.missing()  # a partial finished by an earlier run needs no origin
