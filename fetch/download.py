@@ -114,7 +114,12 @@ def open_url(
         try:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
-        except _TRANSIENT_ERRORS as exc:
+        except ssl.SSLCertVerificationError as exc:  # not transient: the peer is not who it claims
+            conn.close()
+            raise IntegrityError(
+                f"{urllib.parse.urlunsplit(current)}: TLS certificate not trusted: {exc}"
+            ) from None
+        except (*_TRANSIENT_ERRORS, OSError) as exc:  # refused, unreachable, name lookup failed, reset
             conn.close()
             raise Transient(f"{urllib.parse.urlunsplit(current)}: {exc.__class__.__name__}: {exc}") from None
         stats.requests += 1

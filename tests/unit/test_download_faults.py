@@ -329,3 +329,16 @@ def test_case9_kill_minus_9_mid_chunk_resumes_and_final_name_never_exists(served
     done = served.run()
     assert served.final.read_bytes() == served.blob
     assert done.bytes_fetched == served.size - verified * CHUNK
+
+
+def test_unreachable_origin_falls_through_to_the_next(served: Served) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]  # closed again: nothing listens there
+    data = json.loads((served.manifests / "web.json").read_text())
+    data["origins"].insert(0, {"kind": "http", "base_url": f"http://127.0.0.1:{dead}/files"})
+    (served.manifests / "web.json").write_text(json.dumps(data))
+    done = served.run(RetryPolicy(attempts=2, backoff_s=0.0, timeout_s=5.0))
+    assert served.final.read_bytes() == served.blob and done.bytes_fetched == served.size
