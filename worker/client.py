@@ -118,9 +118,9 @@ def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
 class StageClient:
     """Calls to one worker.  ``stage`` and ``layers`` only label errors; ``Info`` says the truth.
 
-    ``liveness`` (set by the launcher) returns a description of how the worker process ended, or None
-    while it runs, so a dropped connection is reported as "worker died (SIGKILL)" rather than a bare
-    UNAVAILABLE.
+    ``liveness`` (set by the launcher) returns how the worker process ended and the tail of its stderr,
+    or None while it runs, so a dropped connection is reported as "worker was killed by SIGKILL"
+    rather than a bare UNAVAILABLE.
     """
 
     def __init__(
@@ -132,7 +132,7 @@ class StageClient:
         stage: int,
         layers: tuple[int, int],
         deadline: float = 120.0,
-        liveness: Callable[[], str | None] | None = None,
+        liveness: Callable[[], tuple[str, str] | None] | None = None,
     ) -> None:
         self.address = address
         self.stage = stage
@@ -167,7 +167,9 @@ class StageClient:
                 time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
                 died = self._liveness() if self._liveness else None
             if died is not None:
-                raise self.failure("DIED", f"worker {died} during {name} ({detail})") from None
+                how, tail = died
+                last = f"; last stderr: {tail}" if tail else ""
+                raise self.failure("DIED", f"worker {how} during {name} ({detail}){last}") from None
             status = code.name if code is not None else "UNKNOWN"
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
                 limit = self.deadline if deadline is None else deadline

@@ -130,13 +130,19 @@ class Stage:
     def pid(self) -> int:
         return self.process.pid
 
-    def exit_description(self) -> str | None:
-        """None while the worker runs; how it ended (with its last stderr lines) once it has."""
+    def ended(self) -> tuple[str, str] | None:
+        """None while the worker runs; once it has ended, how, and the last lines of its stderr."""
         code = self.process.poll()
         if code is None:
             return None
-        tail = _tail(self.stderr_path)
-        return _describe_exit(code) + (f"; stderr: {tail}" if tail else "")
+        return _describe_exit(code), _tail(self.stderr_path, 3)
+
+    def exit_description(self) -> str | None:
+        ended = self.ended()
+        if ended is None:
+            return None
+        how, tail = ended
+        return how + (f"; last stderr: {tail}" if tail else "")
 
     def failure(self, code: str, detail: str) -> StageFailed:
         return StageFailed(self.index, self.layers, code, detail)
@@ -282,7 +288,7 @@ def launch(
             stage.address = _wait_listening(stage, until, start_timeout)
             stage.client = StageClient(
                 stage.address, stubs.pb2, stubs.pb2_grpc, stage=stage.index, layers=stage.layers,
-                deadline=call_deadline, liveness=(lambda s=stage: s.exit_description()),
+                deadline=call_deadline, liveness=stage.ended,
             )
         for stage in pipeline.stages:
             _wait_healthy(stage, until, start_timeout)
