@@ -35,6 +35,9 @@ class Faults:
     status_times: int = 0  # ... this many times
     delay_per_block: float = 0.0  # seconds to sleep per 64 KiB block (slow origin)
     stall_s: float = 0.0  # seconds to sit silent after the headers (a stalled origin)
+    pause_after: int | None = None  # once this many body bytes are out, sit silent for pause_s ...
+    pause_s: float = 0.0
+    resume: threading.Event = field(default_factory=threading.Event)  # ... or until this is set
     no_etag: bool = False
 
 
@@ -184,7 +187,8 @@ class FaultServer:
         if f.stall_s:
             h.wfile.flush()
             time.sleep(f.stall_s)
-        sent = self._send_body(h, src, start, end, limit, flip, f.delay_per_block)
+        pause = (f.pause_after, f.pause_s) if f.pause_after is not None else None
+        sent = self._send_body(h, src, start, end, limit, flip, f.delay_per_block, pause)
         if limit is None and extra:
             h.wfile.write(extra)
             sent += len(extra)
@@ -200,9 +204,10 @@ class FaultServer:
         limit: int | None,
         flip: int | None,
         delay: float,
+        pause: tuple[int, float] | None = None,
     ) -> int:
         stop = end if limit is None else min(end, start + limit)
-        if isinstance(src, Path) and flip is None and not delay:
+        if isinstance(src, Path) and flip is None and not delay and pause is None:
             h.wfile.flush()
             with open(src, "rb") as fh:
                 sent = 0
@@ -222,6 +227,10 @@ class FaultServer:
                     piece[flip - pos] ^= 1
                 h.wfile.write(piece)
                 sent += len(piece)
+                if pause is not None and sent >= pause[0]:
+                    h.wfile.flush()
+                    self.faults.resume.wait(pause[1])
+                    pause = None
                 if delay:
                     h.wfile.flush()
                     time.sleep(delay)

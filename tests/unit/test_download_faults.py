@@ -301,7 +301,8 @@ provision(Context.from_env(), "web", store=sys.argv[1], manifests=Path(sys.argv[
 
 
 def test_case9_kill_minus_9_mid_chunk_resumes_and_final_name_never_exists(served: Served) -> None:
-    served.server.faults.delay_per_block = 0.02  # ~3 MiB/s: the child is killed mid-file
+    # Three chunks, then the origin goes quiet mid-file: the child is killed while it waits for more.
+    served.server.faults.pause_after, served.server.faults.pause_s = 3 * CHUNK, 30.0
     env = {**served.ctx.env, "PYTHONPATH": str(PROJECT_ROOT)}
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(served.store), str(served.manifests)],
@@ -314,7 +315,7 @@ def test_case9_kill_minus_9_mid_chunk_resumes_and_final_name_never_exists(served
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert not served.final.exists()
-            if served.ledger.exists() and served.ledger_chunks() >= 2:
+            if served.ledger.exists() and served.ledger_chunks() >= 3:
                 break
             time.sleep(0.01)
         os.kill(child.pid, signal.SIGKILL)
@@ -323,8 +324,9 @@ def test_case9_kill_minus_9_mid_chunk_resumes_and_final_name_never_exists(served
     assert child.returncode == -signal.SIGKILL
     assert not served.final.exists() and served.part.exists()
     verified = served.ledger_chunks()
-    assert 2 <= verified < 6
-    served.server.faults.delay_per_block = 0.0
+    assert verified == 3
+    served.server.faults.pause_after = None
+    served.server.faults.resume.set()
     served.server.reset_log()
     done = served.run()
     assert served.final.read_bytes() == served.blob
