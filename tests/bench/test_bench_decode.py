@@ -12,6 +12,7 @@ figures are medians over every sample.  Run: ``nox -s bench`` or ``pytest tests/
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -25,7 +26,8 @@ real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny
 stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
 THREADS = shared.THREADS
 
-pytestmark = pytest.mark.slow
+# The first test of a fresh checkout builds the CPU lane inside its fixture: allow for that.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 N_GEN = 64
 REPETITIONS = 5
@@ -65,11 +67,12 @@ def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, work
     figures = {
         "threads": THREADS, "n_gen": N_GEN, "worker_decode_tok_s_median": float(np.median(ours)),
         "llama_bench_tg_tok_s_median": float(np.median(theirs)), "ratio": ratio,
-        "worker_samples": ours, "llama_bench_samples": theirs,
+        "worker_samples": ours, "llama_bench_samples": theirs, "load_average": list(os.getloadavg()),
     }
     benchmark.extra_info.update(figures)
     print(f"\n[bench] monolithic worker decode {np.median(ours):.1f} tok/s vs llama-bench tg{N_GEN} "
-          f"{np.median(theirs):.1f} tok/s at {THREADS} threads: {ratio:.3f}x (goal >= {GOAL})")
+          f"{np.median(theirs):.1f} tok/s at {THREADS} threads: {ratio:.3f}x (goal >= {GOAL}); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     assert ratio >= GOAL, figures
 
 

@@ -17,7 +17,8 @@ from certify import drive
 from tests.integration.conftest import our_workers, proc_alive
 from worker.launcher import launch
 
-pytestmark = pytest.mark.slow
+# The first test of a fresh checkout builds the CPU lane inside its fixture: allow for that.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
