@@ -73,6 +73,7 @@ def test_staged_equals_monolithic(name, reference, worker_command, stubs, worker
     with launch(worker_command, placement, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         trace = drive.run_placement(p.clients, prompts, N_DECODE)
         pids = p.pids
+    assert [s.process.returncode for s in p.stages] == [0] * len(placement), "clean exit on SIGTERM"
     assert trace.cuts == tuple(b for b, _ in placement[1:])
     pairs = list(zip(trace.prompts, ref.prompts, strict=True))
     logit_diff = max(float(np.abs(g.logits - r.logits).max()) for g, r in pairs)
