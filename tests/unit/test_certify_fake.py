@@ -81,3 +81,18 @@ def test_stage_fault_ends_the_run_without_a_certificate(tmp_path: Path, fault: s
     assert list(runs[0].rglob("stage-1-layers-6-12.stderr"))
     pids = _pids(runs[0])
     assert pids and not any(running(p) for p in pids)
+
+
+def test_scenarios_this_certifier_cannot_run_are_skipped_not_faked(tmp_path: Path) -> None:
+    doc = small_recipe_doc()
+    doc["placements"]["two-wan"] = {
+        "stages": [[0, 6], [6, 12]],
+        "seams": [{"delay_ms": 20, "rate_mbit": 1000}],
+    }
+    w = certify_fake(tmp_path, doc)
+    ctx = fake_context(tmp_path)
+    pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
+    skipped = [r for r in pred["results"] if r["status"] == "SKIPPED"]
+    assert [r["name"] for r in skipped] == ["placement/two-wan"] and "netem" in skipped[0]["reason"]
+    assert "two-wan" not in {p["name"] for p in pred["figures"]["placements"]}
+    assert "SKIPPED" in w.html.read_text()
