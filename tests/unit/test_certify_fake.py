@@ -96,3 +96,26 @@ def test_scenarios_this_certifier_cannot_run_are_skipped_not_faked(tmp_path: Pat
     assert [r["name"] for r in skipped] == ["placement/two-wan"] and "netem" in skipped[0]["reason"]
     assert "two-wan" not in {p["name"] for p in pred["figures"]["placements"]}
     assert "SKIPPED" in w.html.read_text()
+
+
+def test_cross_lane_parity_uses_the_cpu_reference(tmp_path: Path) -> None:
+    import dataclasses
+
+    from certify.run import run_certification
+    from tests.unit.certify_fixtures import fake_prepared, recipe_from
+
+    doc = small_recipe_doc()
+    doc["hardware_classes"][2]["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01}
+    recipe = recipe_from(tmp_path, doc)
+    prepared = fake_prepared(tmp_path)
+    prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)
+    w = run_certification(fake_context(tmp_path), recipe, "vulkan", prepared)
+    assert w.verdict.passed, w.verdict.reasons
+    ctx = fake_context(tmp_path)
+    pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
+    assert pred["recipe"]["hardware_class"] == "vulkan-software"
+    assert pred["figures"]["reference"] == {"placement": "mono", "lane": "cpu"}
+    roles = {(p["name"], p["lane"], p["role"]) for p in pred["figures"]["placements"]}
+    assert ("mono", "cpu", "reference-cross-lane") in roles and ("mono", "vulkan", "under test") in roles
+    names = {r["name"] for r in pred["results"]}
+    assert {"parity/mono", "speed/mono", "parity/two-middle"} <= names
