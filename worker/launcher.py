@@ -123,6 +123,7 @@ class Stage:
     process: subprocess.Popen[bytes]
     stdout_path: Path
     stderr_path: Path
+    stdout_offset: int = 0  # the evidence files append: a reused folder keeps older runs' lines
     address: str | None = None
     client: StageClient | None = None
 
@@ -215,17 +216,20 @@ def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Pa
     # Output goes to files, not pipes: nobody has to drain them, and they are the evidence.
     # A session of its own keeps a terminal's Ctrl-C away from workers: we stop them ourselves.
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        offset = out.tell()
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                    env=dict(env), start_new_session=True)
     _LIVE.add(process)
     return Stage(index=index, layers=layers, argv=argv, process=process, stdout_path=out_path,
-                 stderr_path=err_path)
+                 stderr_path=err_path, stdout_offset=offset)
 
 
 def _wait_listening(stage: Stage, until: float, timeout: float) -> str:
     while True:
         try:
-            found = LISTENING.search(stage.stdout_path.read_text("utf-8", "replace"))
+            with open(stage.stdout_path, "rb") as fh:
+                fh.seek(stage.stdout_offset)
+                found = LISTENING.search(fh.read().decode("utf-8", "replace"))
         except OSError:
             found = None
         if found:

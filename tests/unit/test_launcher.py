@@ -44,6 +44,15 @@ def test_starts_every_stage_and_stops_them_all(stubs, tmp_path: Path) -> None:
     assert '"returncode"' in record and "--layers" in record
 
 
+def test_reused_evidence_folder_finds_the_new_address(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, [(0, 12)]):
+        pass
+    # Before the fix the first run's (dead) address was found again and Health timed out.
+    with _launch(stubs, tmp_path, [(0, 12)], start_timeout=10) as second:
+        assert second.clients[0].health()[0]
+    assert (tmp_path / "evidence" / "stage-0-layers-0-12.stdout").read_text().count("LISTENING") == 2
+
+
 @pytest.mark.parametrize("error", [RuntimeError("gate blew up"), KeyboardInterrupt()])
 def test_workers_stopped_when_the_body_raises(stubs, tmp_path: Path, error: BaseException) -> None:
     seen: list[int] = []
