@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,13 +145,22 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
     assert live_workers(str(run_dir)) == []
 
 
-def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path) -> None:
+@pytest.fixture
+def tight_reports():
+    """The tightened recipe is a test's own: its signed FAILs do not stay in the project's index."""
+    where = WS.reports / "tiny-llama-tight"
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_reports: Path) -> None:
     recipe = small_recipe(tmp_path, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
     done = dgr("certify", "--recipe-file", str(recipe))
     assert done.returncode == 5, done.stdout + done.stderr
     assert "verdict: FAIL" in done.stdout
     assert "decode tok/s (median)" in done.stderr and "limit >= 1.000e+09" in done.stderr
     paths = paths_from(done.stdout)
+    assert paths["certificate"].parent.parent.parent == tight_reports
     check = dgr("verify", str(paths["certificate"]))
     assert check.returncode == 0 and "verdict FAIL" in check.stdout, check.stdout + check.stderr
     # The same recipe through DGR_RECIPES_DIR, by name.
