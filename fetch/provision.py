@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def provision(
             records.files[spec.files[i].name] = run.one(i, spec.files[i], dests[i], reverify=reverify)
             records.set_checked = False
             ledger.write_sidecar(vdir, aset.digest, records)
-        headers = [gguf_header.read_header(d) for d in dests]
+        headers = [run.headers.get(i) or gguf_header.read_header(d) for i, d in enumerate(dests)]
         gguf_header.check_set(headers, spec.gguf)
         records.set_checked = True
         ledger.write_sidecar(vdir, aset.digest, records)
@@ -177,6 +177,7 @@ class _Run:
     bytes_fetched: int = 0
     bytes_hashed: int = 0
     _generated: Path | None = None
+    headers: dict[int, gguf_header.Header] = field(default_factory=dict)
 
     def one(self, index: int, entry: ArtifactFile, dest: Path, *, reverify: bool) -> dict[str, Any]:
         with file_lock(dest, wait_s=self.lock_wait_s):
@@ -204,6 +205,7 @@ class _Run:
 
     def _check_header(self, path: Path, index: int, fd: int | None = None) -> None:
         header = gguf_header.read_header(path, fd=fd)
+        self.headers[index] = header  # the set-level check reuses it
         gguf_header.check_file(header, index, len(self.spec.files), self.spec.gguf)
 
     def _fill(self, entry: ArtifactFile, dest: Path) -> None:
@@ -252,7 +254,7 @@ class _Run:
                     f"got {actual}; not published",
                     hint="the manifest's chunk and file digests disagree; re-seal it",
                 )
-            self._check_header(partial.path, self.spec.files.index(entry), fd=partial.fd)
+            self._check_header(dest, self.spec.files.index(entry), fd=partial.fd)
             if not publish(partial.path, dest, partial.fd) and not self._hash_ok(dest, entry):
                 raise IntegrityError(f"{dest}: another run published a file that does not match the manifest")
             partial.discard_ledger()

@@ -30,6 +30,7 @@ from certify.errors import ConfigurationError, IntegrityError
 
 GENERATOR = "tinymodel"
 DEFAULTS: dict[str, Any] = {
+    "architecture": "llama",
     "seed": 20260101,
     "n_layer": 12,
     "n_embd": 256,
@@ -111,6 +112,10 @@ def _copy_tokenizer(gguf: Any, writer: Any, vocab: Path) -> int:
 
 def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
     """Write the variant's split files into ``out_dir`` (which must exist and be empty of them)."""
+    if params.get("architecture", "llama") == "deepseek4":
+        from fetch import tinymodel_v4  # the synthetic DeepSeek-V4 shares this origin kind
+
+        return tinymodel_v4.generate(out_dir, params, variant, tree=tree)
     gguf = import_gguf(tree)
     p = {**DEFAULTS, **params}
     unknown = sorted(set(p) - set(DEFAULTS))
