@@ -187,7 +187,9 @@ def _forward_all(
         if sorted(reply.captures) != sorted(mine):
             raise stage.failure("BAD_REPLY", f"asked to capture layers {mine}, got {sorted(reply.captures)}")
         for il, arr in reply.captures.items():
-            if arr.shape != (n, width):
+            # A capture is n_embd wide (DeepSeek-V4: the mean of its hc residual copies); a boundary
+            # may be wider (hc_mult * n_embd), so the two compare directly only on dense models.
+            if arr.shape != (n, info.n_embd):
                 raise stage.failure("BAD_REPLY", f"capture of layer {il} has shape {list(arr.shape)}")
             captures[il] = arr
         if info.last_stage:
