@@ -112,7 +112,9 @@ def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
         raise ValueError(
             f"{what} is {dtype_name} {list(shape)} ({expected} bytes) but carries {len(data)} bytes"
         )
-    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(np.float32)
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    # f32 stays a read-only view of the reply's bytes (a decode step's logits are not copied twice).
+    return array if dtype_name == "f32" else array.astype(np.float32)
 
 
 class StageClient:
