@@ -5,6 +5,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -60,7 +61,10 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     in.n_ctx           = opts.n_ctx;
     in.n_batch         = opts.n_batch;
     in.n_threads       = opts.n_threads;
-    in.needs_token_sideband = false;  // dense architectures: the boundary carries everything
+    // hash-routed MoE layers (DeepSeek-V4: the first <arch>.hash_layer_count layers) pick their experts from
+    // the token id, so a later stage owning one needs the ids next to the boundary; dense models never do
+    const std::string hash_layers = meta_str(model_, (in.architecture + ".hash_layer_count").c_str());
+    in.needs_token_sideband = !in.first_stage && !hash_layers.empty() && in.layer_begin < std::stoi(hash_layers);
 
     if (in.last_stage && !in.has_output_head) {
         throw std::runtime_error("the last stage loaded no output head (model without output.weight?)");
@@ -201,6 +205,16 @@ void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
             throw StageError(Kind::InvalidArgument, "token sideband has " + std::to_string(a.tokens.size()) +
                              " ids for " + std::to_string(n_tokens) + " positions");
         }
+        if (in.needs_token_sideband && a.tokens.empty()) {
+            throw StageError(Kind::InvalidArgument, "stage starting at layer " + std::to_string(in.layer_begin) +
+                             " owns hash-routed layers: send the token ids (one per position) with the boundary");
+        }
+        for (int32_t t : a.tokens) {
+            if (t < 0 || t >= in.n_vocab) {
+                throw StageError(Kind::InvalidArgument, "sideband token id " + std::to_string(t) +
+                                 " outside the vocabulary [0, " + std::to_string(in.n_vocab) + ")");
+            }
+        }
     }
     for (int32_t l : a.capture_layers) {
         if (l < in.layer_begin || l >= in.layer_end) {
@@ -269,8 +283,12 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
     const bool want_all = a.all_logits;
     llama_batch batch = llama_batch_init(n_tokens, in.first_stage ? 0 : in.boundary_width, 1);
     batch.n_tokens = n_tokens;
+    if (in.needs_token_sideband) {
+        // llama_batch_init allocates no token array next to embd; llama_batch_free releases this one
+        batch.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * (size_t) n_tokens));
+    }
     for (int32_t i = 0; i < n_tokens; ++i) {
-        if (in.first_stage) {
+        if (in.first_stage || in.needs_token_sideband) {
             batch.token[i] = a.tokens[i];
         }
         batch.pos[i]       = a.positions[i];

@@ -1,0 +1,224 @@
+"""The synthetic DeepSeek-V4 (``deepseek4``): tiny dims, the real architecture, written as split GGUF files.
+
+CI cannot hold V4 Flash (about 160 GiB), so the V4 data path is certified on this model instead. It has
+every tensor and metadata key the pinned loader requires for ``deepseek4`` (``src/models/deepseek4.cpp``
+``load_arch_hparams``/``load_arch_tensors``): hyper-connections (``hc_mult`` 4 copies of the residual,
+Sinkhorn-mixed), the first ``hash_layer_count`` layers routed by a token-id -> expert table
+(``ffn_gate_tid2eid``), the others by score + bias, routed + shared experts, grouped low-rank output
+projection, and a per-layer compression ratio (0: sliding window only; 4: compressed KV + lightning
+indexer; 128: heavily compressed KV). MTP is not written (``nextn_predict_layers`` absent).
+
+Set ``tiny-v4`` (``manifests/artifacts/tiny-v4.json``) names this generator through the ``tinymodel``
+origin with ``architecture: deepseek4`` (``fetch.tinymodel.generate`` dispatches here). Determinism is
+tiny-llama's: PCG64 raw stream -> float64 -> one float32 rounding, norms exactly 1, the pinned gguf-py
+writer (insertion order, no time/host/path), the tokenizer copied from the pinned tree's vocab file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from certify.errors import ConfigurationError, IntegrityError
+from fetch.tinymodel import _copy_tokenizer, _Weights, import_gguf
+
+ARCH = "deepseek4"
+HC_MULT = 4  # the pinned graph asserts hc == 4 (build_hc_pre)
+DEFAULTS: dict[str, Any] = {
+    "architecture": ARCH,
+    "seed": 20260407,
+    "n_layer": 12,
+    "n_embd": 64,
+    "n_head": 4,
+    "head_dim": 128,  # != indexer_head_dim, as in V4 (512 vs 128): only the indexer cache is Hadamard-rotated
+    "rope_dim": 64,
+    "q_lora_rank": 32,
+    "o_groups": 2,
+    "o_lora_rank": 16,
+    "n_expert": 8,
+    "n_expert_used": 2,
+    "n_expert_shared": 1,
+    "n_ff_exp": 32,
+    "hash_layer_count": 3,
+    # per layer: 0 = sliding window only, 4 = compressed KV + lightning indexer, 128 = heavy compression
+    "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0],
+    "indexer_n_head": 2,
+    "indexer_head_dim": 64,
+    "indexer_top_k": 4,
+    "sliding_window": 16,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "expert_weights_scale": 1.5,
+    "swiglu_clamp": 10.0,
+    "n_ctx": 512,
+    "splits": 3,
+    "init_std": 0.05,
+    "rms_eps": 1e-6,
+    "rope_freq_base": 10000.0,
+    "compress_rope_freq_base": 160000.0,
+    "vocab": "models/ggml-vocab-llama-spm.gguf",
+    "name": "dgr-tiny-v4",
+    "ftype": "f32",
+}
+FTYPES = {"f32": 0}
+
+
+def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
+    p = {**DEFAULTS, **params}
+    n = int(p["splits"])
+    stem = f"tiny-v4-{variant}"
+    return [f"{stem}-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)] if n > 1 else [f"{stem}.gguf"]
+
+
+def _check(p: Mapping[str, Any]) -> None:
+    unknown = sorted(set(p) - set(DEFAULTS))
+    if unknown:
+        raise ConfigurationError(f"tinymodel_v4: unknown parameter(s) {', '.join(unknown)}")
+    if str(p["ftype"]) not in FTYPES:
+        raise ConfigurationError(f"tinymodel_v4: ftype {p['ftype']!r} is not one of {', '.join(FTYPES)}")
+    n_layer = int(p["n_layer"])
+    ratios = [int(r) for r in p["compress_ratios"]]
+    if len(ratios) != n_layer or any(r not in (0, 4, 128) for r in ratios):
+        raise ConfigurationError("tinymodel_v4: compress_ratios needs one of 0, 4, 128 per layer")
+    if not 0 < int(p["hash_layer_count"]) < n_layer:
+        raise ConfigurationError("tinymodel_v4: hash_layer_count must leave score-routed layers after it")
+    if int(p["n_head"]) % int(p["o_groups"]) or int(p["rope_dim"]) > int(p["head_dim"]):
+        raise ConfigurationError("tinymodel_v4: n_head must divide by o_groups and rope_dim fit head_dim")
+
+
+def _tensor_count(p: Mapping[str, Any]) -> int:
+    n = 1 + 2 + 3  # token_embd; output_norm, output; output_hc_{fn,base,scale}
+    for ratio in (int(r) for r in p["compress_ratios"]):
+        # attention 9, hyper-connections 6, MoE 9 (router, hash table or bias, norm, 3 routed, 3 shared)
+        n += 9 + 6 + 9 + (4 if ratio else 0) + (6 if ratio == 4 else 0)
+    return n
+
+
+def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
+    """Write the variant's split files into ``out_dir``; returns their paths in split order."""
+    gguf = import_gguf(tree)
+    p = {**DEFAULTS, **params}
+    _check(p)
+    n_layer, n_embd, n_head, hd, n_rot = (int(p[k]) for k in ("n_layer", "n_embd", "n_head", "head_dim", "rope_dim"))
+    n_expert, n_used, n_shared, n_ff = (int(p[k]) for k in ("n_expert", "n_expert_used", "n_expert_shared", "n_ff_exp"))
+    q_rank, o_groups, o_rank = int(p["q_lora_rank"]), int(p["o_groups"]), int(p["o_lora_rank"])
+    ix_heads, ix_dim = int(p["indexer_n_head"]), int(p["indexer_head_dim"])
+    hash_layers = int(p["hash_layer_count"])
+    ratios = [int(r) for r in p["compress_ratios"]]
+    splits = int(p["splits"])
+    per_file = -(-_tensor_count(p) // splits)
+    stem = f"tiny-v4-{variant}"
+
+    w = gguf.GGUFWriter(out_dir / f"{stem}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0)
+    w.add_name(str(p["name"]))
+    w.add_context_length(int(p["n_ctx"]))
+    w.add_embedding_length(n_embd)
+    w.add_embedding_length_out(n_embd * HC_MULT)
+    w.add_block_count(n_layer)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(1)  # one shared KV head (MQA), as in V4
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(n_rot)
+    w.add_rope_freq_base(float(p["rope_freq_base"]))
+    w.add_layer_norm_rms_eps(float(p["rms_eps"]))
+    w.add_q_lora_rank(q_rank)
+    w.add_sliding_window(int(p["sliding_window"]))
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_shared_count(n_shared)
+    w.add_expert_feed_forward_length(n_ff)
+    w.add_expert_weights_scale(float(p["expert_weights_scale"]))
+    w.add_expert_weights_norm(True)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SQRTSOFTPLUS)
+    w.add_swiglu_clamp_exp([float(p["swiglu_clamp"])] * n_layer)
+    w.add_swiglu_clamp_shexp([float(p["swiglu_clamp"])] * n_layer)
+    w.add_indexer_head_count(ix_heads)
+    w.add_indexer_key_length(ix_dim)
+    w.add_indexer_top_k(int(p["indexer_top_k"]))
+    w.add_attention_output_group_count(o_groups)
+    w.add_attention_output_lora_rank(o_rank)
+    w.add_attention_compress_ratios(ratios)
+    w.add_attention_compress_rope_freq_base(float(p["compress_rope_freq_base"]))
+    w.add_hyper_connection_count(HC_MULT)
+    w.add_hyper_connection_sinkhorn_iterations(int(p["hc_sinkhorn_iters"]))
+    w.add_hyper_connection_epsilon(float(p["hc_eps"]))
+    w.add_hash_layer_count(hash_layers)
+    w.add_file_type(FTYPES[str(p["ftype"])])
+    n_vocab = _copy_tokenizer(gguf, w, tree / str(p["vocab"]))
+    w.add_vocab_size(n_vocab)
+
+    rng = _Weights(int(p["seed"]))
+    std = float(p["init_std"])
+
+    def add(name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
+        # numpy shape = ggml ne reversed
+        w.add_tensor(name, np.ones(shape, dtype=np.float32) if norm else rng.uniform(shape, std))
+
+    hc_dim, hc_mix = HC_MULT * n_embd, (2 + HC_MULT) * HC_MULT
+    add("token_embd.weight", (n_vocab, n_embd))
+    add("output_norm.weight", (n_embd,), norm=True)
+    add("output.weight", (n_vocab, n_embd))
+    add("output_hc_fn.weight", (HC_MULT, hc_dim))
+    add("output_hc_base.weight", (HC_MULT,))
+    add("output_hc_scale.weight", (1,))
+    for i, ratio in enumerate(ratios):
+        b = f"blk.{i}"
+        add(f"{b}.attn_norm.weight", (n_embd,), norm=True)
+        add(f"{b}.attn_sinks.weight", (n_head,))
+        add(f"{b}.attn_q_a.weight", (q_rank, n_embd))
+        add(f"{b}.attn_q_a_norm.weight", (q_rank,), norm=True)
+        add(f"{b}.attn_q_b.weight", (n_head * hd, q_rank))
+        add(f"{b}.attn_kv.weight", (hd, n_embd))
+        add(f"{b}.attn_kv_a_norm.weight", (hd,), norm=True)
+        add(f"{b}.attn_output_a.weight", (o_rank * o_groups, n_head * hd // o_groups))  # file layout of the converter
+        add(f"{b}.attn_output_b.weight", (n_embd, o_groups * o_rank))
+        for part in ("attn", "ffn"):
+            add(f"{b}.hc_{part}_fn.weight", (hc_mix, hc_dim))
+            add(f"{b}.hc_{part}_base.weight", (hc_mix,))
+            add(f"{b}.hc_{part}_scale.weight", (3,))
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            add(f"{b}.attn_compressor_kv.weight", (coff * hd, n_embd))
+            add(f"{b}.attn_compressor_gate.weight", (coff * hd, n_embd))
+            add(f"{b}.attn_compressor_ape.weight", (ratio, coff * hd))
+            add(f"{b}.attn_compressor_norm.weight", (hd,), norm=True)
+        if ratio == 4:
+            add(f"{b}.indexer.proj.weight", (ix_heads, n_embd))
+            add(f"{b}.indexer.attn_q_b.weight", (ix_heads * ix_dim, q_rank))
+            add(f"{b}.indexer_compressor_kv.weight", (2 * ix_dim, n_embd))
+            add(f"{b}.indexer_compressor_gate.weight", (2 * ix_dim, n_embd))
+            add(f"{b}.indexer_compressor_ape.weight", (ratio, 2 * ix_dim))
+            add(f"{b}.indexer_compressor_norm.weight", (ix_dim,), norm=True)
+        add(f"{b}.ffn_gate_inp.weight", (n_expert, n_embd))
+        if i < hash_layers:
+            w.add_tensor(f"{b}.ffn_gate_tid2eid.weight", _hash_table(rng, n_vocab, n_expert, n_used))
+        else:
+            add(f"{b}.exp_probs_b.bias", (n_expert,))
+        add(f"{b}.ffn_norm.weight", (n_embd,), norm=True)
+        add(f"{b}.ffn_gate_exps.weight", (n_expert, n_ff, n_embd))
+        add(f"{b}.ffn_down_exps.weight", (n_expert, n_embd, n_ff))
+        add(f"{b}.ffn_up_exps.weight", (n_expert, n_ff, n_embd))
+        add(f"{b}.ffn_gate_shexp.weight", (n_ff * n_shared, n_embd))
+        add(f"{b}.ffn_down_shexp.weight", (n_embd, n_ff * n_shared))
+        add(f"{b}.ffn_up_shexp.weight", (n_ff * n_shared, n_embd))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    paths = [out_dir / n for n in file_names(p, variant)]
+    for path in paths:
+        if not path.is_file():
+            raise IntegrityError(f"tinymodel_v4: the writer did not produce {path.name}")
+    return paths
+
+
+def _hash_table(rng: _Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:
+    """token id -> ``n_used`` distinct experts (I32 [n_vocab, n_used]): a random permutation's head per token."""
+    keys = rng.bits.random_raw(n_vocab * n_expert).astype(np.uint64).reshape(n_vocab, n_expert)
+    order = np.argsort(keys, axis=1, kind="stable")
+    return np.ascontiguousarray(order[:, :n_used].astype(np.int32))
