@@ -158,6 +158,17 @@ def _ctx_size(recipe: Recipe, prompt_chars: int) -> int:
     return max(256, -(-need // 256) * 256)
 
 
+def worker_threads(env: Mapping[str, str], cores: int) -> int:
+    """Threads per worker: every core by default (stages of one box compute one at a time);
+    ``DGR_WORKER_THREADS`` overrides (a shared or oversubscribed machine)."""
+    raw = env.get("DGR_WORKER_THREADS", "").strip()
+    if not raw:
+        return cores
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(f"DGR_WORKER_THREADS={raw!r} is not a positive integer")
+    return int(raw)
+
+
 def run_certification(
     ctx: Context,
     recipe: Recipe,
@@ -196,12 +207,13 @@ def run_certification(
         },
     )
     ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
+    threads = worker_threads(ctx.env, int(fp["cpu_cores"]))
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
         return WorkerCommand(
             program=program,
             model=prepared.model,
-            threads=int(fp["cpu_cores"]),
+            threads=threads,
             ctx_size=ctx_size,
             identity=evidence / "identity.json",
             lane=worker_lane,
