@@ -112,8 +112,13 @@ def ensure_build(
     """
     lane = base.get(lane_name)
     options = options or base.BuildOptions.from_env(ctx.env)
-    probe = lane.probe(ctx.env).require()
-    lane.cmake_args(options)  # a bad option is a usage error before any fetch or patch work
+    lane.cmake_args(options)  # a bad option is a usage error before any download, fetch or patch work
+    probe = lane.probe(ctx.env)
+    provision = getattr(lane, "provision", None)
+    if not probe.usable and provision is not None:
+        # The lane installs what it pins itself (a cuBLAS wheel, Vulkan headers) into the workspace.
+        probe = provision(ctx.workspace, ctx.env, probe)
+    probe.require()
     if not (project / "CMakeLists.txt").is_file():
         raise ConfigurationError(f"{project}/CMakeLists.txt is missing: nothing to build")
     from patches.stack import ensure_patched  # the patch stage's own no-op check is fast
@@ -161,6 +166,9 @@ def build_tree(
         env = _environment(ctx, lane, probe, tree)
         source = _source_link(where, tree.path)
         located = [*args, *cmake.location_args(host, llama_source=source)]
+        lane_locations = getattr(lane, "location_args", None)
+        if lane_locations is not None:
+            located += lane_locations(probe, host)
         t0 = time.monotonic()
         cmake.configure(
             host,

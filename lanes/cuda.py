@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from certify.errors import ConfigurationError
-from lanes import cmake
+from certify.workspace import Workspace
+from lanes import cmake, toolchains
 from lanes.base import (
     BuildOptions,
     Status,
@@ -41,6 +42,8 @@ CUBLAS_INSTALL = (
     "install the toolkit's cuBLAS (NVIDIA's libcublas-dev package), or `pip install nvidia-cublas` and set "
     "DGR_CUBLAS_ROOT=<site-packages>/nvidia/cu13"
 )
+# Pinned cuBLAS wheels the lane provisions itself, by the toolkit's major version (manifests/toolchains).
+CUBLAS_TOOLCHAINS: dict[int, str] = {13: "cublas-cu13"}
 
 _ARCH = re.compile(r"^\d{2,3}[af]?(-real|-virtual)?$")
 
@@ -104,8 +107,13 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         )
     bindir = _toolkit_bin(nvcc, env)
     root = Path(bindir).parent
-    include, lib = _cublas(root, env)
+    include, lib = _cublas(root, env, version)
     if include is None or lib is None:
+        pin = _cublas_pin(version)
+        offer = (
+            f"`dgr build --lane cuda` provisions the pinned {pin.files[0].package}=={pin.version} into "
+            "the workspace; or " if pin is not None else ""
+        )
         return ToolchainProbe(
             lane=name,
             status=Status.MISSING,
@@ -114,7 +122,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             path=nvcc,
             minimum=minimum,
             reason=f"toolchain not found: cuBLAS (cublas_v2.h, libcublas) for the CUDA {text} toolkit "
-            f"at {root}: {CUBLAS_INSTALL}",
+            f"at {root}: {offer}{CUBLAS_INSTALL}",
         )
     driver = _driver(root)
     found = ToolchainProbe(
@@ -124,7 +132,8 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         version=text,
         path=nvcc,
         minimum=minimum,
-        versions={"nvcc": text},  # type: ignore[dict-item]
+        # nvcc and cuBLAS versions shape the binaries (the key); where they live does not.
+        versions={"nvcc": text, "cublas": _cublas_version(include)},  # type: ignore[dict-item]
         locations={
             "nvcc": str(Path(bindir) / "nvcc"),
             "cuda_root": str(root),
@@ -136,14 +145,36 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
     return cmake.merge(found, cmake.probe_host(env, cmake_minimum=CMAKE_MINIMUM))
 
 
-def _prefixes(root: Path, env: Mapping[str, str]) -> list[Path]:
+def _cublas_pin(version: tuple[int, ...] | None) -> toolchains.Toolchain | None:
+    """The pinned cuBLAS wheel for this toolkit's major version, if the project has one."""
+    pin = CUBLAS_TOOLCHAINS.get(version[0]) if version else None
+    return toolchains.load(pin) if pin else None
+
+
+def _prefixes(root: Path, env: Mapping[str, str], version: tuple[int, ...] | None) -> list[Path]:
     extra = [Path(env["DGR_CUBLAS_ROOT"])] if env.get("DGR_CUBLAS_ROOT", "").strip() else []
-    return [*extra, root, *sorted(root.glob("targets/*"))]
+    pin = _cublas_pin(version)
+    provisioned = toolchains.installed(toolchains.workspace(env), pin) if pin is not None else None
+    # An explicit DGR_CUBLAS_ROOT first, then the toolkit's own, then the one this lane provisioned.
+    return [*extra, root, *sorted(root.glob("targets/*")), *([provisioned] if provisioned else [])]
 
 
-def _cublas(root: Path, env: Mapping[str, str]) -> tuple[Path | None, Path | None]:
-    """cuBLAS headers and library: in the toolkit, or under DGR_CUBLAS_ROOT (a wheel's nvidia/cu13)."""
-    prefixes = _prefixes(root, env)
+def _cublas_version(include: Path) -> str:
+    """CUBLAS_VER_MAJOR.MINOR.PATCH.BUILD from cublas_api.h ("unknown" when the header hides it)."""
+    try:
+        text = (include / "cublas_api.h").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    fields = ("MAJOR", "MINOR", "PATCH", "BUILD")
+    parts = [re.search(rf"#define\s+CUBLAS_VER_{p}\s+(\d+)", text) for p in fields]
+    return ".".join(m.group(1) for m in parts if m) or "unknown"
+
+
+def _cublas(
+    root: Path, env: Mapping[str, str], version: tuple[int, ...] | None = None
+) -> tuple[Path | None, Path | None]:
+    """cuBLAS headers and library: DGR_CUBLAS_ROOT, the toolkit, or the workspace's pinned wheel."""
+    prefixes = _prefixes(root, env, version)
     include = next((p / "include" for p in prefixes if (p / "include" / "cublas_v2.h").is_file()), None)
     libs = (p / d for p in prefixes for d in ("lib64", "lib"))
     lib = next((d for d in libs if any(d.glob("libcublas.so*")) and any(d.glob("libcublasLt.so*"))), None)
@@ -175,6 +206,16 @@ def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> li
     if where.get("cuda_root") and not where.get("cuda_driver"):
         # No libcuda.so (driver or stub) to link: ggml's legacy memory pool instead of the VMM one.
         args.append(cmake.define("GGML_CUDA_NO_VMM", "ON"))
+    return args
+
+
+def location_args(probe: ToolchainProbe, host: cmake.HostTools) -> list[str]:
+    """Paths and launchers (not in the build key: the cuBLAS version is, through probe.versions)."""
+    args = []
+    if host.ccache:
+        # ccache understands nvcc: a rebuild of an unchanged .cu with the same flags is a cache hit.
+        args.append(cmake.define("CMAKE_CUDA_COMPILER_LAUNCHER", host.ccache))
+    where = probe.locations
     include, lib, root = where.get("cublas_include"), where.get("cublas_lib"), where.get("cuda_root")
     if include and lib and root and not Path(include).is_relative_to(root):
         # cuBLAS outside the toolkit (a package-index wheel): FindCUDAToolkit would not look there.
@@ -184,6 +225,20 @@ def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> li
             cmake.define("CMAKE_CUDA_FLAGS", f"-I{include}"),
         ]
     return args
+
+
+def provision(workspace: Workspace, env: Mapping[str, str], found: ToolchainProbe) -> ToolchainProbe:
+    """A toolkit without cuBLAS: install the pinned wheel into the workspace, then probe again.
+
+    Anything else missing (nvcc, cmake, a compiler) is the user's to install: the probe says what.
+    """
+    if found.status is not Status.MISSING or found.tool != "cuBLAS":
+        return found
+    pin = _cublas_pin(parse_version(found.version))
+    if pin is None:
+        return found
+    toolchains.ensure(workspace, env, pin)
+    return probe(env)
 
 
 def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Vulkan lane: glslc, the Vulkan headers + loader, SPIRV-Headers, and ggml's Vulkan backend.
 
 The pinned tree uses ``vk::LayerSettingEXT`` unconditionally (ggml-vulkan.cpp, instance creation),
-which the Vulkan headers only define from 1.3.272 (VK_EXT_layer_settings).  Debian 12 ships 1.3.239,
-so its libvulkan-dev is too old.  Hook for newer headers: set DGR_VULKAN_SDK (or VULKAN_SDK) to a
-prefix holding include/vulkan/, bin/glslc and share/cmake/SPIRV-Headers (a LunarG SDK, or Debian 13's
-libvulkan-dev/spirv-headers/glslc unpacked into one prefix); the probe looks there first and the
-build hands it to CMake as VULKAN_SDK, which FindVulkan and ggml-vulkan both honour.
+which the Vulkan headers only define from 1.3.272 (VK_EXT_layer_settings).  Debian 12 ships 1.3.239.
+Headers are only headers: when the system's are too old the lane provisions Debian 13's
+libvulkan-dev + spirv-headers (pinned in manifests/toolchains/vulkan-headers-debian13.json, verified
+by sha256) into the workspace, and keeps Debian 12's own glslc and loader (Debian 13's binaries need
+glibc 2.38).  A Vulkan SDK (DGR_VULKAN_SDK or VULKAN_SDK: include/vulkan/, bin/glslc,
+share/cmake/SPIRV-Headers) is looked at first and handed to CMake as VULKAN_SDK.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from lanes import cmake
+from certify.workspace import Workspace
+from lanes import cmake, toolchains
 from lanes.base import BuildOptions, Status, ToolchainProbe, first_line, tool_output, which
 
 name = "vulkan"
@@ -30,6 +32,18 @@ INSTALL = (
     "install Vulkan headers >= 1.3.272, glslc and SPIRV-Headers: Debian 13's libvulkan-dev glslc "
     "spirv-headers, or a Vulkan SDK with DGR_VULKAN_SDK=<prefix>"
 )
+# What a Debian 12 user installs from their own OS; the newer headers the lane provisions itself.
+SYSTEM_INSTALL = (
+    "apt-get install glslc libvulkan1 (Debian 12's are new enough; the lane provisions the headers)"
+)
+HEADERS_TOOLCHAIN = "vulkan-headers-debian13"
+LOADER_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
 
 
 def sdk_prefix(env: Mapping[str, str]) -> Path | None:
@@ -37,9 +51,43 @@ def sdk_prefix(env: Mapping[str, str]) -> Path | None:
     return Path(raw) if raw and raw.strip() else None
 
 
+def _provisioned(env: Mapping[str, str]) -> Path | None:
+    """The headers this lane provisioned into the workspace (None until `dgr build --lane vulkan`)."""
+    return toolchains.installed(toolchains.workspace(env), toolchains.load(HEADERS_TOOLCHAIN))
+
+
 def _prefixes(env: Mapping[str, str]) -> list[Path]:
     sdk = sdk_prefix(env)
-    return ([sdk] if sdk else []) + [Path(p) for p in SYSTEM_PREFIXES]
+    provisioned = _provisioned(env)
+    # An SDK first, then the system's own; the provisioned copy when the system's are too old.
+    system = [Path(p) for p in SYSTEM_PREFIXES]
+    return ([sdk] if sdk else []) + system + ([provisioned] if provisioned else [])
+
+
+def _headers_ok(include: Path) -> bool:
+    hv = header_version(include)
+    return hv is not None and hv >= MINIMUM_HEADER and has_layer_settings(include)
+
+
+def _loader(env: Mapping[str, str]) -> Path | None:
+    """The Vulkan loader to link (libvulkan.so.1 is enough: ggml-vulkan loads entry points itself)."""
+    sdk = sdk_prefix(env)
+    dirs = ([sdk / "lib"] if sdk else []) + [Path(d) for d in LOADER_DIRS]
+    names = ("libvulkan.so", "libvulkan.so.1")
+    return next((d / n for d in dirs for n in names if (d / n).exists()), None)
+
+
+SPIRV_CONFIG_DIRS = ("share/cmake/SPIRV-Headers*", "lib/cmake/SPIRV-Headers*", "lib/*/cmake/SPIRV-Headers*")
+
+
+def _spirv_dir(prefixes: list[Path]) -> Path | None:
+    """The directory holding SPIRVHeadersConfig.cmake / SPIRV-HeadersConfig.cmake."""
+    for prefix in prefixes:
+        for pattern in SPIRV_CONFIG_DIRS:
+            for hit in sorted(glob.glob(str(prefix / pattern))):
+                if glob.glob(f"{hit}/SPIRV-Headers*Config.cmake"):
+                    return Path(hit)
+    return None
 
 
 def header_version(include: Path) -> int | None:
@@ -66,17 +114,6 @@ def has_layer_settings(include: Path) -> bool:
     return False
 
 
-def _spirv_headers(prefix: Path) -> bool:
-    patterns = [
-        "share/cmake/SPIRV-Headers*",
-        "lib/cmake/SPIRV-Headers*",
-        "lib/*/cmake/SPIRV-Headers*",
-        "share/SPIRV-Headers*/cmake",
-        "share/spirv-headers*",
-    ]
-    return any(glob.glob(str(prefix / p)) for p in patterns)
-
-
 def _glslc(env: Mapping[str, str]) -> str | None:
     sdk = sdk_prefix(env)
     if sdk is not None and which(str(sdk / "bin" / "glslc"), env):
@@ -92,64 +129,113 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             status=Status.MISSING,
             tool="glslc",
             minimum=MINIMUM,
-            reason=f"toolchain not found: glslc ({INSTALL})",
+            reason=f"toolchain not found: glslc ({SYSTEM_INSTALL}; or {INSTALL})",
         )
     glslc_version = first_line(tool_output(glslc, ["--version"], env)) or "unknown"
-    include = next((p / "include" for p in _prefixes(env) if header_version(p / "include") is not None), None)
-    if include is None:
+    loader = _loader(env)
+    if loader is None:
         return ToolchainProbe(
             lane=name,
             status=Status.MISSING,
-            tool="vulkan headers",
+            tool="vulkan loader",
             path=glslc,
             minimum=MINIMUM,
-            reason=f"toolchain not found: vulkan/vulkan_core.h ({INSTALL})",
+            reason=f"toolchain not found: the Vulkan loader libvulkan.so.1 ({SYSTEM_INSTALL})",
         )
-    hv = header_version(include)
-    shown = f"1.x.{hv}"
-    if hv is None or hv < MINIMUM_HEADER or not has_layer_settings(include):
+    prefixes = _prefixes(env)
+    found_headers = [p / "include" for p in prefixes if header_version(p / "include") is not None]
+    include = next((i for i in found_headers if _headers_ok(i)), None)
+    if include is None:
+        newest = max(found_headers, key=lambda i: header_version(i) or 0, default=None)
+        hv = header_version(newest) if newest is not None else None
+        fix = f"`dgr build --lane vulkan` provisions Debian 13's into the workspace; or {INSTALL}"
         return ToolchainProbe(
             lane=name,
-            status=Status.TOO_OLD,
+            status=Status.MISSING if newest is None else Status.TOO_OLD,
             tool="vulkan headers",
-            version=shown,
-            path=str(include),
+            version=f"1.x.{hv}" if hv is not None else None,
+            path=str(newest) if newest is not None else None,
             minimum=MINIMUM,
-            reason=f"Vulkan headers in {include} (VK_HEADER_VERSION {hv}) lack vk::LayerSettingEXT, "
-            f"which the pinned tree needs: {INSTALL}",
+            reason=(
+                f"toolchain not found: vulkan/vulkan_core.h ({fix})"
+                if newest is None
+                else f"Vulkan headers in {newest} (VK_HEADER_VERSION {hv}) lack vk::LayerSettingEXT, "
+                f"which the pinned tree needs: {fix}"
+            ),
         )
+    hv = header_version(include)
     prefix = include.parent
-    if not any(_spirv_headers(p) for p in [prefix, *map(Path, SYSTEM_PREFIXES)]):
+    spirv = _spirv_dir([prefix, *prefixes])
+    if spirv is None:
         return ToolchainProbe(
             lane=name,
             status=Status.MISSING,
             tool="SPIRV-Headers",
             path=str(prefix),
             minimum=MINIMUM,
-            reason=f"toolchain not found: SPIRV-Headers CMake package ({INSTALL})",
+            reason=f"toolchain not found: SPIRV-Headers CMake package (`dgr build --lane vulkan` "
+            f"provisions Debian 13's spirv-headers; or {INSTALL})",
         )
     found = ToolchainProbe(
         lane=name,
         status=Status.OK,
         tool="vulkan headers",
-        version=shown,
+        version=f"1.x.{hv}",
         path=str(include),
         minimum=MINIMUM,
-        versions={"vulkan_headers": str(hv), "glslc": glslc_version},
-        locations={"vulkan_prefix": str(prefix), "glslc": glslc},
+        versions={"vulkan_headers": str(hv), "glslc": glslc_version, "spirv_headers": _spirv_version(spirv)},
+        locations={
+            "vulkan_prefix": str(prefix),
+            "vulkan_include": str(include),
+            "vulkan_loader": str(loader),
+            "spirv_headers_dir": str(spirv),
+            "glslc": glslc,
+        },
     )
     return cmake.merge(found, cmake.probe_host(env))
+
+
+def _spirv_version(config_dir: Path) -> str:
+    """PACKAGE_VERSION from SPIRV-Headers' ConfigVersion file (the build key's part)."""
+    for path in sorted(config_dir.glob("*ConfigVersion.cmake")):
+        m = re.search(r'set\(PACKAGE_VERSION\s+"([^"]+)"', path.read_text(encoding="utf-8", errors="replace"))
+        if m:
+            return m.group(1)
+    return "unknown"
+
+
+def provision(workspace: Workspace, env: Mapping[str, str], found: ToolchainProbe) -> ToolchainProbe:
+    """Headers too old or missing: provision the pinned Debian 13 headers, then probe again.
+
+    glslc and the loader are binaries the OS must provide (Debian 13's need a newer glibc).
+    """
+    if found.usable or found.tool not in ("vulkan headers", "SPIRV-Headers"):
+        return found
+    toolchains.ensure(workspace, env, toolchains.load(HEADERS_TOOLCHAIN))
+    return probe(env)
 
 
 def cmake_args(options: BuildOptions, probe: ToolchainProbe | None = None) -> list[str]:
     return [*cmake.common_args(options), cmake.define("GGML_VULKAN", "ON")]
 
 
+def location_args(probe: ToolchainProbe, host: cmake.HostTools) -> list[str]:
+    """Exactly which headers, loader, glslc and SPIRV-Headers (paths: provenance, not key)."""
+    where = probe.locations
+    pairs = (
+        ("Vulkan_INCLUDE_DIR", "vulkan_include"),
+        ("Vulkan_LIBRARY", "vulkan_loader"),
+        ("Vulkan_GLSLC_EXECUTABLE", "glslc"),
+        ("SPIRV-Headers_DIR", "spirv_headers_dir"),
+    )
+    return [cmake.define(var, where[key]) for var, key in pairs if where.get(key)]
+
+
 def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]:
-    prefix = probe.locations.get("vulkan_prefix")
-    if not prefix or prefix in SYSTEM_PREFIXES:
+    sdk = sdk_prefix(env)
+    if sdk is None or probe.locations.get("vulkan_prefix") != str(sdk):
         return {}
-    return {"VULKAN_SDK": prefix}
+    return {"VULKAN_SDK": str(sdk)}
 
 
 def certifiable(env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:

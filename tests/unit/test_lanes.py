@@ -11,7 +11,8 @@ import pytest
 
 from certify import cli
 from certify.errors import ConfigurationError, ToolchainMissing
-from lanes import base, cmake, cpu, cuda, metal, rocm, vulkan
+from certify.workspace import Workspace
+from lanes import base, cmake, cpu, cuda, metal, rocm, toolchains, vulkan
 from lanes.base import BuildOptions, Status
 
 BANNERS = {
@@ -48,12 +49,16 @@ def host(bindir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def no_well_known_locations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Probes also look in fixed system places; tests see only their own fake PATH."""
+def no_well_known_locations(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Probes also look in fixed system places and the workspace's provisioned toolchains; tests see
+    only their own fake PATH and an empty workspace of their own."""
     monkeypatch.setattr(cuda, "WELL_KNOWN_NVCC", ())
     monkeypatch.setattr(cuda, "DRIVER_DIRS", ())
     monkeypatch.setattr(rocm, "WELL_KNOWN_ROOTS", ())
     monkeypatch.setattr(vulkan, "SYSTEM_PREFIXES", ())
+    monkeypatch.setattr(vulkan, "LOADER_DIRS", ())
+    empty = Workspace(root=tmp_path / "probe-work", cache=tmp_path / "probe-cache")
+    monkeypatch.setattr(toolchains, "workspace", lambda env: empty)
 
 
 TOOLCHAIN_VARS = (
@@ -220,7 +225,9 @@ def test_cuda_with_cublas_from_a_wheel(host: dict[str, str], tmp_path: Path) -> 
         (wheel / "lib" / lib).write_bytes(b"")
     probe = cuda.probe({**host, "CUDA_HOME": str(tk), "DGR_CUBLAS_ROOT": str(wheel)})
     assert probe.usable
-    args = cuda.cmake_args(BuildOptions(), probe)
+    # Where cuBLAS lives is a location (not in the build key); which version it is, is.
+    assert not any("cublas" in a.lower() for a in cuda.cmake_args(BuildOptions(), probe))
+    args = cuda.location_args(probe, cmake.probe_host(host))
     assert f"-DCUDA_cublas_LIBRARY={wheel / 'lib' / 'libcublas.so.13'}" in args
     assert f"-DCUDA_cublasLt_LIBRARY={wheel / 'lib' / 'libcublasLt.so.13'}" in args
     assert f"-DCMAKE_CUDA_FLAGS=-I{wheel / 'include'}" in args
@@ -322,6 +329,9 @@ def vulkan_sdk(root: Path, header: int, *, layer_settings: bool, spirv: bool = T
     )
     if spirv:
         (root / "share" / "cmake" / "SPIRV-Headers").mkdir(parents=True)
+        (root / "share" / "cmake" / "SPIRV-Headers" / "SPIRV-HeadersConfig.cmake").write_text("")
+    (root / "lib").mkdir()
+    (root / "lib" / "libvulkan.so.1").write_bytes(b"")
     tool(root / "bin", "glslc", "shaderc v2025.2 v2025.2\nspirv-tools v2025.1")
     return root
 
@@ -354,12 +364,22 @@ def test_vulkan_without_spirv_headers(host: dict[str, str], tmp_path: Path) -> N
     assert probe.status is Status.MISSING and "SPIRV-Headers" in probe.reason
 
 
-def test_vulkan_missing_glslc_and_headers(host: dict[str, str], bindir: Path) -> None:
+def test_vulkan_missing_glslc_loader_and_headers(
+    host: dict[str, str], bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     probe = vulkan.probe(host)
     assert probe.status is Status.MISSING and probe.reason.startswith("toolchain not found: glslc")
     tool(bindir, "glslc", "shaderc v2023.2")
     probe = vulkan.probe(host)
+    assert probe.status is Status.MISSING and "libvulkan.so.1" in probe.reason
+    assert "apt-get install glslc libvulkan1" in probe.reason
+    loader = tmp_path / "lib"
+    loader.mkdir()
+    (loader / "libvulkan.so.1").write_bytes(b"")
+    monkeypatch.setattr(vulkan, "LOADER_DIRS", (str(loader),))
+    probe = vulkan.probe(host)
     assert probe.status is Status.MISSING and "vulkan_core.h" in probe.reason
+    assert "`dgr build --lane vulkan` provisions" in probe.reason
 
 
 # --- Metal ------------------------------------------------------------------------------------------------
