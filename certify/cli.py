@@ -41,13 +41,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            p.set_defaults(_unavailable=name)
-            continue
+        mod = importlib.import_module(module)
         mod.configure(p)
         p.set_defaults(_module=module)
     return top
@@ -58,9 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
-    if getattr(args, "_unavailable", None):
-        print(f"dgr: {args._unavailable} is not available in this version", file=sys.stderr)
-        return 2
     try:
         ctx = Context.from_env()
         return int(importlib.import_module(args._module).run(args, ctx) or 0)
