@@ -23,6 +23,7 @@ from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
 
 DTYPE_BYTES = {"f32": 4, "f16": 2}
+TOKEN_ID_BYTES = 4  # one int32 token id per position: the hash-routing sideband
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +66,27 @@ def _valid_rows(ref: drive.PromptTrace, cur: drive.PromptTrace) -> int:
     return len(ref.prompt) + min(same, decode_rows)
 
 
+def boundary_residual(boundary: np.ndarray, width: int) -> np.ndarray:
+    """A seam's boundary as the reference's per-layer capture sees it.
+
+    DeepSeek-V4 carries ``hc`` copies of the residual across a seam (``[n, hc * n_embd]``, the
+    hyper-connection streams) while its capture is their mean (``[n, n_embd]``, the graph's
+    dsv4_hc_mean).  Average the copies the way the graph does (float32, left to right, then times
+    1/hc) so a bitwise-equal boundary compares with NMSE 0; the copies themselves are covered by
+    the logit gates of every later stage.  A boundary as wide as the capture is returned as is.
+    """
+    hc, rest = divmod(boundary.shape[1], width)
+    if rest or hc < 1:
+        raise ValueError(f"boundary width {boundary.shape[1]} is not a multiple of the capture width {width}")
+    if hc == 1:
+        return boundary
+    copies = boundary.reshape(boundary.shape[0], hc, width).astype(np.float32, copy=False)
+    acc = copies[:, 0].copy()
+    for s in range(1, hc):
+        acc = acc + copies[:, s]
+    return acc * np.float32(1.0 / hc)
+
+
 def parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]:
     ref_rows, cur_rows, greedy = [], [], []
     bounds: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {c: ([], []) for c in cur.cuts}
@@ -75,7 +97,7 @@ def parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]:
         greedy.append(metrics.greedy_match(r.tokens, c.tokens))
         for cut in cur.cuts:
             bounds[cut][0].append(r.captures[cut][:n])
-            bounds[cut][1].append(c.boundaries[cut][:n])
+            bounds[cut][1].append(boundary_residual(c.boundaries[cut][:n], r.captures[cut].shape[1]))
     a, b = np.concatenate(ref_rows), np.concatenate(cur_rows)
     kl = metrics.kl_divergence(a, b)
     out: dict[str, Any] = {
@@ -120,6 +142,8 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         "threads": sorted({i.n_threads for i in infos}),
         "weight_bytes": [i.memory.weight_bytes for i in infos],
         "boundary_width": infos[0].boundary_width if infos else None,
+        # stages that take the token ids next to the boundary (DeepSeek-V4 hash-routed layers)
+        "token_sideband_stages": [k for k, i in enumerate(infos) if i.needs_token_sideband],
     }
 
 
@@ -320,13 +344,15 @@ def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> l
         sp = p.get("speed") or {}
         if sp.get("seam_bytes_per_token") and p["boundary_dtype"] not in seen:
             seen.add(p["boundary_dtype"])  # one measured row per seam dtype
+            sideband = TOKEN_ID_BYTES if p.get("token_sideband_stages") else 0
             rows.append(
                 {
                     "label": f"measured: {recipe.name} / {p['name']}",
                     "boundary_width": p.get("boundary_width"),
                     "dtype": p["boundary_dtype"],
-                    "bytes_per_token": max(sp["seam_bytes_per_token"]),
-                    "source": "worker replies",
+                    "sideband_bytes_per_token": sideband,
+                    "bytes_per_token": max(sp["seam_bytes_per_token"]) + sideband,
+                    "source": "worker replies" + (" + token ids sent with the boundary" if sideband else ""),
                 }
             )
     pm = recipe.physical_model
@@ -337,6 +363,7 @@ def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> l
                     "label": pm.label,
                     "boundary_width": pm.boundary_width,
                     "dtype": dtype,
+                    "sideband_bytes_per_token": pm.sideband_bytes_per_token,
                     "bytes_per_token": pm.boundary_width * DTYPE_BYTES[dtype] + pm.sideband_bytes_per_token,
                     "source": "recipe physical_model (width x dtype size + sideband)",
                 }

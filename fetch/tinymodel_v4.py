@@ -102,8 +102,12 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     gguf = import_gguf(tree)
     p = {**DEFAULTS, **params}
     _check(p)
-    n_layer, n_embd, n_head, hd, n_rot = (int(p[k]) for k in ("n_layer", "n_embd", "n_head", "head_dim", "rope_dim"))
-    n_expert, n_used, n_shared, n_ff = (int(p[k]) for k in ("n_expert", "n_expert_used", "n_expert_shared", "n_ff_exp"))
+    n_layer, n_embd, n_head, hd, n_rot = (
+        int(p[k]) for k in ("n_layer", "n_embd", "n_head", "head_dim", "rope_dim")
+    )
+    n_expert, n_used, n_shared, n_ff = (
+        int(p[k]) for k in ("n_expert", "n_expert_used", "n_expert_shared", "n_ff_exp")
+    )
     q_rank, o_groups, o_rank = int(p["q_lora_rank"]), int(p["o_groups"]), int(p["o_lora_rank"])
     ix_heads, ix_dim = int(p["indexer_n_head"]), int(p["indexer_head_dim"])
     hash_layers = int(p["hash_layer_count"])
@@ -174,7 +178,9 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         add(f"{b}.attn_q_b.weight", (n_head * hd, q_rank))
         add(f"{b}.attn_kv.weight", (hd, n_embd))
         add(f"{b}.attn_kv_a_norm.weight", (hd,), norm=True)
-        add(f"{b}.attn_output_a.weight", (o_rank * o_groups, n_head * hd // o_groups))  # file layout of the converter
+        add(
+            f"{b}.attn_output_a.weight", (o_rank * o_groups, n_head * hd // o_groups)
+        )  # file layout of the converter
         add(f"{b}.attn_output_b.weight", (n_embd, o_groups * o_rank))
         for part in ("attn", "ffn"):
             add(f"{b}.hc_{part}_fn.weight", (hc_mix, hc_dim))
@@ -218,7 +224,7 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
 
 
 def _hash_table(rng: _Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:
-    """token id -> ``n_used`` distinct experts (I32 [n_vocab, n_used]): a random permutation's head per token."""
+    """token id -> ``n_used`` distinct experts (I32 [n_vocab, n_used]): a random permutation's head."""
     keys = rng.bits.random_raw(n_vocab * n_expert).astype(np.uint64).reshape(n_vocab, n_expert)
     order = np.argsort(keys, axis=1, kind="stable")
     return np.ascontiguousarray(order[:, :n_used].astype(np.int32))

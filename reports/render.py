@@ -152,6 +152,7 @@ def physical_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
             "model": r["label"],
             "boundary width": fmt(r["boundary_width"]),
             "dtype": r["dtype"],
+            "sideband bytes": fmt(r.get("sideband_bytes_per_token", 0)),
             "bytes / token / seam": fmt(r["bytes_per_token"]),
             "source": r["source"],
         }
