@@ -182,6 +182,7 @@ def run_certification(
 ) -> Written:
     """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL."""
     from certify import measure
+    from lanes.runtime import lane_device, worker_environment
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
 
@@ -227,12 +228,14 @@ def run_certification(
         reference_worker=command(prepared.reference_worker, "cpu") if prepared.reference_worker else None,
         stubs=load_stubs(ctx.workspace),
         evidence=evidence,
-        env=ctx.env,
+        env={**ctx.env, **worker_environment(lane, ctx.env)},
         start_timeout=start_timeout,
         call_deadline=call_deadline,
     )
     try:
         outcome = measure.run(plan)
+        # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
+        device = lane_device(lane, outcome.figures.get("placements", []))
     except DgrError as exc:
         write_json(
             evidence / "run.json",
@@ -249,6 +252,8 @@ def run_certification(
         exc.hint = f"nothing was signed; worker logs and the run record are kept in {evidence}"
         raise
     finished = time.time()
+    if device is not None:
+        fp = {**fp, "lane_device": device}  # e.g. marks lavapipe as a software rasterizer
     verdict = decide(outcome.results)
     written = publish(
         ctx,

@@ -238,14 +238,35 @@ def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]
     return {"VULKAN_SDK": str(sdk)}
 
 
+ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d")
+
+
+def icd_files(env: Mapping[str, str]) -> list[Path]:
+    """The Vulkan driver manifests the loader will use: VK_DRIVER_FILES / VK_ICD_FILENAMES, else icd.d."""
+    for var in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES"):
+        if env.get(var, "").strip():
+            return [Path(p) for p in env[var].split(":") if p.strip()]
+    return [Path(f) for d in ICD_DIRS for f in sorted(glob.glob(f"{d}/*.json"))]
+
+
+def _lavapipe_only(icds: list[Path]) -> bool:
+    return bool(icds) and all(i.name.startswith("lvp_icd") for i in icds)
+
+
+def worker_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """ggml skips CPU-type Vulkan devices unless named: with only lavapipe to use, name device 0."""
+    if env.get("GGML_VK_VISIBLE_DEVICES", "").strip() or not _lavapipe_only(icd_files(env)):
+        return {}
+    return {"GGML_VK_VISIBLE_DEVICES": "0"}
+
+
 def certifiable(env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
     """Mesa's lavapipe (a software rasterizer) is enough for the parity gates."""
     if not probe.usable:
         return False, "toolchain missing"
-    icds = [d for p in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d") for d in glob.glob(f"{p}/*.json")]
+    icds = [i for i in icd_files(env) if i.is_file()]
     if not icds:
         return False, "no Vulkan driver (install mesa-vulkan-drivers for lavapipe)"
-    soft = [i for i in icds if "lvp" in Path(i).name]
-    return True, "lavapipe (software rasterizer)" if soft and len(soft) == len(
-        icds
-    ) else f"{len(icds)} Vulkan ICD(s)"
+    if _lavapipe_only(icds):
+        return True, "lavapipe (software rasterizer)"
+    return True, f"{len(icds)} Vulkan ICD(s); for lavapipe set VK_ICD_FILENAMES to its lvp_icd manifest"

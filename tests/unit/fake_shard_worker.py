@@ -33,6 +33,9 @@ from dgr_shard_pb import shard_pb2 as pb  # noqa: E402
 from dgr_shard_pb import shard_pb2_grpc as pbg  # noqa: E402
 
 N_BATCH = int(os.environ.get("DGR_FAKE_N_BATCH", "512"))
+# What a real worker of each lane reports (ggml device name + description); the certifier refuses a
+# GPU-lane run whose workers name no device of their backend (a silent CPU fallback).
+FAKE_DEVICES = {"cuda": "CUDA0 (fake numpy device), CPU", "vulkan": "Vulkan0 (fake numpy device), CPU"}
 
 
 class Toy:
@@ -67,7 +70,8 @@ class Servicer(pbg.ShardWorkerServicer):
         return pb.InfoReply(
             **extra,
             worker_version="fake-0", llama_commit="0" * 40, lane=self.args.lane or "cpu",
-            backend_devices="numpy", model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
+            backend_devices=FAKE_DEVICES.get(self.args.lane or "cpu", "numpy"),
+            model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
             layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
             last_stage=self.end == t.n_layer, n_embd=t.n_embd, boundary_width=t.n_embd,
             n_vocab=t.n_vocab, n_ctx=self.args.ctx, n_threads=self.args.threads,
