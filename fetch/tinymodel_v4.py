@@ -99,9 +99,9 @@ def _tensor_count(p: Mapping[str, Any]) -> int:
 
 def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
     """Write the variant's split files into ``out_dir``; returns their paths in split order."""
-    gguf = import_gguf(tree)
     p = {**DEFAULTS, **params}
-    _check(p)
+    _check(p)  # before touching the tree: a bad manifest is named as such
+    gguf = import_gguf(tree)
     n_layer, n_embd, n_head, hd, n_rot = (
         int(p[k]) for k in ("n_layer", "n_embd", "n_head", "head_dim", "rope_dim")
     )
