@@ -91,6 +91,29 @@ def test_token_sideband_is_announced_required_and_used(v4_command, stubs, worker
         assert out.logits is not None and np.isfinite(out.logits).all()
 
 
+def test_weights_kv_and_v4_caches_stay_with_the_owning_stage(v4_command, stubs, worker_env, tmp_path) -> None:
+    """Stage weight and context-memory bytes (KV, compressed KV, indexer and compressor state) add up
+    to the monolithic figures: nothing is loaded or allocated twice, and nothing crosses a seam."""
+    figures = {}
+    for placement in ([(0, N_LAYER)], [(0, 1), (1, 3), (3, N_LAYER)], [(k, k + 1) for k in range(N_LAYER)]):
+        with launch(
+            v4_command, placement, stubs=stubs, evidence=tmp_path / str(len(placement)), env=worker_env
+        ) as p:
+            infos = [c.info() for c in p.clients]
+        assert [i.memory.has_token_embedding for i in infos] == [k == 0 for k in range(len(infos))]
+        assert [i.memory.has_output_head for i in infos] == [k == len(infos) - 1 for k in range(len(infos))]
+        figures[len(placement)] = (
+            sum(i.memory.weight_bytes for i in infos),
+            sum(i.memory.kv_bytes for i in infos),
+            len(infos),
+        )
+    mono_w, mono_kv, _ = figures[1]
+    print(f"\ntiny-v4 stage memory (weights, KV + V4 caches): {figures}")
+    for weights, kv, n in figures.values():
+        assert mono_w <= weights <= mono_w + n * (1 << 20)
+        assert mono_kv <= kv <= mono_kv + n * (1 << 16)
+
+
 def _certify(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "certify", *args],
