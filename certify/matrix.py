@@ -74,6 +74,8 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
                 "lane": lane_name,
                 "recipe": chosen or "",
                 "runs-on": list(runs_on),
+                # What certifying this lane needs, even when this job runs elsewhere (compile-only).
+                "runner-labels": list(labels),
                 "mode": mode,
                 "status": status,
                 "reason": why,

@@ -72,7 +72,8 @@ class Toolchain:
 
     @property
     def digest(self) -> str:
-        return canonical_digest(asdict(self))
+        # Unset optional fields stay out, so adding one to the schema does not orphan every install.
+        return canonical_digest({k: v for k, v in asdict(self).items() if v is not None})
 
 
 def load(name: str, *, directory: Path | None = None) -> Toolchain:
@@ -115,10 +116,25 @@ Download = Callable[[Mapping[str, str], Toolchain, PinnedFile, Path], None]
 def pip_download(env: Mapping[str, str], tc: Toolchain, pinned: PinnedFile, into: Path) -> None:
     """The exact wheel by the running interpreter's pip: no deps, binary only, the pin's platform."""
     tags = pinned.filename[: -len(".whl")].split("-")
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+    argv = [*pip_command(env), "download", "--no-deps", "--only-binary", ":all:",
             "--platform", tags[-1], f"{pinned.package}=={pinned.version}", "-d", str(into)]
     run_env = dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     proc.run(argv, env=run_env, no_output_timeout=DOWNLOAD_NO_OUTPUT_S)
+
+
+def pip_command(env: Mapping[str, str]) -> list[str]:
+    """This interpreter's pip; a venv made by uv (nox's default here) has none, so then the PATH's."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        found = shutil.which(name, path=env.get("PATH", os.defpath))
+        if found:
+            return [found]
+    raise ToolchainMissing(
+        "pip is needed to download pinned wheels", hint="python -m ensurepip, or install pip"
+    )
 
 
 def apt_download(env: Mapping[str, str], tc: Toolchain, pinned: PinnedFile, into: Path) -> None:

@@ -58,3 +58,19 @@ def test_lavapipe_only_names_device_zero(tmp_path: Path, monkeypatch: pytest.Mon
     assert runtime.worker_environment("cpu", {"VK_ICD_FILENAMES": str(lvp)}) == {}
     monkeypatch.setattr(vulkan, "ICD_DIRS", (str(tmp_path),))
     assert vulkan.icd_files({}) == [lvp, radeon]
+
+
+def test_matrix_names_the_runner_labels_each_lane_needs(tmp_path: Path) -> None:
+    from certify.context import Context
+    from certify.matrix import matrix
+    from lanes.base import all_lanes
+
+    ctx = Context.from_env({"DGR_WORK": str(tmp_path / "work"), "DGR_CACHE": str(tmp_path / "cache")})
+    rows = {e["lane"]: e for e in matrix(ctx)["include"]}
+    assert list(rows) == ["cpu", "cuda", "rocm", "vulkan", "metal"]
+    for lane in all_lanes():
+        assert rows[lane.name]["runner-labels"] == list(lane.runner_labels)
+        assert rows[lane.name]["status"] in ("certified", "compile-only")
+    # A GPU lane's job runs on a hosted box (compile-only) but still says which runner certifies it.
+    assert rows["cuda"]["runs-on"] == ["ubuntu-latest"] and "gpu-nvidia" in rows["cuda"]["runner-labels"]
+    assert all(e["status"] == "compile-only" for e in rows.values())  # an empty workspace certifies nothing
