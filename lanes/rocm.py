@@ -34,7 +34,10 @@ DEFAULT_TARGETS = "gfx90a;gfx942;gfx1030;gfx1100"
 WELL_KNOWN_ROOTS: tuple[str, ...] = ("/opt/rocm",)
 
 _TARGET = re.compile(r"^gfx[0-9a-f]{3,4}(:[a-z+-]+)*$")
-INSTALL = f"install ROCm >= {dotted(MINIMUM)} with hipcc, hipblas and rocblas, and set ROCM_PATH"
+INSTALL = (
+    f"install ROCm >= {dotted(MINIMUM)} with hipcc, hipblas and rocblas from AMD's packages and set "
+    "ROCM_PATH; Debian 12's own hipcc package is HIP 5.2, too old for the pinned tree"
+)
 
 
 def gpu_targets(options: BuildOptions) -> str:

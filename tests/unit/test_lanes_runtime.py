@@ -74,3 +74,27 @@ def test_matrix_names_the_runner_labels_each_lane_needs(tmp_path: Path) -> None:
     # A GPU lane's job runs on a hosted box (compile-only) but still says which runner certifies it.
     assert rows["cuda"]["runs-on"] == ["ubuntu-latest"] and "gpu-nvidia" in rows["cuda"]["runner-labels"]
     assert all(e["status"] == "compile-only" for e in rows.values())  # an empty workspace certifies nothing
+
+
+def test_a_gpu_lane_certificate_names_its_device(tmp_path: Path) -> None:
+    """Fake workers of the vulkan lane: the device they report reaches the certificate and the page."""
+    import dataclasses
+
+    from certify import keys
+    from certify.run import run_certification
+    from certify.verify import verify
+    from tests.unit.certify_fixtures import fake_context, fake_prepared, recipe_from, small_recipe_doc
+
+    doc = small_recipe_doc()
+    doc["hardware_classes"][2]["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01}
+    prepared = fake_prepared(tmp_path)
+    prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)
+    ctx = fake_context(tmp_path)
+    w = run_certification(ctx, recipe_from(tmp_path, doc), "vulkan", prepared)
+    pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
+    assert pred["hardware"]["lane_device"] == {
+        "lane": "vulkan", "devices": ["Vulkan0 (fake numpy device)"], "software_rasterizer": False
+    }
+    html = w.html.read_text()
+    assert 'id="device"' in html and "Vulkan0 (fake numpy device)" in html
+    assert "software rasterizer" not in html
