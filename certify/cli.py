@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -47,8 +48,17 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so every launcher and lock unwinds (no worker outlives us)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
@@ -61,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dgr: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("dgr: terminated", file=sys.stderr)
+        return 143
 
 
 def entry() -> None:
