@@ -17,20 +17,16 @@ provisioning into an empty store 13 s (pip download about 5 s), `dgr certify` 27
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from certify.workspace import PROJECT_ROOT
 from fetch.artifacts import ARTIFACTS
 from tests.integration.conftest import THREADS
+from tests.integration.dgr_cli import certify_pass_and_verify
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -102,30 +98,11 @@ def test_stages_keep_only_their_own_caches_of_both_kinds(gemma_model, cpu_build,
     assert [i.memory.has_output_head for i in infos] == [False, False, False, True]
 
 
-def _certify(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "certify", *args],
-        cwd=PROJECT_ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-
 
 def test_certify_gemma_signed_pass(gemma_model, cpu_build) -> None:
     started = time.monotonic()
-    done = _certify("certify", "--recipe", SET, "--lane", "cpu")
+    cert, predicate = certify_pass_and_verify(ENV, SET)
     print(f"\ndgr certify --recipe {SET}: {time.monotonic() - started:.0f} s")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "verdict: PASS" in done.stdout
-    cert = Path(
-        next(ln.split(": ", 1)[1] for ln in done.stdout.splitlines() if ln.startswith("certificate: "))
-    )
-    check = _certify("verify", str(cert))
-    assert check.returncode == 0 and "verdict PASS" in check.stdout, check.stdout + check.stderr
-
-    predicate = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
     staged = [p for p in predicate["figures"]["placements"] if p["role"] != "reference"]
     cuts = {c for p in staged for c in p["cuts"]}
     assert {5, 6} <= cuts, "cuts on both sides of global layer 5"

@@ -12,20 +12,17 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from certify.workspace import PROJECT_ROOT
 from fetch.artifacts import ARTIFACTS
 from tests.integration.conftest import THREADS
+from tests.integration.dgr_cli import certify_pass_and_verify
 from worker.client import StageFailed
 from worker.launcher import WorkerCommand, launch
 
@@ -114,28 +111,9 @@ def test_weights_kv_and_v4_caches_stay_with_the_owning_stage(v4_command, stubs, 
         assert mono_kv <= kv <= mono_kv + n * (1 << 16)
 
 
-def _certify(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "certify", *args],
-        cwd=PROJECT_ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-
 
 def test_certify_tiny_v4_signed_pass(v4_model, cpu_build) -> None:
-    done = _certify("certify", "--recipe", SET, "--lane", "cpu")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "verdict: PASS" in done.stdout
-    cert = Path(
-        next(ln.split(": ", 1)[1] for ln in done.stdout.splitlines() if ln.startswith("certificate: "))
-    )
-    check = _certify("verify", str(cert))
-    assert check.returncode == 0 and "verdict PASS" in check.stdout, check.stdout + check.stderr
-
-    predicate = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
+    cert, predicate = certify_pass_and_verify(ENV, SET)
     placements = {p["name"]: p for p in predicate["figures"]["placements"]}
     staged = [p for p in placements.values() if p["role"] != "reference"]
     cuts = {c for p in staged for c in p["cuts"]}
