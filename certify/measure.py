@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +25,37 @@ from worker.stubs import Stubs
 
 DTYPE_BYTES = {"f32": 4, "f16": 2}
 TOKEN_ID_BYTES = 4  # one int32 token id per position: the hash-routing sideband
+
+
+class Pipelines(Protocol):
+    """Where a placement's stages run.  The default starts workers on loopback (worker.launcher);
+    certify.seams starts them in network namespaces behind shaped links, certify.placement attaches to
+    workers an operator already runs.  The context manager yields an object with ``clients`` (one
+    StageClient per stage, in order) and stops (or, for attached workers, releases) them on exit."""
+
+    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> AbstractContextManager[Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalPipelines:
+    """Workers started by us on 127.0.0.1, stopped on exit (the launcher)."""
+
+    stubs: Stubs
+    evidence: Path
+    env: Mapping[str, str]
+    start_timeout: float = 120.0
+    call_deadline: float = 120.0
+
+    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> AbstractContextManager[Any]:
+        return launch(
+            cmd,
+            placement.stages,
+            stubs=self.stubs,
+            evidence=self.evidence / tag,
+            env=self.env,
+            start_timeout=self.start_timeout,
+            call_deadline=self.call_deadline,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +72,13 @@ class Plan:
     env: Mapping[str, str]
     start_timeout: float = 120.0
     call_deadline: float = 120.0
+    pipelines: Pipelines | None = None  # None: LocalPipelines from the fields above
+
+    def where(self) -> Pipelines:
+        if self.pipelines is not None:
+            return self.pipelines
+        return LocalPipelines(stubs=self.stubs, evidence=self.evidence, env=self.env,
+                              start_timeout=self.start_timeout, call_deadline=self.call_deadline)
 
 
 @dataclass(kw_only=True)
@@ -173,16 +212,7 @@ def run(plan: Plan) -> Outcome:
     rc_placement = rc.placement if rc else recipe.staged[0].name
     rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
 
-    def start(cmd: WorkerCommand, p: Placement, tag: str):  # noqa: ANN202 - a context manager
-        return launch(
-            cmd,
-            p.stages,
-            stubs=plan.stubs,
-            evidence=plan.evidence / tag,
-            env=plan.env,
-            start_timeout=plan.start_timeout,
-            call_deadline=plan.call_deadline,
-        )
+    start = plan.where().start
 
     # The reference: monolithic, f32 seams (none), every cut captured.
     t0 = time.perf_counter()
