@@ -9,6 +9,7 @@ the error names the stage, every worker is stopped by the launcher, and the evid
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -179,8 +180,13 @@ def run_certification(
     run_id: str | None = None,
     start_timeout: float = 120.0,
     call_deadline: float = 120.0,
+    placement_file: Any = None,
 ) -> Written:
-    """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL."""
+    """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL.
+
+    ``placement_file`` (certify.placement.PlacementFile): attach to workers the operator runs instead
+    of starting our own; each is checked through Info before it is trusted.
+    """
     from certify import measure
     from lanes.runtime import lane_device, worker_environment
     from worker.launcher import WorkerCommand
@@ -232,8 +238,16 @@ def run_certification(
         start_timeout=start_timeout,
         call_deadline=call_deadline,
     )
+    attached, skipped = None, []
+    if placement_file is not None:
+        from certify import placement as attach
+
+        plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, ctx_size)
     try:
+        if attached is not None:
+            attached.preflight()  # every listed worker checked before any measurement
         outcome = measure.run(plan)
+        outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
         device = lane_device(lane, outcome.figures.get("placements", []))
     except DgrError as exc:
@@ -255,6 +269,9 @@ def run_certification(
     if device is not None:
         fp = {**fp, "lane_device": device}  # e.g. marks lavapipe as a software rasterizer
     verdict = decide(outcome.results)
+    if attached is not None:
+        identity = {**prepared.identity, "attached": attached.record()}
+        prepared = dataclasses.replace(prepared, identity=identity)
     written = publish(
         ctx,
         recipe=recipe,
@@ -360,7 +377,9 @@ def publish(
     )
 
 
-def certify(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = None) -> Written:
+def certify(
+    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = None, placement_file: Path | None = None
+) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5."""
     if lane not in recipe.lanes:
         raise ConfigurationError(
@@ -374,6 +393,13 @@ def certify(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = Non
     fp = hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
+    if placement_file is not None:
+        from certify import placement as attach
+
+        pf = attach.load_file(placement_file)
+        attach.restrict(pf, recipe, lane, cross_lane=hc.parity.reference_lane == "cpu" and lane != "cpu")
+        prepared = attach.prepare_attached(ctx, recipe, lane, store=store)
+        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf)
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.parity.reference_lane == "cpu")
     return run_certification(ctx, recipe, lane, prepared, key=key)
 

@@ -298,6 +298,18 @@ def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("model source", "", str(art["source"])))
     if art.get("license"):
         rows.append(("model license", "", str(art["license"])))
+    att = ident.get("attached")
+    if att:
+        # Workers the operator runs elsewhere: what they said about themselves, not hashed here.
+        where = ", ".join(str(w.get("address")) for w in att.get("workers", []))
+        rows.append(
+            (
+                "attached workers",
+                str(att.get("placement_file_sha256", "—")),
+                f"{len(att.get('workers', []))} workers at {where}, started by the operator; identity and "
+                "owned range checked through Info (self-reported); their binaries were not hashed here",
+            )
+        )
     rows += [
         (
             "recipe",
