@@ -108,6 +108,9 @@ class Speed:
     staged_mono_decode_ratio_min: float
     prefill_tok_s_min: float | None = None
     ratio_min_by_stages: Mapping[str, float] = field(default_factory=dict)
+    # Shaped seams (certify.physics): measured against what the link allows, not against loopback.
+    seam_bound_factor_max: float | None = None
+    bound_efficiency_min: float | None = None
 
     def ratio_min(self, n_stages: int) -> float:
         """The staged/monolithic minimum for a placement of ``n_stages`` (deep layouts may relax it)."""
@@ -330,6 +333,7 @@ def _check(recipe: Recipe) -> None:
                 f"{where}: at /route_change/after_tokens: must be < n_decode ({recipe.n_decode})"
             )
     uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
+    shaped = [p.name for p in recipe.placements.values() if p.seams]
     names = [hc.name for hc in recipe.hardware_classes]
     for k, hc in enumerate(recipe.hardware_classes):
         if names.count(hc.name) > 1:
@@ -339,6 +343,12 @@ def _check(recipe: Recipe) -> None:
             raise ConfigurationError(
                 f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
                 f"not in the recipe's lanes {list(recipe.lanes)}"
+            )
+        missing = [f for f in ("seam_bound_factor_max", "bound_efficiency_min") if getattr(hc.speed, f) is None]
+        if shaped and missing:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}/speed: {', '.join(missing)} missing but placement "
+                f"{shaped[0]!r} has shaped seams (its speed is held to the physical bound, not to loopback)"
             )
         if uses_f16 and hc.parity_f16_boundary is None:
             raise ConfigurationError(

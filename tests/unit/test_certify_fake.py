@@ -89,6 +89,8 @@ def test_scenarios_this_certifier_cannot_run_are_skipped_not_faked(tmp_path: Pat
         "stages": [[0, 6], [6, 12]],
         "seams": [{"delay_ms": 20, "rate_mbit": 1000}],
     }
+    for hc in doc["hardware_classes"]:
+        hc["speed"].update(seam_bound_factor_max=3, bound_efficiency_min=0.3)
     w = certify_fake(tmp_path, doc)
     ctx = fake_context(tmp_path)
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate

@@ -87,3 +87,21 @@ def test_decide_once() -> None:
     assert decide([p, f1, e]).status is Status.ERROR
     assert decide([]).status is Status.ERROR
     assert Result.from_dict(f1.as_dict()) == f1
+
+
+def test_shaped_seams_are_held_to_the_physical_bound_not_to_loopback() -> None:
+    import dataclasses
+
+    from certify.recipes import Seam
+
+    speed = dataclasses.replace(HC.speed, seam_bound_factor_max=3.0, bound_efficiency_min=0.3)
+    wan = dataclasses.replace(TWO, seams=(Seam(delay_ms=20, rate_mbit=1000),))
+    checks = gates.speed_checks(speed, wan)
+    assert {c.metric for c in checks} == {"seam_ratio_max", "seam_ratio_min", "bound_efficiency"}
+    ok = {"seam_ratio_max": 1.2, "seam_ratio_min": 1.01, "bound_efficiency": 0.8}
+    assert gates.evaluate("speed", "wan", checks, ok).status is Status.PASS
+    # A seam faster than physics allows was not shaped: that fails even though it looks "fast".
+    unshaped = gates.evaluate("speed", "wan", checks, {**ok, "seam_ratio_min": 0.2})
+    assert unshaped.status is Status.FAIL and "shaping applied" in unshaped.reason
+    slow = gates.evaluate("speed", "wan", checks, {**ok, "seam_ratio_max": 7.0, "bound_efficiency": 0.1})
+    assert slow.status is Status.FAIL and "physical bound" in slow.reason and "measured time" in slow.reason

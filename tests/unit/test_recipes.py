@@ -148,9 +148,15 @@ def test_seams_count_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="give 1 entry"):
         recipes.load_file(_write(tmp_path, doc))
     doc["placements"]["four-even"]["seams"] = [{"delay_ms": 1, "rate_mbit": 10000}]
+    (tmp_path / "unbounded").mkdir()
+    with pytest.raises(ConfigurationError, match="seam_bound_factor_max, bound_efficiency_min missing"):
+        recipes.load_file(_write(tmp_path / "unbounded", doc))
+    for hc in doc["hardware_classes"]:
+        hc["speed"].update(seam_bound_factor_max=3, bound_efficiency_min=0.3)
     (tmp_path / "ok").mkdir()
     r = recipes.load_file(_write(tmp_path / "ok", doc))
     assert r.placements["four-even"].seam(2).delay_ms == 1
+    assert r.hardware_class("cpu", 2).speed.seam_bound_factor_max == 3
 
 
 def test_ratio_override_by_stage_count() -> None:

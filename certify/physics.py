@@ -1,0 +1,184 @@
+"""The physical model of a staged placement: what its seams must cost at least, next to what they cost.
+
+Link model (the one certify.seams builds): every node — the driver and each stage — sits behind an
+access link, and a one-way message *into* node X is shaped by X's link: it takes at least
+``delay_X + bytes * 8 / rate_X``.  Stage k+1's link is seam k's profile (``Placement.seam(k)``); stage
+0's and the driver's links take seam 0's profile.  Jitter is symmetric around the delay, so it adds
+nothing to the lower bound.  Only payload bytes are counted (boundary tensor, token ids, logits);
+protobuf, HTTP/2, TCP and IP headers come on top, so a measured seam can only be slower than its bound,
+and a seam measured *faster* than its bound was not shaped as the recipe says.
+
+Critical path of one decode token (one position, last logits row only), N stages:
+  * relayed: the driver sends to stage k and takes its reply, for every k: 2N one-way crossings.
+  * chained: driver -> stage 0 -> ... -> stage N-1 -> driver: N + 1 crossings (the acks travel back
+    off the critical path).
+The token's bound is the sum of the stages' own compute (measured by the workers) and of the bounds
+of those crossings; decode tok/s can at best be its inverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from certify.recipes import Placement, Seam
+
+TOKEN_BYTES = 4  # one int32 token id per position
+LOGIT_BYTES = 4  # F32 logits
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One access link: delay one way (seconds) and rate (bits per second; None = unshaped)."""
+
+    delay_s: float = 0.0
+    rate_bps: float | None = None
+
+    @classmethod
+    def of(cls, seam: Seam | None) -> Link:
+        if seam is None:
+            return cls()
+        return cls(
+            delay_s=(seam.delay_ms or 0.0) / 1e3,
+            rate_bps=seam.rate_mbit * 1e6 if seam.rate_mbit else None,
+        )
+
+    @property
+    def shaped(self) -> bool:
+        return self.delay_s > 0 or self.rate_bps is not None
+
+    def bound(self, payload_bytes: int) -> float:
+        """Seconds a message of ``payload_bytes`` needs at least to cross this link one way."""
+        transfer = payload_bytes * 8 / self.rate_bps if self.rate_bps else 0.0
+        return self.delay_s + transfer
+
+
+def stage_link(p: Placement, k: int) -> Link:
+    """The link into stage k (seam k-1's profile; stage 0 takes seam 0's)."""
+    if p.n_stages < 2:
+        return Link()
+    return Link.of(p.seam(max(0, k - 1)))
+
+
+def driver_link(p: Placement) -> Link:
+    return Link.of(p.seam(0)) if p.n_stages >= 2 else Link()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Crossing:
+    what: str
+    into: str
+    payload_bytes: int
+    bound_s: float
+
+
+def crossings(
+    p: Placement,
+    forwarding: str,
+    *,
+    boundary_bytes: Sequence[int],
+    n_vocab: int,
+    sideband_stages: Sequence[int] = (),
+    tokens_forwarded: bool = True,
+) -> list[Crossing]:
+    """The one-way messages on one decode token's critical path, with their bounds.
+
+    ``boundary_bytes[k]``: payload of seam k's boundary for one token; ``sideband_stages``: stages
+    that take the token ids next to the boundary in relayed mode; ``tokens_forwarded``: in chained
+    mode the token ids travel with every boundary.
+    """
+    n = p.n_stages
+    if len(boundary_bytes) != n - 1:
+        raise ValueError(f"{n} stages need {n - 1} seam byte counts, got {len(boundary_bytes)}")
+    logits = n_vocab * LOGIT_BYTES
+    out: list[Crossing] = []
+
+    def add(what: str, into: str, link: Link, payload: int) -> None:
+        out.append(Crossing(what=what, into=into, payload_bytes=payload, bound_s=link.bound(payload)))
+
+    if forwarding == "chained":
+        add("token id", "stage 0", stage_link(p, 0), TOKEN_BYTES)
+        for k in range(n - 1):
+            payload = boundary_bytes[k] + (TOKEN_BYTES if tokens_forwarded else 0)
+            add(f"seam {k} boundary", f"stage {k + 1}", stage_link(p, k + 1), payload)
+        add("logits", "driver", driver_link(p), logits)
+    elif forwarding == "relayed":
+        for k in range(n):
+            if k == 0:
+                payload = TOKEN_BYTES
+            else:
+                payload = boundary_bytes[k - 1] + (TOKEN_BYTES if k in sideband_stages else 0)
+            add("token id" if k == 0 else f"seam {k - 1} boundary", f"stage {k}", stage_link(p, k), payload)
+            reply = boundary_bytes[k] if k < n - 1 else logits
+            add("boundary reply" if k < n - 1 else "logits", "driver", driver_link(p), reply)
+    else:
+        raise ValueError(f"unknown forwarding {forwarding!r}")
+    return out
+
+
+def seam_bound(p: Placement, forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
+    """The bound of what the driver measures as seam k.
+
+    chained: the boundary's one crossing into stage k+1 (measured between the two workers' clocks).
+    relayed: stage k+1's round trip minus its compute, i.e. the boundary into stage k+1 plus its reply
+    into the driver.
+    """
+    if forwarding == "chained":
+        return parts[1 + k].bound_s
+    return parts[2 * (k + 1)].bound_s + parts[2 * (k + 1) + 1].bound_s
+
+
+def model(
+    p: Placement,
+    forwarding: str,
+    speed: Mapping[str, Any],
+    *,
+    n_vocab: int,
+    sideband_stages: Sequence[int] = (),
+    backend: str = "",
+) -> dict[str, Any]:
+    """Bound vs measured for one placement's decode, from its speed figures (certify.measure)."""
+    bytes_per_seam = [int(b) for b in speed.get("seam_bytes_per_token", [])]
+    parts = crossings(p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab,
+                      sideband_stages=sideband_stages)
+    measured_seams = [float(s) for s in speed.get("seam_s", [])]
+    seams = []
+    for k in range(p.n_stages - 1):
+        link = stage_link(p, k + 1)
+        bound = seam_bound(p, forwarding, k, parts)
+        measured = measured_seams[k] if k < len(measured_seams) else None
+        seams.append({
+            "seam": k,
+            "cut": p.stages[k + 1][0],
+            "bytes_per_token": bytes_per_seam[k],
+            "delay_ms": link.delay_s * 1e3,
+            "rtt_ms": 2 * link.delay_s * 1e3,
+            "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
+            "bound_s": bound,
+            "measured_s": measured,
+            "ratio": measured / bound if measured is not None and bound > 0 else None,
+        })
+    compute = float(sum(speed.get("stage_compute_s", [])))
+    crossing_bound = float(sum(c.bound_s for c in parts))
+    token_bound = compute + crossing_bound
+    measured_tok_s = float(speed["decode_tok_s"]["median"])
+    token_s = 1.0 / measured_tok_s if measured_tok_s > 0 else float("inf")
+    ratios = [s["ratio"] for s in seams if s["ratio"] is not None]
+    return {
+        "forwarding": forwarding,
+        "backend": backend,
+        "shaped": any(stage_link(p, k).shaped for k in range(p.n_stages)),
+        "crossings_per_token": len(parts),
+        "crossings": [c.__dict__ for c in parts],
+        "seams": seams,
+        "seam_ratio_max": max(ratios) if ratios else None,
+        "seam_ratio_min": min(ratios) if ratios else None,
+        "compute_s": compute,
+        "crossing_bound_s": crossing_bound,
+        "token_bound_s": token_bound,
+        "bound_tok_s": 1.0 / token_bound if token_bound > 0 else None,
+        "measured_tok_s": measured_tok_s,
+        "efficiency": (token_bound / token_s) if token_s > 0 and token_bound > 0 else None,
+        "seam_share": max(0.0, (token_s - compute) / token_s) if token_s > 0 else None,
+    }
