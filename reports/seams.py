@@ -1,0 +1,153 @@
+"""The report's seam section: each seam against its physical bound, and scaling with the stage count.
+
+Reads the ``seam_model`` that certify.measure stores on every staged placement record (built by
+certify.physics.model); placements without one (older certificates) are simply left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+from markupsafe import Markup, escape
+
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2")
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.3f}"
+
+
+def _link(seam: Mapping[str, Any]) -> str:
+    rate = seam.get("rate_mbit")
+    rate_text = "unshaped" if rate is None else (f"{rate / 1000:g} Gbit/s" if rate >= 1000 else f"{rate:g} Mbit/s")
+    if not seam.get("delay_ms") and rate is None:
+        return "loopback (unshaped)"
+    return f"{seam.get('delay_ms', 0):g} ms one way (RTT {seam.get('rtt_ms', 0):g} ms), {rate_text}"
+
+
+def modelled(placements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [p for p in placements if p.get("seam_model")]
+
+
+def seam_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
+    """One row per seam: bytes, link, bound, measured, ratio."""
+    rows = []
+    for p in modelled(placements):
+        m = p["seam_model"]
+        for s in m["seams"]:
+            rows.append({
+                "placement": p["name"],
+                "forwarding": m["forwarding"],
+                "seam (cut)": f"{s['seam']} (layer {s['cut']})",
+                "bytes / token": f"{s['bytes_per_token']:,}",
+                "link": _link(s),
+                "bound ms": _ms(s["bound_s"]),
+                "measured ms": _ms(s["measured_s"]),
+                "measured / bound": "—" if s["ratio"] is None else f"{s['ratio']:.2f}",
+            })
+    return pd.DataFrame(rows) if rows else None
+
+
+def token_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
+    """One row per placement: the decode token's bound against what was measured."""
+    rows = []
+    for p in modelled(placements):
+        m = p["seam_model"]
+        rows.append({
+            "placement": p["name"],
+            "stages": p["n_stages"],
+            "forwarding": m["forwarding"],
+            "crossings / token": m["crossings_per_token"],
+            "compute ms": _ms(m["compute_s"]),
+            "crossing bound ms": _ms(m["crossing_bound_s"]),
+            "bound tok/s": "—" if not m.get("bound_tok_s") else f"{m['bound_tok_s']:.1f}",
+            "measured tok/s": f"{m['measured_tok_s']:.1f}",
+            "bound / measured time": "—" if m.get("efficiency") is None else f"{m['efficiency']:.2f}",
+            "seam share": "—" if m.get("seam_share") is None else f"{m['seam_share'] * 100:.0f}%",
+            "shaping": m.get("backend") or "—",
+        })
+    return pd.DataFrame(rows) if rows else None
+
+
+def _series(placements: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float, float | None, float]]]:
+    """Group label -> [(stages, measured tok/s, bound tok/s, seam share)], sorted by stage count."""
+    groups: dict[str, list[tuple[int, float, float | None, float]]] = {}
+    for p in modelled(placements):
+        m = p["seam_model"]
+        label = f"{_link(m['seams'][0]) if m['seams'] else 'loopback'}, {m['forwarding']}"
+        groups.setdefault(label, []).append(
+            (int(p["n_stages"]), float(m["measured_tok_s"]), m.get("bound_tok_s"), float(m.get("seam_share") or 0.0))
+        )
+    return {k: sorted(v) for k, v in groups.items()}
+
+
+def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Markup:
+    """Two panels against the stage count: decode tok/s (log scale; dashed: the physical bound) and
+    the share of a token's time spent in seams."""
+    groups = _series(placements)
+    if not groups:
+        return Markup("")
+    width, panel_w, panel_h, left, top = 760, 300, 220, 56, 34
+    legend_h = 18 * len(groups) + 10
+    height = top + panel_h + 40 + legend_h
+    stages = sorted({n for pts in groups.values() for n, *_ in pts})
+    speeds = [v for pts in groups.values() for _, m, b, _ in pts for v in (m, b) if v]
+    lo, hi = math.log10(min(speeds) / 1.5), math.log10(max(speeds) * 1.5)
+    n_lo, n_hi = min(stages), max(stages)
+
+    def x_of(ox: float, n: int) -> float:
+        return ox + (0.5 if n_hi == n_lo else (n - n_lo) / (n_hi - n_lo)) * (panel_w - 20) + 10
+
+    def y_speed(v: float) -> float:
+        return top + panel_h - (math.log10(v) - lo) / (hi - lo) * panel_h
+
+    def y_share(s: float) -> float:
+        return top + panel_h - s * panel_h
+
+    ox2 = left + panel_w + 90
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}" class="chart">',
+        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
+    ]
+    for ox, label in ((left, "decode tok/s (log)"), (ox2, "seam share of token time")):
+        parts.append(f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>')
+        parts.append(f'<text x="{ox}" y="{top - 6}" class="chart-note">{escape(label)}</text>')
+        for n in stages:
+            parts.append(f'<text x="{x_of(ox, n):.1f}" y="{top + panel_h + 16}" text-anchor="middle">{n}</text>')
+        parts.append(f'<text x="{ox + panel_w / 2:.1f}" y="{top + panel_h + 32}" text-anchor="middle" '
+                     f'class="chart-note">stages</text>')
+    for e in range(math.ceil(lo), math.floor(hi) + 1):
+        y = y_speed(10**e)
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10**e:g}</text>')
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + panel_w}" y2="{y:.1f}" stroke="#eee"/>')
+    for frac in (0.0, 0.5, 1.0):
+        y = y_share(frac)
+        parts.append(f'<text x="{ox2 - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f}%</text>')
+    for i, (label, pts) in enumerate(groups.items()):
+        colour = PALETTE[i % len(PALETTE)]
+        measured = " ".join(f"{x_of(left, n):.1f},{y_speed(m):.1f}" for n, m, _, _ in pts)
+        parts.append(f'<polyline points="{measured}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        bounds = [(n, b) for n, _, b, _ in pts if b]
+        if bounds:
+            line = " ".join(f"{x_of(left, n):.1f},{y_speed(b):.1f}" for n, b in bounds)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5" '
+                         f'stroke-dasharray="5 3"/>')
+        share = " ".join(f"{x_of(ox2, n):.1f},{y_share(s):.1f}" for n, _, _, s in pts)
+        parts.append(f'<polyline points="{share}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for n, m, b, s in pts:
+            tip = f"{label}: {n} stages, {m:.1f} tok/s" + (f" (bound {b:.1f})" if b else "") + f", seams {s * 100:.0f}%"
+            parts.append(f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(m):.1f}" r="3.5" fill="{colour}">'
+                         f"<title>{escape(tip)}</title></circle>")
+            parts.append(f'<circle cx="{x_of(ox2, n):.1f}" cy="{y_share(s):.1f}" r="3.5" fill="{colour}">'
+                         f"<title>{escape(tip)}</title></circle>")
+        ly = top + panel_h + 50 + 18 * i
+        parts.append(f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>')
+    parts.append(f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound '
+                 f"(stage compute + crossing bounds)</text>")
+    parts.append("</svg>")
+    return Markup("".join(parts))

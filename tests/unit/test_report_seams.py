@@ -1,0 +1,52 @@
+"""The report's seam section: tables of seams against their bounds, and the scaling chart."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from certify import physics
+from certify.recipes import Placement, Seam
+from reports import seams
+
+METRO = Seam(delay_ms=20.0, rate_mbit=1000.0)
+
+
+def _record(n: int, forwarding: str, tok_s: float, seam: Seam | None = METRO) -> dict:
+    p = Placement(name=f"metro-{n}-{forwarding}", stages=tuple((k, k + 1) for k in range(n)),
+                  forwarding=forwarding, seams=(seam,) if seam else ())
+    speed = {"seam_bytes_per_token": [1024] * (n - 1), "seam_s": [0.0205] * (n - 1),
+             "stage_compute_s": [0.001] * n, "decode_tok_s": {"median": tok_s}}
+    return {"name": p.name, "n_stages": n,
+            "seam_model": physics.model(p, forwarding, speed, n_vocab=32000, backend="userspace shaper")}
+
+
+PLACEMENTS = [_record(2, "chained", 15.0), _record(4, "chained", 9.0), _record(12, "chained", 3.5),
+              _record(4, "relayed", 5.5), {"name": "mono", "n_stages": 1}]
+
+
+def test_seam_table_has_a_row_per_seam_with_bound_and_ratio() -> None:
+    frame = seams.seam_frame(PLACEMENTS)
+    assert frame is not None and len(frame) == 1 + 3 + 11 + 3
+    row = frame.iloc[0]
+    assert row["link"] == "20 ms one way (RTT 40 ms), 1 Gbit/s"
+    assert row["bound ms"] == f"{(0.020 + 1028 * 8 / 1e9) * 1e3:.3f}"
+    assert float(row["measured / bound"]) > 1.0
+
+
+def test_token_table_compares_crossings() -> None:
+    frame = seams.token_frame(PLACEMENTS)
+    assert frame is not None
+    by_name = {r["placement"]: r for _, r in frame.iterrows()}
+    assert by_name["metro-4-chained"]["crossings / token"] == 5
+    assert by_name["metro-4-relayed"]["crossings / token"] == 8
+
+
+def test_scaling_chart_is_valid_svg_with_a_line_per_group() -> None:
+    svg = str(seams.scaling_chart(PLACEMENTS, title="Scaling <with> stages"))
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = root.findall(f"{ns}polyline")
+    # two groups (chained, relayed): measured + bound + share each
+    assert len(lines) == 6
+    assert "Scaling &lt;with&gt; stages" in svg
+    assert seams.scaling_chart([{"name": "mono", "n_stages": 1}], title="x") == ""
