@@ -254,6 +254,20 @@ def stable_identity(recipe: Recipe, lane: str, identity: Mapping[str, Any]) -> d
     }
 
 
+def model_shape(first_file: Path) -> dict[str, Any]:
+    """n_embd and n_vocab from the (provisioned, verified) model's GGUF header: a worker that loaded
+    another model is caught by its shape even when it was handed a copy of the right identity file."""
+    from fetch.gguf_header import read_header
+
+    header = read_header(Path(first_file))
+    tokens = header.kv.get("tokenizer.ggml.tokens")
+    n_embd = header.arch_value("embedding_length")
+    return {
+        "n_embd": int(n_embd) if isinstance(n_embd, int) else None,
+        "n_vocab": int(tokens.count) if hasattr(tokens, "count") and isinstance(tokens.count, int) else None,
+    }
+
+
 def _get(doc: Any, path: str) -> Any:
     for part in path.split("."):
         doc = doc.get(part) if isinstance(doc, Mapping) else None
@@ -277,6 +291,10 @@ class Expect:
     layers: tuple[int, int]
     architecture: str
     n_layer: int
+    n_embd: int | None = (
+        None  # from the verified local GGUF header: a model's shape, whatever its identity file says
+    )
+    n_vocab: int | None = None
     min_ctx: int = 0
 
 
@@ -302,11 +320,15 @@ def mismatches(info: StageInfo, want: Expect) -> list[tuple[str, str, str]]:
         )
     else:
         for path in COMPARED:
-            differ(f"identity {path}", _get(want.identity, path), _get(doc, path))
+            differ(f"identity.{path}", _get(want.identity, path), _get(doc, path))
     differ("lane", want.identity.get("lane"), info.lane)
     differ("llama_commit", _get(want.identity, "source.commit"), info.llama_commit)
     differ("architecture", want.architecture, info.architecture)
     differ("n_layer", want.n_layer, info.n_layer)
+    if want.n_embd is not None:
+        differ("n_embd", want.n_embd, info.n_embd)
+    if want.n_vocab is not None:
+        differ("n_vocab", want.n_vocab, info.n_vocab)
     differ("layers", f"{want.layers[0]}:{want.layers[1]}", f"{info.layer_begin}:{info.layer_end}")
     differ("first_stage", want.stage == 0, info.first_stage)
     differ("last_stage", want.stage == want.n_stages - 1, info.last_stage)
@@ -379,6 +401,7 @@ class AttachedPipelines:
     identity: Mapping[str, Any]  # the certifier's identity chain (Prepared.identity)
     stubs: Any
     reference_lane: str | None = None  # "cpu" when the class compares against a CPU reference
+    shape: Mapping[str, Any] = field(default_factory=dict)  # model_shape() of the local first file
     min_ctx: int = 0
     call_deadline: float = 120.0
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # address -> what it reported
@@ -429,6 +452,8 @@ class AttachedPipelines:
                     layers=s.layers,
                     architecture=self.recipe.architecture,
                     n_layer=self.recipe.n_layer,
+                    n_embd=self.shape.get("n_embd"),
+                    n_vocab=self.shape.get("n_vocab"),
                     min_ctx=self.min_ctx,
                 )
                 check_worker(info, want, s.address)
@@ -533,6 +558,7 @@ def attach_plan(
         identity=identity,
         stubs=plan.stubs,
         reference_lane="cpu" if cross else None,
+        shape=model_shape(plan.worker.model),
         min_ctx=ctx_size,
         call_deadline=plan.call_deadline,
     )
