@@ -1,0 +1,184 @@
+"""AttachedPipelines against real loopback gRPC servers that answer Info like an operator's workers:
+attach checks each worker, yields clients / addresses / sink host, resets the sessions it opened and
+leaves the workers serving; a worker that does not match is exit 2, one that does not answer exit 6."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from certify import placement as pl
+from certify import recipes
+from certify.errors import ConfigurationError, RuntimeFailure
+from tests.unit.fake_stages import load_stubs
+from worker.client import StageClient, StageFailed
+
+RECIPE = recipes.load("tiny-llama", {})
+IDENTITY = {
+    "source": {"commit": "4df29be4f4c3673f428170fda944a5b19f743bb8", "tree": "5" * 40},
+    "patches": {"digest": "d" * 40},
+    "build": {"key": "b" * 64, "lane": "cpu"},
+    "artifacts": {"set": "tiny-llama", "variant": "f32", "manifest_digest": "a" * 64},
+}
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+def _servicer(stubs: Any, begin: int, end: int, identity: str, resets: list[str], **over: Any) -> Any:
+    pb = stubs.pb2
+
+    class Worker(stubs.pb2_grpc.ShardWorkerServicer):
+        def Health(self, request: Any, context: Any) -> Any:
+            return pb.HealthReply(serving=True, status="ok")
+
+        def Info(self, request: Any, context: Any) -> Any:
+            fields = dict(
+                worker_version="0.1.0",
+                llama_commit=IDENTITY["source"]["commit"],
+                lane="cpu",
+                backend_devices="CPU",
+                model_path="/m.gguf",
+                architecture="llama",
+                n_layer=12,
+                layer_begin=begin,
+                layer_end=end,
+                first_stage=begin == 0,
+                last_stage=end == 12,
+                n_embd=256,
+                boundary_width=256,
+                n_vocab=32000,
+                n_ctx=256,
+                n_threads=1,
+                identity_json=identity,
+            )
+            fields.update(over)
+            return pb.InfoReply(**fields)
+
+        def Reset(self, request: Any, context: Any) -> Any:
+            resets.append(request.session_id)
+            return pb.ResetReply(existed=True)
+
+        def Forward(self, request: Any, context: Any) -> Any:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    return Worker()
+
+
+class Operator:
+    """Servers started by the test ("the operator"); only the test stops them."""
+
+    def __init__(self, stubs: Any) -> None:
+        self.stubs = stubs
+        self.servers: list[grpc.Server] = []
+        self.resets: dict[str, list[str]] = {}
+
+    def start(self, begin: int, end: int, identity: str, **over: Any) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        port = server.add_insecure_port("127.0.0.1:0")
+        address = f"127.0.0.1:{port}"
+        self.resets[address] = []
+        self.stubs.pb2_grpc.add_ShardWorkerServicer_to_server(
+            _servicer(self.stubs, begin, end, identity, self.resets[address], **over), server
+        )
+        server.start()
+        self.servers.append(server)
+        return address
+
+
+@pytest.fixture
+def operator(stubs: Any) -> Iterator[Operator]:
+    op = Operator(stubs)
+    yield op
+    for s in op.servers:
+        s.stop(0)
+
+
+def _pipelines(tmp: Path, stubs: Any, placements: dict[str, list[tuple[str, tuple[int, int]]]]) -> Any:
+    data = {
+        "schema_version": 1,
+        "recipe": "tiny-llama",
+        "placements": {
+            n: {"stages": [{"address": a, "layers": list(r)} for a, r in st]} for n, st in placements.items()
+        },
+    }
+    path = tmp / "p.json"
+    path.write_text(json.dumps(data))
+    pf = pl.load_file(path)
+    return pl.AttachedPipelines(
+        file=pf,
+        recipe=RECIPE,
+        lane="cpu",
+        identity=IDENTITY,
+        stubs=stubs,
+        shape={"n_embd": 256, "n_vocab": 32000},
+        min_ctx=256,
+    )
+
+
+def _good() -> str:
+    return json.dumps(pl.stable_identity(RECIPE, "cpu", IDENTITY))
+
+
+def test_attach_checks_yields_clients_resets_sessions_and_never_stops(
+    tmp_path: Path, operator: Operator, stubs: Any
+) -> None:
+    ident = _good()
+    a, b = operator.start(0, 6, ident), operator.start(6, 12, ident)
+    mono = operator.start(0, 12, ident)
+    pipes = _pipelines(
+        tmp_path, stubs, {"mono": [(mono, (0, 12))], "two-middle": [(a, (0, 6)), (b, (6, 12))]}
+    )
+    pipes.preflight()
+    with pipes.start(None, RECIPE.placements["two-middle"], "two-middle") as att:
+        assert att.addresses == (a, b) and [c.address for c in att.clients] == [a, b]
+        assert [i.layer_begin for i in att.infos] == [0, 6]
+        assert att.sink_host == "127.0.0.1"  # the route to a loopback worker, never all interfaces
+        with pytest.raises(StageFailed, match="UNIMPLEMENTED"):
+            att.clients[0].forward("dgr-test-session", 1, [0], tokens=[1])
+    assert operator.resets[a] == ["dgr-test-session"] and operator.resets[b] == []
+    # The operator's workers still serve after we left.
+    with StageClient(a, stubs.pb2, stubs.pb2_grpc, stage=0, layers=(0, 6)) as c:
+        assert c.health() == (True, "ok")
+    rec = pipes.record()
+    assert rec["self_reported"] is True and rec["binaries_hashed"] is False
+    assert [w["address"] for w in rec["workers"]] == sorted([a, b, mono])
+    assert next(w for w in rec["workers"] if w["address"] == a)["placements"] == ["two-middle"]
+
+
+def test_a_mismatching_worker_is_exit_2_and_a_silent_one_exit_6(
+    tmp_path: Path, operator: Operator, stubs: Any
+) -> None:
+    ident = _good()
+    mono = operator.start(0, 12, ident, n_vocab=129280)
+    pipes = _pipelines(tmp_path, stubs, {"mono": [(mono, (0, 12))]})
+    with pytest.raises(ConfigurationError) as err:
+        pipes.preflight()
+    assert f"attached worker {mono} (placement mono, stage 0)" in err.value.message
+    assert "n_vocab: expected 32000, got 129280" in err.value.message
+
+    a, b = operator.start(0, 6, ident), operator.start(6, 12, ident, boundary_width=512)
+    pipes = _pipelines(tmp_path, stubs, {"two-middle": [(a, (0, 6)), (b, (6, 12))]})
+    with pytest.raises(ConfigurationError, match=r"boundary_width: expected 256 \(stage 0\), got 512"):
+        with pipes.start(None, RECIPE.placements["two-middle"], "two-middle"):
+            pass
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{s.getsockname()[1]}"
+    pipes = _pipelines(tmp_path, stubs, {"mono": [(nobody, (0, 12))]})
+    with pytest.raises(RuntimeFailure) as gone:
+        pipes.preflight()
+    assert gone.value.exit_code == 6
+    assert f"attached worker {nobody} (placement mono, stage 0, layers 0:12) is unreachable: UNAVAILABLE" in (
+        gone.value.message
+    )
