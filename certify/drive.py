@@ -1,8 +1,17 @@
 """The driver: run prompts through a placement's running stages and record what the gates need.
 
-The driver relays every seam itself: stage k's boundary tensor comes back to the driver and goes,
-byte for byte as the worker sent it, into stage k+1's request.  That is the same traffic a real
-multi-host pipeline has per seam, and it lets the trace keep each boundary for the parity gate.
+Two ways to move a pass through the stages (``forwarding``):
+
+* ``relayed`` (default): the driver relays every seam itself: stage k's boundary tensor comes back to
+  the driver and goes, byte for byte as the worker sent it, into stage k+1's request.  Each stage
+  costs two network crossings per pass (request in, reply out), and the trace keeps every boundary.
+* ``chained``: the driver sends one request to stage 0 with the addresses of the stages after it
+  and of the driver's sink (certify/sink.py); each stage forwards its boundary straight to the next
+  and the last stage delivers the logits to the sink: n_stages + 1 crossings per pass.  Timings come
+  from the stages' hop records (CLOCK_MONOTONIC stamps: seam k = arrival at stage k+1 minus hand-off
+  at stage k, meaningful when every stage runs on this machine, network namespaces included).  For
+  parity runs each hop also returns its boundary (``keep_boundaries``), outside the timed traffic's
+  meaning but on the same wire.  Layer captures are relayed-only (the monolithic reference).
 
 Public API (numpy only; the gate math lives in certify/gates.py):
   * ``run_placement(stages, prompts, n_decode, capture=(), boundary_dtype="f32") -> Trace``
@@ -10,7 +19,12 @@ Public API (numpy only; the gate math lives in certify/gates.py):
     seam, captured residuals, greedy tokens, timings.  Run it on the monolithic stage with
     ``capture=<the cut layers>`` to get the reference residuals the staged boundaries are compared to.
   * ``measure_speed(stages, prompt, n_decode, repetitions=5, warmup=1) -> SpeedSamples``
-  * ``route_change(stages, prompt, n_decode, switch_at, after=None) -> RouteChange``
+  * ``route_change(stages, prompt, n_decode, switch_at, after=None) -> RouteChange`` (relayed only:
+    the epoch logic lives in each stage and is the same whichever way the boundary travels)
+
+``run_placement`` and ``measure_speed`` take ``forwarding="relayed" | "chained"``, ``addresses`` (how
+the stages reach each other, default each client's address) and ``sink_host`` (where the driver's
+sink listens; it must be reachable from the last stage).
 
 Positions: prompt positions are 0..P-1; decode step i feeds the token chosen at step i at position
 P+i.  With ``all_logits`` the trace holds P + n_decode - 1 logits rows (every position fed), else
@@ -21,13 +35,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from certify.errors import ConfigurationError
+from certify.sink import ChainRoute, chain_route
 from worker.client import Forwarded, StageClient, StageFailed, StageInfo
+
+FORWARDING = ("relayed", "chained")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +57,14 @@ class Step:
     stage_wall: tuple[float, ...]  # per stage: the client's round trip of its Forward
     stage_compute: tuple[float, ...]  # per stage: the worker's own llama_decode time
     seam_bytes: tuple[int, ...]  # per seam k (stage k -> k+1): boundary payload bytes
-    # Per seam k: stage k+1's round trip minus its compute, i.e. moving seam k's boundary in, plus
-    # stage k+1's reply out, plus gRPC overhead: what the seam costs beyond the work itself.
+    # Per seam k.  Relayed: stage k+1's round trip minus its compute, i.e. moving seam k's boundary
+    # in, plus stage k+1's reply out, plus gRPC overhead: what the seam costs beyond the work itself.
+    # Chained: arrival at stage k+1 minus hand-off at stage k (one crossing; same-machine clocks).
     seam_seconds: tuple[float, ...]
+    # One-way network messages on the critical path of the pass: relayed 2 x n_stages (request and
+    # reply per stage), chained n_stages + 1 (into stage 0, each seam once, last stage to the sink).
+    crossings: int = 0
+    forwarding: str = "relayed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +96,7 @@ class Trace:
     boundary_dtype: str
     infos: tuple[StageInfo, ...]
     prompts: tuple[PromptTrace, ...]
+    forwarding: str = "relayed"
 
     def stage_compute_seconds(self) -> tuple[float, ...]:
         """Total worker compute per stage over every prompt, prefill and decode."""
@@ -102,6 +126,8 @@ class SpeedSamples:
     seam_seconds: tuple[tuple[float, ...], ...]  # [rep][seam]: median over that rep's decode steps
     seam_bytes_per_token: tuple[int, ...]  # per seam, one decode token (the physical model)
     stage_compute_per_token: tuple[tuple[float, ...], ...]  # [rep][stage]: median decode compute
+    forwarding: str = "relayed"
+    crossings_per_token: int = 0  # one-way network messages on one decode token's critical path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +194,11 @@ def _forward_all(
     all_logits: bool,
     capture: Sequence[int],
     keep_boundaries: bool = True,
+    route: ChainRoute | None = None,
 ) -> _Pass:
+    if route is not None:
+        return _forward_chained(route, session, epoch, positions, tokens, boundary_dtype=boundary_dtype,
+                                all_logits=all_logits, keep_boundaries=keep_boundaries)
     n = len(positions)
     width = infos[0].boundary_width
     replies: list[Forwarded] = []
@@ -213,9 +243,45 @@ def _forward_all(
         stage_compute=tuple(r.compute_seconds for r in replies),
         seam_bytes=tuple(r.boundary_bytes for r in replies[:-1]),
         seam_seconds=tuple(max(0.0, r.wall_seconds - r.compute_seconds) for r in replies[1:]),
+        crossings=2 * len(replies),
     )
     assert replies[-1].logits is not None
     return _Pass(logits=replies[-1].logits, boundaries=boundaries, captures=captures, step=step)
+
+
+def _forward_chained(
+    route: ChainRoute, session: str, epoch: int, positions: list[int], tokens: list[int], *,
+    boundary_dtype: str, all_logits: bool, keep_boundaries: bool,
+) -> _Pass:
+    got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
+                    keep_boundaries=keep_boundaries)
+    hops = got.hops
+    step = Step(
+        n_tokens=len(positions),
+        wall_seconds=got.wall_seconds,
+        # time inside each stage, request arrival to hand-off (compute plus encoding the boundary)
+        stage_wall=tuple((h.sent_ns - h.received_ns) / 1e9 for h in hops),
+        stage_compute=tuple(float(h.compute_seconds) for h in hops),
+        seam_bytes=tuple(int(h.boundary_bytes) for h in hops[:-1]),
+        seam_seconds=tuple((b.received_ns - a.sent_ns) / 1e9 for a, b in zip(hops, hops[1:], strict=False)),
+        crossings=len(hops) + 1,
+        forwarding="chained",
+    )
+    return _Pass(logits=got.logits, boundaries=list(got.boundaries), captures={}, step=step)
+
+
+@contextmanager
+def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str,
+             addresses: Sequence[str] | None, sink_host: str) -> Iterator[ChainRoute | None]:
+    """None for relayed passes; for chained ones, a route with the driver's sink listening."""
+    if forwarding not in FORWARDING:
+        raise ConfigurationError(f"forwarding {forwarding!r} is not one of {', '.join(FORWARDING)}")
+    if forwarding == "relayed":
+        with nullcontext(None) as none:
+            yield none
+        return
+    with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
+        yield route
 
 
 def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool) -> None:
@@ -249,22 +315,43 @@ def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
         captures={il: np.concatenate([p.captures[il] for p in parts]) for il in parts[0].captures},
         step=Step(n_tokens=sum(s.n_tokens for s in steps), wall_seconds=sum(s.wall_seconds for s in steps),
                   stage_wall=total("stage_wall"), stage_compute=total("stage_compute"),
-                  seam_bytes=total("seam_bytes"), seam_seconds=total("seam_seconds")),
+                  seam_bytes=total("seam_bytes"), seam_seconds=total("seam_seconds"),
+                  crossings=sum(s.crossings for s in steps), forwarding=steps[0].forwarding),
     )
 
 
 def _greedy(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool = True,
+    keep_boundaries: bool = True, route: ChainRoute | None = None,
 ) -> tuple[list[int], list[_Pass]]:
     """Prefill ``prompt`` at positions 0.. (in chunks of the smallest n_batch of the stages), then
-    decode until n_decode tokens are chosen."""
+    decode until n_decode tokens are chosen.  Chained: every ack is in before this returns."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
     if n_decode < 1:
         raise ConfigurationError("decode length must be at least 1")
-    kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries)
+    if route is None:
+        return _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
+                              boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
+                              keep_boundaries=keep_boundaries, route=None)
+    try:
+        out = _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
+                             boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
+                             keep_boundaries=keep_boundaries, route=route)
+    except BaseException:
+        route.drain(quiet=True)
+        raise
+    route.drain()
+    return out
+
+
+def _greedy_passes(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
+    session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
+    keep_boundaries: bool, route: ChainRoute | None,
+) -> tuple[list[int], list[_Pass]]:
+    kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries, route=route)
     batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
     chunks = []
     for first in range(0, len(prompt), batch):
@@ -290,6 +377,9 @@ def run_placement(
     boundary_dtype: str = "f32",
     all_logits: bool = True,
     epoch: int = 1,
+    forwarding: str = "relayed",
+    addresses: Sequence[str] | None = None,
+    sink_host: str = "127.0.0.1",
 ) -> Trace:
     """Prefill then greedy-decode every prompt (one fresh session each, reset afterwards)."""
     infos = describe(stages)
@@ -297,36 +387,53 @@ def run_placement(
     wanted = sorted(set(int(il) for il in capture))
     if any(not 0 <= il < infos[0].n_layer for il in wanted):
         raise ConfigurationError(f"capture layers {wanted} fall outside 0:{infos[0].n_layer}")
+    if wanted and forwarding == "chained":
+        raise ConfigurationError("layer captures need relayed forwarding "
+                                 "(they are for the monolithic reference)")
     traces = []
-    for i, prompt in enumerate(prompts):
-        session = _session(f"p{i}")
-        try:
-            tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
-                                     boundary_dtype=boundary_dtype, all_logits=all_logits, capture=wanted)
-        except BaseException:
-            _reset_all(stages, session, quiet=True)
-            raise
-        _reset_all(stages, session, quiet=False)
-        first = list(range(len(prompt))) if all_logits else [len(prompt) - 1]
-        traces.append(PromptTrace(
-            prompt=tuple(int(t) for t in prompt),
-            tokens=tuple(tokens),
-            logit_positions=tuple(first + [len(prompt) + j for j in range(n_decode - 1)]),
-            logits=np.concatenate([p.logits for p in passes]),
-            boundaries={
-                info.layer_begin: np.concatenate([p.boundaries[k] for p in passes])
-                for k, info in enumerate(infos[1:])
-            },
-            captures={il: np.concatenate([p.captures[il] for p in passes]) for il in wanted},
-            prefill=passes[0].step,
-            decode=tuple(p.step for p in passes[1:]),
-        ))
+    with _routing(stages, infos, forwarding, addresses, sink_host) as route:
+        for i, prompt in enumerate(prompts):
+            traces.append(_prompt_trace(stages, infos, prompt, n_decode, tag=f"p{i}", epoch=epoch,
+                                        boundary_dtype=boundary_dtype, all_logits=all_logits,
+                                        capture=wanted, route=route))
     return Trace(
         placement=tuple((i.layer_begin, i.layer_end) for i in infos),
         cuts=tuple(i.layer_begin for i in infos[1:]),
         boundary_dtype=boundary_dtype,
         infos=infos,
         prompts=tuple(traces),
+        forwarding=forwarding,
+    )
+
+
+def _prompt_trace(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
+    tag: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
+    route: ChainRoute | None,
+) -> PromptTrace:
+    wanted = capture
+    session = _session(tag)
+    try:
+        tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
+                                 boundary_dtype=boundary_dtype, all_logits=all_logits, capture=wanted,
+                                 route=route)
+    except BaseException:
+        _reset_all(stages, session, quiet=True)
+        raise
+    _reset_all(stages, session, quiet=False)
+    first = list(range(len(prompt))) if all_logits else [len(prompt) - 1]
+    return PromptTrace(
+        prompt=tuple(int(t) for t in prompt),
+        tokens=tuple(tokens),
+        logit_positions=tuple(first + [len(prompt) + j for j in range(n_decode - 1)]),
+        logits=np.concatenate([p.logits for p in passes]),
+        boundaries={
+            info.layer_begin: np.concatenate([p.boundaries[k] for p in passes])
+            for k, info in enumerate(infos[1:])
+        },
+        captures={il: np.concatenate([p.captures[il] for p in passes]) for il in wanted},
+        prefill=passes[0].step,
+        decode=tuple(p.step for p in passes[1:]),
     )
 
 
@@ -338,6 +445,9 @@ def measure_speed(
     repetitions: int = 5,
     warmup: int = 1,
     boundary_dtype: str = "f32",
+    forwarding: str = "relayed",
+    addresses: Sequence[str] | None = None,
+    sink_host: str = "127.0.0.1",
 ) -> SpeedSamples:
     """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
 
@@ -348,16 +458,17 @@ def measure_speed(
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
     runs = []
-    for r in range(warmup + repetitions):
-        session = _session(f"speed{r}")
-        try:
-            _, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
-                                boundary_dtype=boundary_dtype, all_logits=False, capture=(),
-                                keep_boundaries=False)
-        finally:
-            _reset_all(stages, session, quiet=True)
-        if r >= warmup:
-            runs.append(passes)
+    with _routing(stages, infos, forwarding, addresses, sink_host) as route:
+        for r in range(warmup + repetitions):
+            session = _session(f"speed{r}")
+            try:
+                _, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
+                                    boundary_dtype=boundary_dtype, all_logits=False, capture=(),
+                                    keep_boundaries=False, route=route)
+            finally:
+                _reset_all(stages, session, quiet=True)
+            if r >= warmup:
+                runs.append(passes)
     prefill, decode, seams, compute = [], [], [], []
     for passes in runs:
         steps = [p.step for p in passes[1:]]
@@ -371,6 +482,7 @@ def measure_speed(
         n_prompt=len(prompt), n_decode=n_decode,
         prefill_tok_s=tuple(prefill), decode_tok_s=tuple(decode), seam_seconds=tuple(seams),
         seam_bytes_per_token=runs[-1][-1].step.seam_bytes, stage_compute_per_token=tuple(compute),
+        forwarding=forwarding, crossings_per_token=runs[-1][-1].step.crossings,
     )
 
 

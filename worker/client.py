@@ -141,6 +141,7 @@ class StageClient:
         self.layers = layers
         self.deadline = deadline
         self._pb2 = pb2
+        self._pb2_grpc = pb2_grpc
         self._liveness = liveness
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb2_grpc.ShardWorkerStub(self._channel)
@@ -155,8 +156,40 @@ class StageClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def pb2(self) -> ModuleType:
+        return self._pb2
+
+    @property
+    def pb2_grpc(self) -> ModuleType:
+        return self._pb2_grpc
+
     def failure(self, code: str, detail: str) -> StageFailed:
         return StageFailed(self.stage, self.layers, code, detail)
+
+    def ended(self) -> tuple[str, str] | None:
+        """How the worker process ended and its last stderr, or None (running, or not ours to watch)."""
+        return self._liveness() if self._liveness else None
+
+    def explain(self, name: str, code: grpc.StatusCode | None, detail: str, *,
+                deadline: float | None = None, settle: bool = True) -> StageFailed:
+        """The StageFailed for a failed call: DIED when the worker process has ended, else the status.
+
+        ``settle`` waits a moment before concluding a dropped connection was not a death.
+        """
+        died = self.ended()
+        if settle and died is None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
+            died = self.ended()
+        if died is not None:
+            how, tail = died
+            last = f"; last stderr: {tail}" if tail else ""
+            return self.failure("DIED", f"worker {how} during {name} ({detail}){last}")
+        status = code.name if code is not None else "UNKNOWN"
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            limit = self.deadline if deadline is None else deadline
+            return self.failure(status, f"{name} got no reply within {limit:.1f} s")
+        return self.failure(status, f"{name}: {detail}")
 
     def _call(self, name: str, request: object, deadline: float | None) -> object:
         try:
@@ -164,19 +197,7 @@ class StageClient:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = exc.details() if hasattr(exc, "details") else str(exc)
-            died = self._liveness() if self._liveness else None
-            if died is None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
-                died = self._liveness() if self._liveness else None
-            if died is not None:
-                how, tail = died
-                last = f"; last stderr: {tail}" if tail else ""
-                raise self.failure("DIED", f"worker {how} during {name} ({detail}){last}") from None
-            status = code.name if code is not None else "UNKNOWN"
-            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                limit = self.deadline if deadline is None else deadline
-                raise self.failure(status, f"{name} got no reply within {limit:.1f} s") from None
-            raise self.failure(status, f"{name}: {detail}") from None
+            raise self.explain(name, code, detail, deadline=deadline) from None
 
     # RPCs -------------------------------------------------------------------------------------
     def health(self, *, deadline: float | None = 5.0) -> tuple[bool, str]:
@@ -270,3 +291,29 @@ class StageClient:
             request_bytes=request.ByteSize(),
             reply_bytes=reply.ByteSize(),
         )
+
+    def forward_chained(
+        self,
+        session_id: str,
+        epoch: int,
+        positions: Sequence[int],
+        *,
+        tokens: Sequence[int],
+        downstream: Sequence[str],
+        deliver_to: str,
+        request_id: str,
+        boundary_dtype: str = "f32",
+        all_logits: bool = False,
+        keep_boundaries: bool = False,
+        deadline: float | None = None,
+    ) -> grpc.Future:
+        """Start a chained pass at this (first) stage without waiting: the returned future is the ack,
+        which completes once every stage has handed on and the last one has delivered to
+        ``deliver_to``.  Its error carries the ``dgr-failed-stage`` trailer naming the failing stage."""
+        request = self._pb2.ForwardRequest(
+            session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
+            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
+            downstream=list(downstream), deliver_to=deliver_to, request_id=request_id,
+            keep_boundaries=keep_boundaries,
+        )
+        return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)

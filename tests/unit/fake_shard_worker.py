@@ -7,10 +7,15 @@ monolithic runs agree only when positions, sessions and epochs are handled right
 
 Faults (tests inject them through the environment, optionally for one stage by its first layer):
   DGR_FAKE_FAULT=exit-at-start | no-listen | die-after-forwards:N | hang-forward | bad-shape
-                 | ignore-sigterm
+                 | ignore-sigterm | fail-after-forwards:N (INTERNAL "injected failure")
   DGR_FAKE_FAULT_BEGIN=<layer>   only the stage starting at that layer misbehaves
   DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
   DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused)
+
+Chained forwarding (ForwardRequest.deliver_to) behaves as in the C++ worker (worker/README.md): the
+stage computes, then calls the next stage's Forward (or the driver's PipelineSink.Deliver) and acks;
+a failure further down comes back with its code, "stage K at ADDR: CODE: ..." and the trailer
+dgr-failed-stage: K.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from dgr_shard_pb import shard_pb2 as pb  # noqa: E402
 from dgr_shard_pb import shard_pb2_grpc as pbg  # noqa: E402
 
 N_BATCH = int(os.environ.get("DGR_FAKE_N_BATCH", "512"))
+FAILED_STAGE = "dgr-failed-stage"
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.enable_http_proxy", 0))
 # What a real worker of each lane reports (ggml device name + description); the certifier refuses a
 # GPU-lane run whose workers name no device of their backend (a silent CPU fallback).
 FAKE_DEVICES = {"cuda": "CUDA0 (fake numpy device), CPU", "vulkan": "Vulkan0 (fake numpy device), CPU"}
@@ -60,6 +68,8 @@ class Servicer(pbg.ShardWorkerServicer):
         self.sessions: dict[str, tuple[int, dict[int, list[np.ndarray]], int]] = {}  # id -> (epoch, kv, n)
         self.forwards = 0
         self.lock = threading.Lock()
+        self.channels: dict[str, grpc.Channel] = {}
+        self.channels_lock = threading.Lock()
 
     def Health(self, request, context):
         return pb.HealthReply(serving=True, status="ok")
@@ -95,14 +105,74 @@ class Servicer(pbg.ShardWorkerServicer):
         return pb.DetokenizeReply(text="".join(chr(97 + t % 26) for t in request.tokens))
 
     def Forward(self, request, context):
+        received_ns = time.monotonic_ns()
+        if request.deliver_to:
+            return self._chained(request, context, received_ns)
+        if request.downstream:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "downstream addresses without deliver_to")
         with self.lock:
             return self._forward(request, context)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self.channels_lock:
+            if address not in self.channels:
+                self.channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            return self.channels[address]
+
+    def _chained(self, request, context, received_ns: int):
+        index, last = len(request.trace), self.end == self.toy.n_layer
+        if request.capture_layers:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "capture_layers is not supported on a chained call")
+        if last and request.downstream:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "chained Forward: this is the last stage but "
+                          f"{len(request.downstream)} downstream address(es) were given")
+        if not last and not request.downstream:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "chained Forward: this stage is not the last but "
+                          "no downstream address was given")
+        with self.lock:
+            reply = self._forward(request, context)
+        hop = pb.Hop(stage=index, layer_begin=self.begin, layer_end=self.end,
+                     compute_seconds=reply.compute_seconds, received_ns=received_ns)
+        timeout = context.time_remaining()
+        try:
+            if not last:
+                hop.boundary_bytes = len(reply.boundary.data)
+                if request.keep_boundaries:
+                    hop.boundary.CopyFrom(reply.boundary)
+                nxt = pb.ForwardRequest(
+                    session_id=request.session_id, epoch=request.epoch, positions=request.positions,
+                    tokens=request.tokens, boundary=reply.boundary, boundary_dtype=request.boundary_dtype,
+                    all_logits=request.all_logits, downstream=request.downstream[1:],
+                    deliver_to=request.deliver_to, request_id=request.request_id,
+                    keep_boundaries=request.keep_boundaries, trace=[*request.trace, hop],
+                )
+                address, what = request.downstream[0], f"stage {index + 1} at {request.downstream[0]}"
+                nxt.trace[-1].sent_ns = time.monotonic_ns()
+                pbg.ShardWorkerStub(self._channel(address)).Forward(nxt, timeout=timeout)
+            else:
+                delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop])
+                delivery.reply.logits.CopyFrom(reply.logits)
+                delivery.reply.kv_used, delivery.reply.compute_seconds = reply.kv_used, reply.compute_seconds
+                address, what = request.deliver_to, f"delivering to the sink at {request.deliver_to}"
+                delivery.trace[-1].sent_ns = time.monotonic_ns()
+                pbg.PipelineSinkStub(self._channel(address)).Deliver(delivery, timeout=timeout)
+        except grpc.RpcError as exc:
+            named = dict(exc.trailing_metadata() or ()).get(FAILED_STAGE)
+            if named is not None and not last:
+                context.set_trailing_metadata(((FAILED_STAGE, named),))
+                context.abort(exc.code(), exc.details())
+            context.set_trailing_metadata(((FAILED_STAGE, str(index if last else index + 1)),))
+            context.abort(exc.code(), f"{what}: {exc.code().name}: {exc.details()}")
+        return pb.ForwardReply()
 
     def _forward(self, request, context):
         t0 = time.perf_counter()
         self.forwards += 1
         if self.fault.startswith("die-after-forwards:") and self.forwards > int(self.fault.split(":")[1]):
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault.startswith("fail-after-forwards:") and self.forwards > int(self.fault.split(":")[1]):
+            context.abort(grpc.StatusCode.INTERNAL, f"injected failure in Forward {self.forwards}")
         if self.fault == "hang-forward":
             time.sleep(3600)
         positions = list(request.positions)

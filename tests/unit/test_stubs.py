@@ -74,3 +74,19 @@ def test_other_proto_already_imported_is_refused(tmp_path: Path) -> None:
     edited.write_text(stubs.PROTO.read_text() + "\n// different\n")
     with pytest.raises(ToolchainMissing, match="another shard.proto"):
         stubs.load(_workspace(tmp_path / "b"), edited)
+
+
+def test_chained_forwarding_messages_and_sink_service(tmp_path: Path) -> None:
+    loaded = stubs.load(_workspace(tmp_path))
+    pb2 = loaded.pb2
+    hop = pb2.Hop(stage=1, layer_begin=3, layer_end=6, received_ns=5, sent_ns=9, boundary_bytes=64)
+    req = pb2.ForwardRequest(session_id="s", downstream=["10.0.0.2:1"], deliver_to="10.0.0.1:2",
+                             request_id="r", keep_boundaries=True, trace=[hop])
+    again = pb2.ForwardRequest.FromString(req.SerializeToString())
+    assert list(again.downstream) == ["10.0.0.2:1"] and again.trace[0].sent_ns == 9
+    # additive only: the relayed fields keep their numbers
+    fields = pb2.ForwardRequest.DESCRIPTOR.fields_by_name
+    assert (fields["capture_layers"].number, fields["downstream"].number, fields["trace"].number) == (8, 9, 13)
+    assert pb2.Delivery(request_id="r", trace=[hop]).reply.kv_used == 0
+    assert hasattr(loaded.pb2_grpc, "PipelineSinkStub")
+    assert hasattr(loaded.pb2_grpc, "add_PipelineSinkServicer_to_server")

@@ -82,29 +82,42 @@ static bool read_dtype(pb::DType d, DType & out) {
     }
 }
 
-grpc::Status ShardService::Forward(grpc::ServerContext *, const pb::ForwardRequest * req, pb::ForwardReply * reply) {
+// The request's fields as the stage takes them; throws StageError on what the wire cannot carry.
+static ForwardArgs read_args(const pb::ForwardRequest & req) {
+    ForwardArgs a;
+    a.session_id = req.session_id();
+    a.epoch      = req.epoch();
+    a.positions.assign(req.positions().begin(), req.positions().end());
+    a.tokens.assign(req.tokens().begin(), req.tokens().end());
+    a.all_logits = req.all_logits();
+    a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
+    if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
+        throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req.boundary_dtype()) +
+                         " is not supported (F32 or F16)");
+    }
+    if (req.has_boundary()) {
+        const auto & b = req.boundary();
+        a.has_boundary = true;
+        if (b.dtype() == pb::DTYPE_UNSPECIFIED || !read_dtype(b.dtype(), a.boundary.dtype)) {
+            throw StageError(StageError::Kind::InvalidArgument, "boundary dtype must be F32 or F16");
+        }
+        a.boundary.shape.assign(b.shape().begin(), b.shape().end());
+        a.boundary.data = &b.data();
+    }
+    return a;
+}
+
+grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardRequest * req, pb::ForwardReply * reply) {
+    const int64_t received_ns = monotonic_ns();
+    if (!req->deliver_to().empty()) {
+        return chained(ctx, req, received_ns);
+    }
     return guarded("Forward", [&] {
-        ForwardArgs a;
-        a.session_id = req->session_id();
-        a.epoch      = req->epoch();
-        a.positions.assign(req->positions().begin(), req->positions().end());
-        a.tokens.assign(req->tokens().begin(), req->tokens().end());
-        a.all_logits = req->all_logits();
-        a.capture_layers.assign(req->capture_layers().begin(), req->capture_layers().end());
-        if (!read_dtype(req->boundary_dtype(), a.boundary_dtype)) {
-            throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req->boundary_dtype()) +
-                             " is not supported (F32 or F16)");
+        if (req->downstream_size() > 0) {
+            throw StageError(StageError::Kind::InvalidArgument, "downstream addresses without deliver_to: a chained "
+                             "call needs the driver's sink address");
         }
-        if (req->has_boundary()) {
-            const auto & b = req->boundary();
-            a.has_boundary = true;
-            if (b.dtype() == pb::DTYPE_UNSPECIFIED || !read_dtype(b.dtype(), a.boundary.dtype)) {
-                throw StageError(StageError::Kind::InvalidArgument, "boundary dtype must be F32 or F16");
-            }
-            a.boundary.shape.assign(b.shape().begin(), b.shape().end());
-            a.boundary.data = &b.data();
-        }
-        ForwardResult r = stage_.forward(a);
+        ForwardResult r = stage_.forward(read_args(*req));
         if (r.has_boundary) {
             put_tensor(r.boundary, reply->mutable_boundary());
         }
@@ -119,6 +132,99 @@ grpc::Status ShardService::Forward(grpc::ServerContext *, const pb::ForwardReque
         reply->set_compute_seconds(r.compute_seconds);
         reply->set_kv_used(r.kv_used);
     });
+}
+
+// A chained failure further down: pass on one that already names its stage (the trailer), else name
+// the hop we called. The status code is kept, so the driver sees what the failing stage said.
+static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r, int32_t stage, const std::string & what) {
+    if (!r.failed_stage.empty()) {
+        ctx->AddTrailingMetadata(kFailedStageKey, r.failed_stage);
+        return r.status;
+    }
+    const std::string msg = what + ": " + status_code_name(r.status.error_code()) + ": " + r.status.error_message();
+    std::fprintf(stderr, "dgr-shard-worker: chained Forward: %s\n", msg.c_str());
+    ctx->AddTrailingMetadata(kFailedStageKey, std::to_string(stage));
+    return grpc::Status(r.status.error_code(), msg);
+}
+
+grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
+    const int32_t index = req->trace_size();
+    const StageInfo in = stage_.info();
+    const std::string range = std::to_string(in.layer_begin) + ":" + std::to_string(in.layer_end);
+    ForwardResult r;
+    grpc::Status own = guarded("Forward", [&] {
+        if (!req->capture_layers().empty()) {
+            throw StageError(StageError::Kind::InvalidArgument, "capture_layers is not supported on a chained call "
+                             "(deliver_to set); capture on a relayed call");
+        }
+        if (in.last_stage && req->downstream_size() > 0) {
+            throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this is the last stage (layers " + range +
+                             " of " + std::to_string(in.n_layer) + ") but " + std::to_string(req->downstream_size()) +
+                             " downstream address(es) were given");
+        }
+        if (!in.last_stage && req->downstream_size() == 0) {
+            throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this stage (layers " + range + " of " +
+                             std::to_string(in.n_layer) + ") is not the last but no downstream address was given");
+        }
+        r = stage_.forward(read_args(*req));
+    });
+    if (!own.ok()) {
+        return own;  // the caller names us: it knows our address
+    }
+
+    pb::Hop hop;
+    hop.set_stage(index);
+    hop.set_layer_begin(in.layer_begin);
+    hop.set_layer_end(in.layer_end);
+    hop.set_compute_seconds(r.compute_seconds);
+    hop.set_received_ns(received_ns);
+
+    if (!in.last_stage) {
+        pb::ForwardRequest next;
+        next.set_session_id(req->session_id());
+        next.set_epoch(req->epoch());
+        next.mutable_positions()->CopyFrom(req->positions());
+        next.mutable_tokens()->CopyFrom(req->tokens());  // a few ids: always passed for a sideband stage
+        put_tensor(r.boundary, next.mutable_boundary());
+        next.set_boundary_dtype(req->boundary_dtype());
+        next.set_all_logits(req->all_logits());
+        for (int i = 1; i < req->downstream_size(); ++i) {
+            next.add_downstream(req->downstream(i));
+        }
+        next.set_deliver_to(req->deliver_to());
+        next.set_request_id(req->request_id());
+        next.set_keep_boundaries(req->keep_boundaries());
+        next.mutable_trace()->CopyFrom(req->trace());
+        hop.set_boundary_bytes(next.boundary().data().size());
+        if (req->keep_boundaries()) {
+            *hop.mutable_boundary() = next.boundary();
+        }
+        pb::Hop * mine = next.add_trace();
+        *mine = std::move(hop);
+        const std::string & address = req->downstream(0);
+        mine->set_sent_ns(monotonic_ns());
+        const ChainResult res = chain_.forward(*ctx, address, next);
+        if (!res.status.ok()) {
+            return hop_failure(ctx, res, index + 1, "stage " + std::to_string(index + 1) + " at " + address);
+        }
+        return grpc::Status::OK;
+    }
+
+    pb::Delivery d;
+    d.set_request_id(req->request_id());
+    put_tensor(r.logits, d.mutable_reply()->mutable_logits());
+    d.mutable_reply()->set_compute_seconds(r.compute_seconds);
+    d.mutable_reply()->set_kv_used(r.kv_used);
+    d.mutable_trace()->CopyFrom(req->trace());
+    pb::Hop * mine = d.add_trace();
+    *mine = std::move(hop);
+    mine->set_sent_ns(monotonic_ns());
+    const ChainResult res = chain_.deliver(*ctx, req->deliver_to(), d);
+    if (!res.status.ok()) {
+        // the sink is the driver's: name the last stage (which could not deliver) and the sink's address
+        return hop_failure(ctx, ChainResult{res.status, ""}, index, "delivering to the sink at " + req->deliver_to());
+    }
+    return grpc::Status::OK;
 }
 
 grpc::Status ShardService::Reset(grpc::ServerContext *, const pb::ResetRequest * req, pb::ResetReply * reply) {

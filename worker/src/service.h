@@ -1,6 +1,7 @@
 // gRPC service dgr.shard.v1.ShardWorker on top of one Stage.
 #pragma once
 
+#include "chain.h"
 #include "shard.grpc.pb.h"
 #include "stage.h"
 
@@ -28,8 +29,12 @@ public:
     grpc::Status Detokenize(grpc::ServerContext *, const dgr::shard::v1::DetokenizeRequest *, dgr::shard::v1::DetokenizeReply *) override;
 
 private:
+    // deliver_to set: compute, then hand the boundary to the next stage (or the logits to the sink)
+    grpc::Status chained(grpc::ServerContext * ctx, const dgr::shard::v1::ForwardRequest * req, int64_t received_ns);
+
     Stage &       stage_;
     BuildIdentity id_;
+    Chain         chain_;
 };
 
 }  // namespace dgr
