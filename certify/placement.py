@@ -354,15 +354,28 @@ def check_worker(info: StageInfo, want: Expect, address: str) -> None:
 
 # Attaching -----------------------------------------------------------------------------------------
 class _Client(StageClient):
-    """A StageClient that remembers the sessions it opened, so leaving can Reset them."""
+    """A StageClient that remembers the sessions still open on its worker, so leaving can Reset them
+    (the driver resets its sessions itself; what is left is what an error interrupted)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sessions: set[str] = set()
+        self.pipeline: list[_Client] = [self]
 
     def forward(self, session_id: str, *args: Any, **kwargs: Any) -> Any:
         self.sessions.add(session_id)
         return super().forward(session_id, *args, **kwargs)
+
+    def forward_chained(self, session_id: str, *args: Any, **kwargs: Any) -> Any:
+        # A chained pass opens the session on every stage downstream too.
+        for c in self.pipeline:
+            c.sessions.add(session_id)
+        return super().forward_chained(session_id, *args, **kwargs)
+
+    def reset(self, session_id: str, **kwargs: Any) -> bool:
+        existed = super().reset(session_id, **kwargs)
+        self.sessions.discard(session_id)
+        return existed
 
 
 def local_address_towards(host: str) -> str:
@@ -469,6 +482,8 @@ class AttachedPipelines:
             for c in clients:
                 c.close()
             raise
+        for c in clients:
+            c.pipeline = clients
         sink = self.file.sink_host or local_address_towards(stages[-1].address.rpartition(":")[0])
         return Attached(
             placement=name,

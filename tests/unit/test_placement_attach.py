@@ -146,6 +146,13 @@ def test_attach_checks_yields_clients_resets_sessions_and_never_stops(
         with pytest.raises(StageFailed, match="UNIMPLEMENTED"):
             att.clients[0].forward("dgr-test-session", 1, [0], tokens=[1])
     assert operator.resets[a] == ["dgr-test-session"] and operator.resets[b] == []
+    # A session the driver reset itself is not reset again; a chained pass opened it on every stage.
+    with pipes.start(None, RECIPE.placements["two-middle"], "two-middle") as att:
+        att.clients[0].forward_chained(
+            "dgr-chained", 1, [0], tokens=[1], downstream=[b], deliver_to="127.0.0.1:9", request_id="r"
+        ).exception()
+        att.clients[1].reset("dgr-chained")
+    assert operator.resets[a] == ["dgr-test-session", "dgr-chained"] and operator.resets[b] == ["dgr-chained"]
     # The operator's workers still serve after we left.
     with StageClient(a, stubs.pb2, stubs.pb2_grpc, stage=0, layers=(0, 6)) as c:
         assert c.health() == (True, "ok")
