@@ -189,3 +189,61 @@ def test_a_mismatching_worker_is_exit_2_and_a_silent_one_exit_6(
     assert f"attached worker {nobody} (placement mono, stage 0, layers 0:12) is unreachable: UNAVAILABLE" in (
         gone.value.message
     )
+
+
+def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: Operator, stubs: Any) -> None:
+    """Vulkan is compared against a CPU monolithic reference: the measurement asks for it with a
+    command of lane cpu, which attaches the file's "reference" workers (identity of lane cpu)."""
+    from certify import measure
+    from tests.unit import ggufmaker as g
+    from worker.launcher import WorkerCommand
+
+    model = tmp_path / "m.gguf"
+    kvs = [
+        g.kv("general.architecture", g.STRING, "llama"),
+        g.kv("llama.embedding_length", g.U32, 256),
+        g.kv_string_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(32000)]),
+    ]
+    model.write_bytes(g.gguf_bytes(kvs, [("token_embd.weight", 8)]))
+    cpu = operator.start(0, 12, json.dumps(pl.stable_identity(RECIPE, "cpu", IDENTITY)), lane="cpu")
+    vk = json.dumps(pl.stable_identity(RECIPE, "vulkan", IDENTITY))
+    mono, a, b, c = (
+        operator.start(r0, r1, vk, lane="vulkan") for r0, r1 in ((0, 12), (0, 1), (1, 6), (6, 12))
+    )
+    data = {
+        "schema_version": 1,
+        "recipe": "tiny-llama",
+        "lane": "vulkan",
+        "reference": {"stages": [{"address": cpu, "layers": [0, 12]}]},
+        "placements": {
+            "mono": {"stages": [{"address": mono, "layers": [0, 12]}]},
+            "three-first-middle": {
+                "stages": [
+                    {"address": a, "layers": [0, 1]},
+                    {"address": b, "layers": [1, 6]},
+                    {"address": c, "layers": [6, 12]},
+                ]
+            },
+        },
+    }
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    pf = pl.load_file(tmp_path / "p.json")
+    cmd = WorkerCommand(program=(), model=model, lane="vulkan")
+    plan = measure.Plan(
+        recipe=RECIPE,
+        lane="vulkan",
+        hardware_class=RECIPE.hardware_class("vulkan", 2),
+        worker=cmd,
+        stubs=stubs,
+        evidence=tmp_path,
+        env={},
+    )
+    plan, pipes, skipped = pl.attach_plan(plan, pf, IDENTITY, 256)
+    assert set(plan.recipe.placements) == {"mono", "three-first-middle"} and len(skipped) == 5
+    assert plan.reference_worker is not None and plan.reference_worker.lane == "cpu"
+    assert plan.where() is pipes and pipes.shape == {"n_embd": 256, "n_vocab": 32000}
+    pipes.preflight()  # the reference is checked against an identity of lane cpu, the rest vulkan
+    with pipes.start(plan.reference_worker, RECIPE.monolithic, "mono-reference-cpu") as att:
+        assert att.addresses == (cpu,)
+    with pipes.start(plan.worker, RECIPE.monolithic, "mono") as att:
+        assert att.addresses == (mono,)
