@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     store = env_store(ctx.env, args.store, ctx.workspace)
     if args.write_identity is not None:
         from certify.errors import ConfigurationError
-        from certify.placement import write_identity
+        from certify.worker_identity import write_identity
 
         if args.lane not in recipe.lanes:
             raise ConfigurationError(

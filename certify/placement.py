@@ -28,40 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import sha256_bytes, sha256_file, write_json
+from certify.canonical import sha256_bytes, sha256_file
 from certify.errors import ConfigurationError, RuntimeFailure
 from certify.recipes import Placement, Recipe
 from certify.verdict import Result, Status
+from certify.worker_identity import COMPARED, Expect, check_worker, model_shape, stable_identity
 from manifests.loader import load_json
 from worker.client import StageClient, StageFailed, StageInfo
 
 log = logging.getLogger("dgr.placement")
 
-IDENTITY_KIND = "dgr.worker-identity"
-IDENTITY_VERSION = 1
 INFO_DEADLINE = 10.0  # Info is cheap; a worker that cannot answer it in 10 s is not usable
-# Fields of the worker's identity file that must equal the certifier's, in the order they are reported.
-# The build (key, binaries) is per machine and only recorded: each host compiles with its own toolchain,
-# so its build key differs while source, patch stack and worker sources are the same; whether that build
-# computes the same numbers is exactly what the parity gates measure.
-COMPARED = (
-    "kind",
-    "schema_version",
-    "recipe.name",
-    "recipe.digest",
-    "lane",
-    "artifacts.set",
-    "artifacts.variant",
-    "artifacts.manifest_digest",
-    "source.commit",
-    "source.tree",
-    "patches.digest",
-    "worker_source",
-)
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
-_HEX = re.compile(r"^[0-9a-f]{32,}$")
 
 
 # The file ------------------------------------------------------------------------------------------
@@ -80,9 +60,6 @@ class PlacementFile:
     sink_host: str | None = None
     source: str = ""
     sha256: str = ""
-
-    def stages_of(self, name: str) -> tuple[AttachedStage, ...]:
-        return self.reference if name == REFERENCE else self.placements[name]
 
 
 REFERENCE = "reference"  # the key of the cross-lane CPU reference workers
@@ -230,126 +207,6 @@ def restrict(
         if n not in pf.placements
     ]
     return dataclasses.replace(recipe, placements=types.MappingProxyType(kept)), skipped
-
-
-# Identity ------------------------------------------------------------------------------------------
-def stable_identity(recipe: Recipe, lane: str, identity: Mapping[str, Any]) -> dict[str, Any]:
-    """What a worker serving ``recipe`` on ``lane`` must carry (``--identity``): no run id, nothing that
-    differs between certifier and worker host except the recorded build."""
-    from lanes.build import worker_digest
-
-    src = identity.get("source") or {}
-    art = identity.get("artifacts") or {}
-    build = identity.get("build") or None
-    return {
-        "kind": IDENTITY_KIND,
-        "schema_version": IDENTITY_VERSION,
-        "recipe": {"name": recipe.name, "digest": recipe.digest},
-        "lane": lane,
-        "artifacts": {k: art.get(k) for k in ("set", "variant", "manifest_digest")},
-        "source": {"commit": src.get("commit"), "tree": src.get("tree")},
-        "patches": {"digest": (identity.get("patches") or {}).get("digest")},
-        "worker_source": worker_digest(),
-        "build": {"lane": build.get("lane"), "key": build.get("key")} if build else None,
-    }
-
-
-def model_shape(first_file: Path) -> dict[str, Any]:
-    """n_embd and n_vocab from the (provisioned, verified) model's GGUF header: a worker that loaded
-    another model is caught by its shape even when it was handed a copy of the right identity file."""
-    from fetch.gguf_header import read_header
-
-    header = read_header(Path(first_file))
-    tokens = header.kv.get("tokenizer.ggml.tokens")
-    n_embd = header.arch_value("embedding_length")
-    return {
-        "n_embd": int(n_embd) if isinstance(n_embd, int) else None,
-        "n_vocab": int(tokens.count) if hasattr(tokens, "count") and isinstance(tokens.count, int) else None,
-    }
-
-
-def _get(doc: Any, path: str) -> Any:
-    for part in path.split("."):
-        doc = doc.get(part) if isinstance(doc, Mapping) else None
-    return doc
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, str) and _HEX.match(value):
-        return value[:16] + "…"
-    return json.dumps(value) if not isinstance(value, str) else value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Expect:
-    """What one attached stage must report."""
-
-    identity: Mapping[str, Any]  # stable_identity() for the worker's lane
-    placement: str
-    stage: int
-    n_stages: int
-    layers: tuple[int, int]
-    architecture: str
-    n_layer: int
-    n_embd: int | None = (
-        None  # from the verified local GGUF header: a model's shape, whatever its identity file says
-    )
-    n_vocab: int | None = None
-    min_ctx: int = 0
-
-
-def mismatches(info: StageInfo, want: Expect) -> list[tuple[str, str, str]]:
-    """(field, expected, got) for every way ``info`` differs from ``want``; empty when it matches."""
-    out: list[tuple[str, str, str]] = []
-
-    def differ(name: str, expected: Any, got: Any) -> None:
-        if expected != got:
-            out.append((name, _show(expected), _show(got)))
-
-    try:
-        doc = json.loads(info.identity_json) if info.identity_json.strip() else None
-    except ValueError:
-        doc = "not JSON"
-    if not isinstance(doc, dict):
-        out.append(
-            (
-                "identity",
-                f"a {IDENTITY_KIND} document (dgr certify --write-identity)",
-                "none" if doc is None else "not a JSON object",
-            )
-        )
-    else:
-        for path in COMPARED:
-            differ(f"identity.{path}", _get(want.identity, path), _get(doc, path))
-    differ("lane", want.identity.get("lane"), info.lane)
-    differ("llama_commit", _get(want.identity, "source.commit"), info.llama_commit)
-    differ("architecture", want.architecture, info.architecture)
-    differ("n_layer", want.n_layer, info.n_layer)
-    if want.n_embd is not None:
-        differ("n_embd", want.n_embd, info.n_embd)
-    if want.n_vocab is not None:
-        differ("n_vocab", want.n_vocab, info.n_vocab)
-    differ("layers", f"{want.layers[0]}:{want.layers[1]}", f"{info.layer_begin}:{info.layer_end}")
-    differ("first_stage", want.stage == 0, info.first_stage)
-    differ("last_stage", want.stage == want.n_stages - 1, info.last_stage)
-    if info.n_ctx < want.min_ctx:
-        out.append(("n_ctx", f">= {want.min_ctx}", str(info.n_ctx)))
-    return out
-
-
-def check_worker(info: StageInfo, want: Expect, address: str) -> None:
-    """ConfigurationError (exit 2), one line: worker, placement, the first field, expected vs got."""
-    found = mismatches(info, want)
-    if not found:
-        return
-    name, expected, got = found[0]
-    more = f" (also: {', '.join(f[0] for f in found[1:])})" if len(found) > 1 else ""
-    raise ConfigurationError(
-        f"attached worker {address} (placement {want.placement}, stage {want.stage}) does not match the "
-        f"recipe: {name}: expected {expected}, got {got}{more}",
-        hint="start it with --layers and --identity from `dgr certify --recipe R --lane L --write-identity "
-        "FILE` made from this checkout; the certifier never trusts a worker it cannot match",
-    )
 
 
 # Attaching -----------------------------------------------------------------------------------------
@@ -584,84 +441,3 @@ def attach_plan(
         pipes,
         skipped,
     )
-
-
-# Preparation ---------------------------------------------------------------------------------------
-def prepare_attached(ctx: Any, recipe: Recipe, lane: str, *, store: Path | None) -> Any:
-    """The identity chain and subjects without a local build: the workers' binaries live on their hosts.
-
-    The artifacts are provisioned (verified) here, so the certificate's subjects are files this machine
-    hashed; source and patch stack come from this checkout's own verified trees, since those digests are
-    what every worker's identity is held to.
-    """
-    import os
-
-    from certify import certificate as cert
-    from certify.run import Prepared
-    from fetch.artifacts import load_set
-    from fetch.provision import provision
-    from fetch.source import ensure_pristine
-    from patches.stack import ensure_patched
-
-    provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
-    patched = ensure_patched(ctx)
-    pristine = ensure_pristine(ctx)
-    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
-    store_root = provisioned.store.parent.parent
-    subjects, paths = [], {}
-    for entry, path in zip(entries, provisioned.files, strict=True):
-        name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
-        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3}))
-        paths[name] = str(Path(path).resolve())
-    identity = {
-        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
-        "patches": {**dict(patched.provenance), "digest": patched.digest},
-        "build": None,  # on the workers' hosts: see identity.attached.workers[].build (self-reported)
-        "reference_build": None,
-        "artifacts": {
-            "set": recipe.artifacts,
-            "variant": recipe.variant,
-            "manifest_digest": provisioned.manifest_digest,
-            **dict(provisioned.provenance),
-        },
-    }
-    verified = [
-        f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
-        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning on the certifying machine",
-        "build: not hashed here; the workers are attached (started by the operator on their hosts), their "
-        "identity and owned range were checked through Info (self-reported)",
-    ]
-    return Prepared(
-        model=Path(provisioned.files[0]),
-        worker=(),
-        identity=identity,
-        subjects=subjects,
-        local_paths=paths,
-        verified=verified,
-    )
-
-
-def write_identity(ctx: Any, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> list[str]:
-    """Write the identity file a worker of ``recipe`` on ``lane`` is started with; returns the worker's
-    command line to print (model, layers placeholder, ctx the certifier needs)."""
-    from certify.run import _ctx_size, prepare
-
-    prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=False)
-    doc = stable_identity(recipe, lane, prepared.identity)
-    write_json(Path(path), doc)
-    ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
-    return [
-        *prepared.worker,
-        "--model",
-        str(prepared.model),
-        "--layers",
-        "BEGIN:END",
-        "--listen",
-        "HOST:PORT",
-        "--ctx",
-        str(ctx_size),
-        "--identity",
-        str(Path(path).resolve()),
-        "--lane",
-        lane,
-    ]

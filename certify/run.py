@@ -395,10 +395,11 @@ def certify(
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
     if placement_file is not None:
         from certify import placement as attach
+        from certify import worker_identity
 
         pf = attach.load_file(placement_file)
         attach.restrict(pf, recipe, lane, cross_lane=hc.parity.reference_lane == "cpu" and lane != "cpu")
-        prepared = attach.prepare_attached(ctx, recipe, lane, store=store)
+        prepared = worker_identity.prepare_attached(ctx, recipe, lane, store=store)
         return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf)
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.parity.reference_lane == "cpu")
     return run_certification(ctx, recipe, lane, prepared, key=key)

@@ -12,6 +12,7 @@ import pytest
 
 from certify import placement as pl
 from certify import recipes
+from certify import worker_identity as wi
 from certify.errors import ConfigurationError
 from certify.verdict import Status
 from worker.client import Memory, StageInfo
@@ -227,8 +228,8 @@ def info(identity: Any, **over: Any) -> StageInfo:
     return StageInfo(**fields)
 
 
-WANT = pl.Expect(
-    identity=pl.stable_identity(RECIPE, "cpu", IDENTITY),
+WANT = wi.Expect(
+    identity=wi.stable_identity(RECIPE, "cpu", IDENTITY),
     placement="two-middle",
     stage=1,
     n_stages=2,
@@ -242,7 +243,7 @@ WANT = pl.Expect(
 
 
 def test_the_stable_identity_has_no_run_id_and_records_the_build() -> None:
-    doc = pl.stable_identity(RECIPE, "cpu", {**IDENTITY, "run_id": "x"})
+    doc = wi.stable_identity(RECIPE, "cpu", {**IDENTITY, "run_id": "x"})
     assert "run_id" not in json.dumps(doc) and doc["build"] == {"lane": "cpu", "key": "b" * 64}
     assert (
         doc["recipe"] == {"name": "tiny-llama", "digest": RECIPE.digest} and len(doc["worker_source"]) == 64
@@ -251,8 +252,8 @@ def test_the_stable_identity_has_no_run_id_and_records_the_build() -> None:
 
 def test_a_matching_worker_passes_and_its_build_key_may_differ() -> None:
     theirs = {**WANT.identity, "build": {"lane": "cpu", "key": "c" * 64}}  # built on another host
-    pl.check_worker(info(theirs), WANT, B)
-    assert pl.mismatches(info(theirs), WANT) == []
+    wi.check_worker(info(theirs), WANT, B)
+    assert wi.mismatches(info(theirs), WANT) == []
 
 
 def _mutated(path: str, value: Any) -> dict[str, Any]:
@@ -341,7 +342,7 @@ def test_each_mismatching_field_is_exit_2_naming_it(
 ) -> None:
     theirs = WANT.identity if identity is None else identity
     with pytest.raises(ConfigurationError) as err:
-        pl.check_worker(info(theirs, **over), WANT, B)
+        wi.check_worker(info(theirs, **over), WANT, B)
     line = err.value.one_line()
     assert err.value.exit_code == 2 and "\n" not in line
     assert f"attached worker {B} (placement two-middle, stage 1) does not match the recipe: " in line
@@ -350,7 +351,7 @@ def test_each_mismatching_field_is_exit_2_naming_it(
 
 def test_every_mismatch_is_listed_after_the_first() -> None:
     with pytest.raises(ConfigurationError) as err:
-        pl.check_worker(info(WANT.identity, architecture="gemma3", n_layer=18, n_embd=640), WANT, B)
+        wi.check_worker(info(WANT.identity, architecture="gemma3", n_layer=18, n_embd=640), WANT, B)
     assert "architecture: expected llama, got gemma3 (also: n_layer, n_embd)" in err.value.message
 
 
@@ -364,7 +365,7 @@ def test_the_model_shape_comes_from_the_gguf_header(tmp_path: Path) -> None:
         g.kv_string_array("tokenizer.ggml.tokens", ["a", "b", "c"]),
     ]
     path.write_bytes(g.gguf_bytes(kvs, [("token_embd.weight", 8)]))
-    assert pl.model_shape(path) == {"n_embd": 64, "n_vocab": 3}
+    assert wi.model_shape(path) == {"n_embd": 64, "n_vocab": 3}
 
 
 def test_expect_is_frozen() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from certify import placement as pl
 from certify import recipes
+from certify import worker_identity as wi
 from certify.errors import ConfigurationError, RuntimeFailure
 from tests.unit.fake_stages import load_stubs
 from worker.client import StageClient, StageFailed
@@ -126,7 +127,7 @@ def _pipelines(tmp: Path, stubs: Any, placements: dict[str, list[tuple[str, tupl
 
 
 def _good() -> str:
-    return json.dumps(pl.stable_identity(RECIPE, "cpu", IDENTITY))
+    return json.dumps(wi.stable_identity(RECIPE, "cpu", IDENTITY))
 
 
 def test_attach_checks_yields_clients_resets_sessions_and_never_stops(
@@ -205,8 +206,8 @@ def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: 
         g.kv_string_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(32000)]),
     ]
     model.write_bytes(g.gguf_bytes(kvs, [("token_embd.weight", 8)]))
-    cpu = operator.start(0, 12, json.dumps(pl.stable_identity(RECIPE, "cpu", IDENTITY)), lane="cpu")
-    vk = json.dumps(pl.stable_identity(RECIPE, "vulkan", IDENTITY))
+    cpu = operator.start(0, 12, json.dumps(wi.stable_identity(RECIPE, "cpu", IDENTITY)), lane="cpu")
+    vk = json.dumps(wi.stable_identity(RECIPE, "vulkan", IDENTITY))
     mono, a, b, c = (
         operator.start(r0, r1, vk, lane="vulkan") for r0, r1 in ((0, 12), (0, 1), (1, 6), (6, 12))
     )
