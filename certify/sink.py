@@ -243,6 +243,11 @@ class ChainRoute:
             if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or settle:
                 break
             time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED and not named:
+            # every hop shares the driver's deadline, so which one hung is not known here
+            return self.stages[0].failure(code.name, f"chained pass got no delivery within "
+                                          f"{self.stages[0].deadline:.1f} s (this stage or one after it "
+                                          f"did not answer)")
         hop = _HOP_FAILURE.match(detail or "")
         if hop:
             detail = f"{hop.group(1)}: {hop.group(3)}"

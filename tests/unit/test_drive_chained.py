@@ -173,6 +173,22 @@ def test_stage_dead_before_the_pass_is_named(stubs, tmp_path: Path) -> None:
                 route.run("s", 1, [0], [1], boundary_dtype="f32", all_logits=False, keep_boundaries=False)
 
 
+def test_hung_stage_ends_at_the_deadline(stubs, tmp_path: Path) -> None:
+    with launch(fake_command(tmp_path), PLACEMENTS["3"], stubs=stubs, evidence=tmp_path / "ev",
+                env=fake_env(stubs, DGR_FAKE_FAULT="hang-forward", DGR_FAKE_FAULT_BEGIN="1"),
+                call_deadline=1.5, grace=1.0) as p:
+        infos = drive.describe(p.clients)
+        started = time.monotonic()
+        # the route directly: run_placement would go on to Reset the session, which the hung stage's
+        # fake holds its lock against until Reset's own deadline
+        with pytest.raises(StageFailed, match="DEADLINE_EXCEEDED") as caught, \
+                chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+            route.run("s", 1, [0], [1], boundary_dtype="f32", all_logits=False, keep_boundaries=False)
+        assert time.monotonic() - started < 5
+    assert caught.value.code == "DEADLINE_EXCEEDED" and "1.5 s" in caught.value.detail
+    assert not any(running(pid) for pid in p.pids)
+
+
 def test_sink_refuses_unknown_deliveries(stubs) -> None:
     with Sink(stubs.pb2, stubs.pb2_grpc) as sink:
         channel = grpc.insecure_channel(sink.address)
