@@ -117,6 +117,7 @@ def test_attached_workers_certify_and_mismatches_are_refused(
         )
         html = (cert.parent / "report.html").read_text()
         assert "attached workers" in html and addrs["mono"][0] in html
+        assert "binaries live on their hosts and were not hashed here" in html
         # Attaching never stops the operator's workers.
         assert sorted(our_workers(cpu_build.worker)) == pids_before
 
