@@ -145,6 +145,8 @@ class ChainedPass:
     hops: tuple[object, ...]  # pb2 Hop per stage, stage 0 first
     boundaries: tuple[np.ndarray, ...]  # per seam, float32, only with keep_boundaries
     wall_seconds: float  # driver: request sent -> delivery received
+    sent_ns: int  # CLOCK_MONOTONIC when the driver sent the pass (hops[0].received_ns - sent_ns: crossing in)
+    delivered_ns: int  # CLOCK_MONOTONIC when the sink got it (minus hops[-1].sent_ns: crossing out)
 
 
 class ChainRoute:
@@ -171,7 +173,7 @@ class ChainRoute:
         request_id = uuid.uuid4().hex
         waiting = self.sink.expect(request_id)
         wake = threading.Event()
-        started = time.perf_counter()
+        sent_ns, started = time.monotonic_ns(), time.perf_counter()
         ack = first.forward_chained(
             session, epoch, positions, tokens=tokens, downstream=self.addresses[1:],
             deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
@@ -195,7 +197,7 @@ class ChainRoute:
             self._raise_if_failed(ack)
         else:
             self._acks.append(ack)
-        return self._check(got, started, len(positions), all_logits=all_logits,
+        return self._check(got, started, sent_ns, len(positions), all_logits=all_logits,
                            keep_boundaries=keep_boundaries)
 
     def drain(self, *, quiet: bool = False) -> None:
@@ -253,7 +255,7 @@ class ChainRoute:
             detail = f"{hop.group(1)}: {hop.group(3)}"
         return self.stages[k].explain("chained Forward", code, detail, settle=False)
 
-    def _check(self, got: Received, started: float, n: int, *, all_logits: bool,
+    def _check(self, got: Received, started: float, sent_ns: int, n: int, *, all_logits: bool,
                keep_boundaries: bool) -> ChainedPass:
         d = got.delivery
         last, info = self.stages[-1], self.infos[-1]
@@ -277,7 +279,8 @@ class ChainRoute:
         if logits.shape != (rows, info.n_vocab):
             raise last.failure("BAD_REPLY", f"logits {list(logits.shape)}, expected [{rows}, {info.n_vocab}]")
         return ChainedPass(logits=logits, kv_used=int(d.reply.kv_used), hops=hops,
-                           boundaries=tuple(boundaries), wall_seconds=got.received_at - started)
+                           boundaries=tuple(boundaries), wall_seconds=got.received_at - started,
+                           sent_ns=sent_ns, delivered_ns=got.received_ns)
 
 
 @contextmanager
