@@ -66,9 +66,9 @@ class WorkerCommand:
     lane: str | None = None
     extra: tuple[str, ...] = ()
 
-    def argv(self, layers: tuple[int, int]) -> list[str]:
+    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0") -> list[str]:
         args = [*self.program, "--model", os.fspath(self.model), "--layers", f"{layers[0]}:{layers[1]}",
-                "--listen", "127.0.0.1:0", "--threads", str(self.threads)]
+                "--listen", listen, "--threads", str(self.threads)]
         if self.ctx_size is not None:
             args += ["--ctx", str(self.ctx_size)]
         if self.max_sessions is not None:
@@ -78,6 +78,15 @@ class WorkerCommand:
         if self.lane is not None:
             args += ["--lane", self.lane]
         return args + list(self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """Where one stage's worker runs: a command prefix (``("ip", "netns", "exec", NS)``) and the host it
+    listens on (port 0: its own pick).  The default, no Placed at all, is 127.0.0.1 in our namespace."""
+
+    prefix: tuple[str, ...] = ()
+    host: str | None = None
 
 
 def check_placement(placement: Sequence[tuple[int, int]], n_layer: int | None = None) -> None:
@@ -124,6 +133,7 @@ class Stage:
     stdout_path: Path
     stderr_path: Path
     stdout_offset: int = 0  # the evidence files append: a reused folder keeps older runs' lines
+    host: str | None = None  # the address asked for (None: loopback, whatever the worker announces)
     address: str | None = None
     client: StageClient | None = None
 
@@ -207,9 +217,15 @@ class Pipeline:
 
 
 def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Path,
-           env: Mapping[str, str]) -> Stage:
-    argv = cmd.argv(layers)
+           env: Mapping[str, str], placed: Placed | None = None) -> Stage:
+    host = placed.host if placed is not None else None
+    argv = cmd.argv(layers) if host is None else cmd.argv(layers, listen=f"{host}:0")
     argv[0] = proc.resolve(argv[0], env)
+    if placed is not None and placed.prefix:
+        # e.g. `ip netns exec NS`: it execs the worker, so the pid we hold (and signal) is the worker's.
+        prefix = list(placed.prefix)
+        prefix[0] = proc.resolve(prefix[0], env)
+        argv = prefix + argv
     stem = f"stage-{index}-layers-{layers[0]}-{layers[1]}"
     out_path, err_path = evidence / f"{stem}.stdout", evidence / f"{stem}.stderr"
     log.info("$ %s", shlex.join(argv))
@@ -221,7 +237,7 @@ def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Pa
                                    env=dict(env), start_new_session=True)
     _LIVE.add(process)
     return Stage(index=index, layers=layers, argv=argv, process=process, stdout_path=out_path,
-                 stderr_path=err_path, stdout_offset=offset)
+                 stderr_path=err_path, stdout_offset=offset, host=host)
 
 
 def _wait_listening(stage: Stage, until: float, timeout: float) -> str:
@@ -235,6 +251,8 @@ def _wait_listening(stage: Stage, until: float, timeout: float) -> str:
         if found:
             host, port = found.group(1), found.group(2)
             host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::", "localhost") else host
+            if stage.host is not None:  # we chose the address; the port is the worker's pick
+                host = stage.host
             return f"{host}:{port}"
         died = stage.exit_description()
         if died is not None:
@@ -275,18 +293,23 @@ def launch(
     start_timeout: float = 120.0,
     call_deadline: float = 120.0,
     grace: float = 5.0,
+    placed: Sequence[Placed] | None = None,
 ) -> Iterator[Pipeline]:
     """Start a worker per stage, wait until each listens and is healthy, yield the Pipeline, stop all.
 
     Workers start together (model loading overlaps), then each is awaited in turn against one shared
     deadline.  ``call_deadline`` bounds every later RPC (a hung worker is a failure, not a wait).
+    ``placed[k]`` (optional) says where stage k runs: a command prefix and the address it listens on.
     """
     check_placement(placement)
+    if placed is not None and len(placed) != len(placement):
+        raise ConfigurationError(f"{len(placement)} stages but {len(placed)} places to run them")
     evidence.mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline([], evidence)
     try:
         for k, layers in enumerate(placement):
-            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env))
+            where = placed[k] if placed is not None else None
+            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env, where))
         until = time.monotonic() + start_timeout
         for stage in pipeline.stages:
             stage.address = _wait_listening(stage, until, start_timeout)
