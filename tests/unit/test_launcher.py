@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from certify.errors import ConfigurationError, ToolchainMissing
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs, running
 from worker.client import StageFailed
-from worker.launcher import WorkerCommand, check_placement, launch
+from worker.launcher import Placed, WorkerCommand, check_placement, launch
 
 PLACEMENT = [(0, 4), (4, 8), (8, 12)]
 
@@ -148,3 +149,32 @@ def _assert_all_reaped(tmp_path: Path) -> None:
     for stage in record["stages"]:
         assert stage["returncode"] is not None
         assert not running(stage["pid"])
+
+
+def test_default_command_line_listens_on_loopback(tmp_path: Path) -> None:
+    cmd = WorkerCommand(program=("w",), model=tmp_path / "m.gguf", threads=3)
+    argv = cmd.argv((2, 5))
+    assert argv == ["w", "--model", os.fspath(tmp_path / "m.gguf"), "--layers", "2:5",
+                    "--listen", "127.0.0.1:0", "--threads", "3"]
+    assert cmd.argv((2, 5), listen="10.1.2.3:0")[6] == "10.1.2.3:0"
+
+
+def test_placed_stages_run_behind_a_prefix_on_the_asked_host(stubs, tmp_path: Path) -> None:
+    # `env` execs its program like `ip netns exec` does: the pid we hold and signal is the worker's.
+    placed = [Placed(prefix=("env",), host="127.0.0.1"), Placed()]
+    with _launch(stubs, tmp_path, [(0, 6), (6, 12)], placed=placed) as pipeline:
+        first, second = pipeline.stages
+        assert first.argv[0].endswith("/env") and first.argv[1] == sys.executable
+        assert "--listen" in first.argv and first.argv[first.argv.index("--listen") + 1] == "127.0.0.1:0"
+        assert first.address.startswith("127.0.0.1:")
+        assert Path(f"/proc/{first.pid}/exe").resolve() == Path(sys.executable).resolve()
+        assert [c.info().layer_begin for c in pipeline.clients] == [0, 6]
+        pids = pipeline.pids
+    assert not any(running(p) for p in pids)
+    assert [s.process.returncode for s in pipeline.stages] == [0, 0]
+
+
+def test_placed_must_name_every_stage(stubs, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="2 stages but 1 places"):
+        with _launch(stubs, tmp_path, [(0, 6), (6, 12)], placed=[Placed()]):
+            pass
