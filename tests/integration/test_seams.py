@@ -1,0 +1,220 @@
+"""Issue 8: seams that behave like links, on this machine (network namespaces, shaped access links).
+
+Every test makes its own fabric (namespaces, bridge, links, shapers) and checks afterwards that nothing
+of it is left: no namespace, no root-side link, no shaper or worker process, no ownership marker.
+Where the machine cannot make a fabric (not root, no iproute2) the tests skip with the probe's reason;
+the probe's refusal itself is tested by running it as an unprivileged user.
+
+This kernel has no sch_netem, so these tests exercise the userspace shaper backend; the netem backend's
+command lines are held by tests/unit/test_seams.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from certify import drive, seams
+from certify.recipes import Placement, Seam
+from certify.shaper import Link
+from tests.integration.conftest import proc_alive
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+HEADER = struct.Struct("<Qd")  # payload length, sender's CLOCK_MONOTONIC (one clock for every namespace)
+STAMPS = struct.Struct("<dd")  # receiver's clock at the first and the last payload byte
+# A ratio above this, for a link slower than the machine, means the shaper (not TCP) is the bottleneck.
+TRANSFER_FACTOR = 1.5
+# Slow start, the shaper's select() wake-up and Python's scheduling on two busy cores add a little.
+SLACK_S = 0.05
+
+ECHO = textwrap.dedent("""
+    import socket, struct, sys, time
+    H, S = struct.Struct("<Qd"), struct.Struct("<dd")
+    srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
+    print(srv.getsockname()[1], flush=True)
+    conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def exact(n):
+        buf = bytearray()
+        while len(buf) < n:
+            part = conn.recv(min(1 << 20, n - len(buf)))
+            if not part: sys.exit(0)
+            buf += part
+        return buf
+    while True:
+        n, _sent = H.unpack(exact(H.size))
+        got, first = 0, None
+        while got < n:
+            part = conn.recv(min(1 << 20, n - got))
+            if not part: sys.exit(0)
+            first = time.monotonic() if first is None else first
+            got += len(part)
+        conn.sendall(S.pack(first, time.monotonic()))
+""")
+
+
+def _support(env) -> seams.SeamSupport:
+    support = seams.probe({**env, "DGR_SEAMS_BACKEND": "shaper"})
+    if not support.available:
+        pytest.skip(f"no seam fabric on this machine: {support.reason}")
+    return support
+
+
+def _left_over(tag: str) -> list[str]:
+    """Anything of fabric ``tag`` still on the machine."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    found = [f"netns {line.split()[0]}" for line in out.splitlines() if line.startswith(f"dgr{tag}")]
+    found += [f"link {n}" for n in os.listdir("/sys/class/net") if n.startswith(f"dgr{tag}")]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"certify.shaper" in cmd and f"dgr{tag}".encode() in cmd and proc_alive(int(entry.name)):
+                found.append(f"shaper pid {entry.name}")
+    if (seams.MARKERS / f"{tag}.json").exists():
+        found.append("marker")
+    return found
+
+
+class Echo:
+    """A stamping echo server inside stage ``k``'s namespace; the client is the driver (root namespace)."""
+
+    def __init__(self, fabric: seams.Fabric, k: int) -> None:
+        self.process = subprocess.Popen(
+            ["ip", "netns", "exec", fabric.namespaces[k], sys.executable, "-c", ECHO, fabric.addresses[k]],
+            stdout=subprocess.PIPE, text=True)
+        port = int(self.process.stdout.readline())
+        self.sock = socket.create_connection((fabric.addresses[k], port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, payload: bytes) -> tuple[float, float, float]:
+        """(one-way time to the last byte, one-way time to the first byte, round trip) in seconds."""
+        sent = time.monotonic()
+        self.sock.sendall(HEADER.pack(len(payload), sent) + payload)
+        reply = b""
+        while len(reply) < STAMPS.size:
+            reply += self.sock.recv(STAMPS.size - len(reply))
+        back = time.monotonic()
+        first, last = STAMPS.unpack(reply)
+        return last - sent, first - sent, back - sent
+
+    def close(self) -> None:
+        self.sock.close()
+        self.process.wait(timeout=10)
+        self.process.stdout.close()
+
+
+DRIVER = Link(delay_s=0.010, rate_bps=8e6)
+SLOW = Link(delay_s=0.010, rate_bps=8e6)  # 1 MiB takes >= 1.05 s
+FAST = Link(delay_s=0.005, rate_bps=100e6)  # 1 MiB takes >= 0.089 s
+
+
+def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) -> None:
+    support = _support(worker_env)
+    fabric = seams.Fabric(links=seams.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support,
+                          env=worker_env)
+    figures = {}
+    with fabric:
+        tag = fabric.tag
+        assert fabric.describe()["backend"] == "shaper"
+        for k, link in enumerate((SLOW, FAST)):
+            echo = Echo(fabric, k)
+            try:
+                pings = [echo.send(b"x") for _ in range(10)]
+                big = [echo.send(os.urandom(MiB)) for _ in range(2)]
+            finally:
+                echo.close()
+            one_way = min(p[0] for p in pings)
+            rtt = min(p[2] for p in pings)
+            rtt_bound = seams.crossing_bound_s(1, link) + seams.crossing_bound_s(STAMPS.size, DRIVER)
+            transfer = min(b[0] for b in big)
+            bound = seams.crossing_bound_s(MiB, link)
+            figures[k] = dict(one_way_ms=one_way * 1e3, one_way_bound_ms=seams.crossing_bound_s(1, link) * 1e3,
+                              rtt_ms=rtt * 1e3, rtt_bound_ms=rtt_bound * 1e3, transfer_s=transfer,
+                              transfer_bound_s=bound, ratio=seams.ratio(transfer, bound))
+            print(f"stage {k} link {link}: {figures[k]}")
+            assert one_way >= 0.95 * seams.crossing_bound_s(1, link)
+            assert one_way <= seams.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
+            assert rtt >= 0.95 * rtt_bound
+            assert 0.95 * bound <= transfer <= bound * TRANSFER_FACTOR + SLACK_S
+    assert _left_over(tag) == []
+
+
+def _child(code: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+FABRIC_CHILD = """
+    import os, signal, subprocess, sys, time
+    from certify import seams
+    from certify.cli import _terminate
+    from certify.shaper import Link
+    signal.signal(signal.SIGTERM, _terminate)
+    link = Link(delay_s=0.002)
+    support = seams.probe(dict(os.environ, DGR_SEAMS_BACKEND="shaper"))
+    with seams.Fabric(links=seams.Profiles(driver=link, stages=(link, link, link)), support=support,
+                      env=dict(os.environ)) as fabric:
+        # something running inside a stage namespace that nobody stops politely
+        subprocess.Popen(["ip", "netns", "exec", fabric.namespaces[1], "sleep", "600"], start_new_session=True)
+        print(fabric.tag, flush=True)
+        time.sleep(600)
+"""
+
+
+def test_sigterm_unwinds_the_fabric(worker_env) -> None:
+    _support(worker_env)
+    child = _child(FABRIC_CHILD)
+    tag = child.stdout.readline().strip()
+    assert tag and _left_over(tag), "the fabric is up"
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=60)
+    child.stdout.close()
+    assert _left_over(tag) == []
+
+
+def test_a_killed_run_is_swept_by_the_next(worker_env) -> None:
+    _support(worker_env)
+    child = _child(FABRIC_CHILD)
+    tag = child.stdout.readline().strip()
+    child.kill()
+    child.wait(timeout=30)
+    child.stdout.close()
+    assert any(x.startswith("shaper") for x in _left_over(tag)), "SIGKILL leaves the fabric behind"
+    assert tag in seams.sweep_stale(worker_env)
+    assert _left_over(tag) == []
+
+
+PROBE = "import os; from certify.seams import probe; s = probe(dict(os.environ)); print(s.backend); print(s.reason)"
+
+
+@pytest.mark.parametrize("how", [
+    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],  # an ordinary user
+    ["unshare", "--user", "--map-root-user"],  # root of a user namespace: capabilities, but not the host's
+])
+def test_the_probe_says_in_one_line_why_not(how, worker_env) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dropping privileges needs root to start from")
+    done = subprocess.run([*how, sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    backend, reason = done.stdout.splitlines()
+    print(how[0], "->", reason)
+    assert backend == "None"
+    assert reason.startswith(("needs root", "cannot create a network namespace")), reason
+    assert "\n" not in reason and len(reason) < 160
