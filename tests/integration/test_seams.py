@@ -144,7 +144,8 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
             rtt_bound = seams.crossing_bound_s(1, link) + seams.crossing_bound_s(STAMPS.size, DRIVER)
             transfer = min(b[0] for b in big)
             bound = seams.crossing_bound_s(MiB, link)
-            figures[k] = dict(one_way_ms=one_way * 1e3, one_way_bound_ms=seams.crossing_bound_s(1, link) * 1e3,
+            figures[k] = dict(one_way_ms=one_way * 1e3,
+                              one_way_bound_ms=seams.crossing_bound_s(1, link) * 1e3,
                               rtt_ms=rtt * 1e3, rtt_bound_ms=rtt_bound * 1e3, transfer_s=transfer,
                               transfer_bound_s=bound, ratio=seams.ratio(transfer, bound))
             print(f"stage {k} link {link}: {figures[k]}")
@@ -171,7 +172,8 @@ FABRIC_CHILD = """
     with seams.Fabric(links=seams.Profiles(driver=link, stages=(link, link, link)), support=support,
                       env=dict(os.environ)) as fabric:
         # something running inside a stage namespace that nobody stops politely
-        subprocess.Popen(["ip", "netns", "exec", fabric.namespaces[1], "sleep", "600"], start_new_session=True)
+        subprocess.Popen(["ip", "netns", "exec", fabric.namespaces[1], "sleep", "600"],
+                         start_new_session=True)
         print(fabric.tag, flush=True)
         time.sleep(600)
 """
@@ -200,7 +202,8 @@ def test_a_killed_run_is_swept_by_the_next(worker_env) -> None:
     assert _left_over(tag) == []
 
 
-PROBE = "import os; from certify.seams import probe; s = probe(dict(os.environ)); print(s.backend); print(s.reason)"
+PROBE = ("import os; from certify.seams import probe; s = probe(dict(os.environ)); "
+         "print(s.backend); print(s.reason)")
 
 
 @pytest.mark.parametrize("how", [
@@ -218,3 +221,96 @@ def test_the_probe_says_in_one_line_why_not(how, worker_env) -> None:
     assert backend == "None"
     assert reason.startswith(("needs root", "cannot create a network namespace")), reason
     assert "\n" not in reason and len(reason) < 160
+
+
+# The real worker over a shaped fabric ----------------------------------------------------------------
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Once upon a time"]
+N_DECODE = 12
+WAN = Seam(delay_ms=5, rate_mbit=100)
+TWO = ((0, 6), (6, 12))
+FOUR = ((0, 3), (3, 6), (6, 9), (9, 12))
+
+
+@pytest.fixture(scope="module")
+def loopback(worker_command, stubs, worker_env, tmp_path_factory):
+    """Prompts and the loopback (unshaped, one namespace) traces of the 2- and 4-stage placements."""
+    evidence = tmp_path_factory.mktemp("loopback")
+    traces = {}
+    for name, stages in (("two", TWO), ("four", FOUR)):
+        with launch(worker_command, stages, stubs=stubs, evidence=evidence / name, env=worker_env) as p:
+            prompts = [p.clients[0].tokenize(t) for t in TEXTS]
+            traces[name] = drive.run_placement(p.clients, prompts, N_DECODE)
+    return prompts, traces
+
+
+def _decode_steps(trace: drive.Trace) -> list[drive.Step]:
+    return [step for pt in trace.prompts for step in pt.decode]
+
+
+def test_real_worker_relayed_over_a_shaped_fabric(
+    loopback, worker_command, stubs, worker_env, tmp_path
+) -> None:
+    support = _support(worker_env)
+    prompts, ref = loopback
+    placement = Placement(name="wan-2", stages=TWO, seams=(WAN,))
+    where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
+    with where.start(worker_command, placement, "wan-2") as pipe:
+        tag = pipe.fabric.tag
+        pids = pipe.pids
+        assert [a.split(":")[0] for a in pipe.addresses] == pipe.fabric.addresses
+        trace = drive.run_placement(pipe.clients, prompts, N_DECODE)
+    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    for got, want in zip(trace.prompts, ref["two"].prompts, strict=True):
+        assert np.array_equal(got.logits, want.logits), "the seams must not change a single bit"
+        assert got.tokens == want.tokens
+    # Relayed seam 0 as the driver times it: the boundary into stage 1, then its logits row into the driver.
+    link = seams.link_of(WAN)
+    logits_bytes = trace.infos[-1].n_vocab * 4
+    steps = _decode_steps(trace)
+    bound = seams.relayed_round_trip_bound_s(steps[0].seam_bytes[0], logits_bytes, link, link)
+    measured = sorted(s.seam_seconds[0] for s in steps)
+    median = measured[len(measured) // 2]
+    print(f"relayed 2-stage over {WAN}: seam bytes {steps[0].seam_bytes[0]}, logits {logits_bytes} B, "
+          f"bound {bound * 1e3:.3f} ms, measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
+          f"ratio {seams.ratio(median, bound):.3f}")
+    assert measured[0] >= bound
+    assert median <= bound * TRANSFER_FACTOR + SLACK_S
+    assert (tmp_path / "wan-2" / "fabric.json").is_file()
+
+
+def test_real_worker_chained_over_a_shaped_fabric(
+    loopback, worker_command, stubs, worker_env, tmp_path
+) -> None:
+    """4 stages, each boundary forwarded stage to stage and the logits to the driver's sink, all through
+    the shaped links (the sink is bound on the driver's fabric address, behind the driver's link)."""
+    support = _support(worker_env)
+    prompts, ref = loopback
+    placement = Placement(name="wan-4-chained", stages=FOUR, seams=(WAN,), forwarding="chained")
+    where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
+    with where.start(worker_command, placement, placement.name) as pipe:
+        tag = pipe.fabric.tag
+        pids = pipe.pids
+        trace = drive.run_placement(pipe.clients, prompts, N_DECODE, forwarding="chained",
+                                    addresses=pipe.addresses, sink_host=pipe.sink_host)
+    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    for got, want in zip(trace.prompts, ref["four"].prompts, strict=True):
+        assert np.array_equal(got.logits, want.logits), "chained over shaped seams: the same bits"
+        assert got.tokens == want.tokens
+    link = seams.link_of(WAN)
+    steps = _decode_steps(trace)
+    assert all(s.forwarding == "chained" and s.crossings == 5 for s in steps)
+    bounds = seams.seam_bounds(placement, list(steps[0].seam_bytes), forwarding="chained")
+    for k, b in enumerate(bounds):
+        measured = sorted(s.seam_seconds[k] for s in steps)
+        median = measured[len(measured) // 2]
+        print(f"chained seam {k} over {WAN}: {b.bytes_per_token} B, bound {b.bound_s * 1e3:.3f} ms, "
+              f"measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
+              f"ratio {seams.ratio(median, b.bound_s):.3f}")
+        assert b.bound_s == seams.crossing_bound_s(b.bytes_per_token, link)
+        assert measured[0] >= b.bound_s
+        assert median <= b.bound_s * TRANSFER_FACTOR + SLACK_S
+    walls = sorted(s.wall_seconds for s in steps)
+    # one crossing into each stage and one into the driver's sink, each at least the link's delay
+    assert walls[0] >= 5 * link.delay_s
+    print(f"chained 4-stage decode step: min {walls[0] * 1e3:.2f} ms, "
+          f"median {walls[len(walls) // 2] * 1e3:.2f} ms")
