@@ -158,8 +158,31 @@ def ratio(measured_s: float, bound_s: float) -> float | None:
 
 
 def token_bound_s(stage_compute_s: Sequence[float], bounds: Sequence[SeamBound]) -> float:
-    """Least time per decoded token: every stage's compute plus every seam's bound."""
+    """The issue's per-token bound: every stage's compute plus every seam's bound."""
     return float(sum(stage_compute_s)) + sum(b.bound_s for b in bounds)
+
+
+def decode_token_bound_s(
+    placement: Placement, seam_bytes: Sequence[int], stage_compute_s: Sequence[float], *,
+    forwarding: str, logits_bytes: int, token_bytes: int = 4,
+) -> float:
+    """Least wall time of one decode token through the whole placement, the driver's crossings included.
+
+    Over ``token_bound_s`` it adds what no seam carries: the token id into stage 0, and (relayed) stage
+    0's boundary into the driver, or (chained) the last stage's logits into the driver's sink; for a
+    relayed last stage the logits reply is in the last seam's bound already.
+    """
+    prof = profiles(placement)
+    n = placement.n_stages
+    first = crossing_bound_s(token_bytes, prof.stages[0])
+    if n == 1:
+        return float(stage_compute_s[0]) + first + crossing_bound_s(logits_bytes, prof.driver)
+    if forwarding == "chained":
+        bounds = seam_bounds(placement, seam_bytes, forwarding="chained")
+        return token_bound_s(stage_compute_s, bounds) + first + crossing_bound_s(logits_bytes, prof.driver)
+    replies = [*seam_bytes[1:], logits_bytes]
+    bounds = seam_bounds(placement, seam_bytes, forwarding="relayed", reply_bytes=replies)
+    return token_bound_s(stage_compute_s, bounds) + first + crossing_bound_s(seam_bytes[0], prof.driver)
 
 
 # Names, addresses, tc command lines --------------------------------------------------------------

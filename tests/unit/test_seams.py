@@ -153,3 +153,20 @@ def test_sweep_removes_markers_of_dead_owners_only(tmp_path: Path) -> None:
     removed = seams.sweep_stale(dict(os.environ), tmp_path)
     assert sorted(removed) == ["aaaaaa", "cccccc"]
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["bbbbbb.json"]
+
+
+def test_decode_token_bound_counts_every_crossing_of_a_pass() -> None:
+    p = _placement(Seam(delay_ms=5, rate_mbit=8))  # 1 byte per microsecond, 5 ms on every link
+    compute = [0.001, 0.002, 0.001, 0.002]
+    b, logits, tok = 1000, 4000, 4
+    one = [0.005 + n * 1e-6 for n in (tok, b, logits)]
+    # chained: token into stage 0, three boundaries stage to stage, logits into the driver's sink
+    chained = seams.decode_token_bound_s(p, [b] * 3, compute, forwarding="chained", logits_bytes=logits)
+    assert chained == pytest.approx(0.006 + one[0] + 3 * one[1] + one[2])
+    # relayed: each stage is called by the driver: request in, reply (boundary, last: logits) back
+    relayed = seams.decode_token_bound_s(p, [b] * 3, compute, forwarding="relayed", logits_bytes=logits)
+    assert relayed == pytest.approx(0.006 + one[0] + one[1] + 3 * one[1] + 2 * one[1] + one[2])
+    assert relayed > chained
+    mono = seams.decode_token_bound_s(Placement(name="m", stages=((0, 12),), seams=(Seam(delay_ms=5),)), [],
+                                      [0.004], forwarding="relayed", logits_bytes=logits)
+    assert mono == pytest.approx(0.004 + 0.010)
