@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from certify import drive, gates, metrics
+from certify import drive, gates, metrics, physics
 from certify.recipes import HardwareClass, Placement, Recipe
 from certify.verdict import Result, Status
 from worker.launcher import WorkerCommand, launch
@@ -186,8 +186,15 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
     }
 
 
-def _gate_figures(parity: Mapping[str, Any] | None, speed: Mapping[str, Any] | None) -> dict[str, float]:
+def _gate_figures(
+    parity: Mapping[str, Any] | None, speed: Mapping[str, Any] | None, seam_model: Mapping[str, Any] | None = None
+) -> dict[str, float]:
     flat: dict[str, float] = {}
+    if seam_model:
+        for key, metric in (("seam_ratio_max", "seam_ratio_max"), ("seam_ratio_min", "seam_ratio_min"),
+                            ("efficiency", "bound_efficiency")):
+            if seam_model.get(key) is not None:
+                flat[metric] = float(seam_model[key])
     if parity:
         flat.update(
             {k: v for k, v in parity.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -269,24 +276,38 @@ def run(plan: Plan) -> Outcome:
 
     under_test = ([mono] if cross else []) + list(recipe.staged)
     for p in under_test:
-        unsupported = unsupported_scenario(p)
+        unsupported = unsupported_scenario(plan, p)
         if unsupported:
             # Never fake a scenario: say it was not run, and why (it does not count as a pass of any gate).
             out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unsupported))
             continue
         t0 = time.perf_counter()
         dtype = recipe.dtype_of(p)
-        with start(plan.worker, p, p.name) as pipe:
-            trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, boundary_dtype=dtype)
-            speed = speed_figures(_measure(pipe.clients, prompts, recipe, dtype))
+        where = pipelines_for(plan, p)
+        with where.start(plan.worker, p, p.name) as pipe:
+            # How the stages reach each other and the driver's sink (namespaces, remote hosts); the
+            # loopback launcher's stages are reached at their clients' own addresses.
+            routing = dict(
+                forwarding=p.forwarding,
+                addresses=getattr(pipe, "addresses", None),
+                sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
+            )
+            trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, boundary_dtype=dtype, **routing)
+            speed = speed_figures(_measure(pipe.clients, prompts, recipe, dtype, **routing))
             route = None
             if p.name == rc_placement:
                 route = drive.route_change(
                     pipe.clients, prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
                 )
             record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
+            shaping = describe_shaping(pipe)
         parity = parity_figures(reference, trace)
-        record.update(parity=parity, speed=speed)
+        record.update(parity=parity, speed=speed, forwarding=p.forwarding)
+        if not p.is_monolithic:
+            record["seam_model"] = physics.model(
+                p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
+                sideband_stages=record["token_sideband_stages"], backend=shaping,
+            )
         out.figures["placements"].append(record)
         elapsed = time.perf_counter() - t0
         out.results.append(
@@ -309,7 +330,7 @@ def run(plan: Plan) -> Outcome:
                     "speed",
                     p.name,
                     gates.speed_checks(hc.speed, p),
-                    _gate_figures(None, speed),
+                    _gate_figures(None, speed, record.get("seam_model")),
                     _gate_figures(None, ref_speed),
                 )
             )
@@ -355,17 +376,40 @@ def run(plan: Plan) -> Outcome:
     return out
 
 
-def unsupported_scenario(p: Placement) -> str:
-    """Why this certifier cannot run ``p`` as written ("" when it can)."""
-    if p.seams:
-        return "seam shaping (network namespaces + netem) is not available in this certifier; not run"
-    if p.forwarding == "chained":
-        return "chained forwarding is not available in this certifier; not run"
-    return ""
+def unsupported_scenario(plan: Plan, p: Placement) -> str:
+    """Why this certifier cannot run ``p`` as written here ("" when it can)."""
+    if not p.seams:
+        return ""
+    if plan.pipelines is not None:
+        return ("shaped seams are simulated on one machine (network namespaces); these workers run "
+                "elsewhere and cross real links, so the placement is not run")
+    reason = _seam_fabric(plan).unsupported()
+    return f"shaped seams need network namespaces: {reason}; not run" if reason else ""
+
+
+def _seam_fabric(plan: Plan) -> Any:
+    from certify import seams
+
+    # One probe per process and setting: it makes (and removes) a namespace.
+    key = tuple(plan.env.get(k, "") for k in ("DGR_SEAMS", "DGR_SEAMS_BACKEND", "PATH"))
+    if key not in _SUPPORT:
+        _SUPPORT[key] = seams.probe(plan.env)
+    return seams.NetnsPipelines(stubs=plan.stubs, evidence=plan.evidence, env=plan.env,
+                                support=_SUPPORT[key], start_timeout=plan.start_timeout,
+                                call_deadline=plan.call_deadline)
+
+
+_SUPPORT: dict[tuple[str, ...], Any] = {}
+
+
+def pipelines_for(plan: Plan, p: Placement) -> Pipelines:
+    """Where placement ``p``'s stages run: each in its own namespace behind shaped links when the
+    recipe shapes its seams, else the plan's own place (loopback, or attached workers)."""
+    return _seam_fabric(plan) if p.seams else plan.where()
 
 
 def _measure(
-    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str
+    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str, **routing: Any
 ) -> drive.SpeedSamples:
     m = recipe.measure
     return drive.measure_speed(
@@ -375,7 +419,14 @@ def _measure(
         repetitions=m.repetitions,
         warmup=m.warmup,
         boundary_dtype=dtype,
+        **routing,
     )
+
+
+def describe_shaping(pipe: Any) -> str:
+    """How the running pipeline's links are shaped, in words ("" on loopback)."""
+    fabric = getattr(pipe, "fabric", None)
+    return str(fabric.support.description) if fabric is not None else ""
 
 
 def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import charts
+from reports import charts, seams
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -230,6 +230,8 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
     results = pred.get("results", [])
     figures = pred.get("figures", {})
     phys = physical_frame(figures)
+    seam_tokens = seams.token_frame(figures.get("placements", []))
+    seam_rows = seams.seam_frame(figures.get("placements", []))
     template = environment().get_template("report.html.j2")
     return template.render(
         pred=pred,
@@ -242,6 +244,11 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         other_gates=table(gate_rows_frame(results, "route-change"), classes="gate"),
         speed=table(speed_frame(figures.get("placements", []))),
         physical=table(phys) if phys is not None else None,
+        seam_tokens=table(seam_tokens) if seam_tokens is not None else None,
+        seam_rows=table(seam_rows) if seam_rows is not None else None,
+        scaling=seams.scaling_chart(
+            figures.get("placements", []), title="Scaling with the stage count: decode tok/s and seam share"
+        ),
         steps=table(result_frame(results)),
         hardware=table(kv_frame(pred.get("hardware", {}))),
         charts=_charts(figures, results),

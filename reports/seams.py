@@ -29,7 +29,12 @@ def _link(seam: Mapping[str, Any]) -> str:
 
 
 def modelled(placements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [p for p in placements if p.get("seam_model")]
+    """Placements the seam section speaks of: shaped seams or chained forwarding (plain loopback relays
+    are already in the speed table)."""
+    return [
+        p for p in placements
+        if p.get("seam_model") and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") == "chained")
+    ]
 
 
 def seam_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
