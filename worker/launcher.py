@@ -7,6 +7,11 @@ line and for Health, with a deadline, and keeps every worker's stdout and stderr
 folder.  ``launch`` is a context manager: on any exit (an exception, KeyboardInterrupt, a gate failure)
 every worker gets SIGTERM, then SIGKILL after a grace period.
 
+``placed`` (optional, one ``Placed`` per stage) runs a stage elsewhere on this machine: behind a command
+prefix that execs the worker (``ip netns exec NS``: the pid we hold and signal is still the worker's)
+and listening on a given host (a network namespace's address; certify.seams uses it).  Without it the
+command line and the loopback address are exactly as before.
+
 Long-running workers are the one place where we do not use ``certify.proc.run`` (which runs a command
 to completion); the program is still resolved through ``proc.resolve`` so a missing binary fails early.
 """

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +37,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 HEADER = struct.Struct("<Qd")  # payload length, sender's CLOCK_MONOTONIC (one clock for every namespace)
-STAMPS = struct.Struct("<dd")  # receiver's clock at the first and the last payload byte
+STAMPS = struct.Struct("<ddI")  # receiver's clock at the first and the last payload byte, crc32 of it
 # A ratio above this, for a link slower than the machine, means the shaper (not TCP) is the bottleneck.
 TRANSFER_FACTOR = 1.5
 # Slow start, the shaper's select() wake-up and Python's scheduling on two busy cores add a little.
 SLACK_S = 0.05
 
 ECHO = textwrap.dedent("""
-    import socket, struct, sys, time
-    H, S = struct.Struct("<Qd"), struct.Struct("<dd")
+    import socket, struct, sys, time, zlib
+    H, S = struct.Struct("<Qd"), struct.Struct("<ddI")
     srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
     print(srv.getsockname()[1], flush=True)
     conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -57,13 +58,14 @@ ECHO = textwrap.dedent("""
         return buf
     while True:
         n, _sent = H.unpack(exact(H.size))
-        got, first = 0, None
+        got, first, crc = 0, None, 0
         while got < n:
             part = conn.recv(min(1 << 20, n - got))
             if not part: sys.exit(0)
             first = time.monotonic() if first is None else first
             got += len(part)
-        conn.sendall(S.pack(first, time.monotonic()))
+            crc = zlib.crc32(part, crc)
+        conn.sendall(S.pack(first, time.monotonic(), crc))
 """)
 
 
@@ -111,7 +113,8 @@ class Echo:
         while len(reply) < STAMPS.size:
             reply += self.sock.recv(STAMPS.size - len(reply))
         back = time.monotonic()
-        first, last = STAMPS.unpack(reply)
+        first, last, crc = STAMPS.unpack(reply)
+        assert crc == zlib.crc32(payload), "the payload arrived changed"
         return last - sent, first - sent, back - sent
 
     def close(self) -> None:
@@ -154,6 +157,32 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
             assert one_way <= seams.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
             assert rtt >= 0.95 * rtt_bound
             assert 0.95 * bound <= transfer <= bound * TRANSFER_FACTOR + SLACK_S
+    assert _left_over(tag) == []
+
+
+def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
+    support = _support(worker_env)
+    shaky = Link(delay_s=0.010, jitter_s=0.004, rate_bps=50e6)
+    with seams.Fabric(links=seams.Profiles(driver=Link(), stages=(shaky,)), support=support,
+                      env=worker_env) as fabric:
+        tag = fabric.tag
+        echo = Echo(fabric, 0)
+        try:
+            one_way = [echo.send(b"y")[0] for _ in range(60)]
+            # The payload arrives intact (crc checked).  TCP would repair reordered frames, so that the
+            # shaper never reorders is held by tests/unit/test_shaper.py on its Schedule.
+            payload = bytes(range(256)) * 1024
+            transfer = echo.send(payload)[0]
+        finally:
+            echo.close()
+    spread = max(one_way) - min(one_way)
+    print(f"jitter 10 +- 4 ms: one-way min {min(one_way) * 1e3:.2f} max {max(one_way) * 1e3:.2f} ms; "
+          f"256 KiB in {transfer * 1e3:.1f} ms "
+          f"(bound {seams.crossing_bound_s(len(payload), shaky) * 1e3:.1f})")
+    assert min(one_way) >= 0.95 * shaky.min_delay_s
+    assert max(one_way) <= shaky.delay_s + shaky.jitter_s + SLACK_S
+    assert spread > 0.003, "the jitter must really be applied"
+    assert transfer >= 0.95 * seams.crossing_bound_s(len(payload), shaky)
     assert _left_over(tag) == []
 
 
