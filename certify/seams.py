@@ -152,6 +152,17 @@ def seam_bounds(placement: Placement, bytes_per_token: Sequence[int], *, forward
     return out
 
 
+def seam_rows(placement: Placement, measured_s: Sequence[float], bytes_per_token: Sequence[int], *,
+              forwarding: str, logits_bytes: int) -> list[dict[str, Any]]:
+    """The report's per-seam rows: the physical model (bytes, RTT, rate, bound), the measured seam time
+    (certify.drive's ``seam_seconds``, median per token) and their ratio.  Relayed seam k is timed as
+    stage k+1's call, whose reply is the next boundary or, on the last stage, one logits row."""
+    replies = [*bytes_per_token[1:], logits_bytes] if forwarding == "relayed" else None
+    bounds = seam_bounds(placement, bytes_per_token, forwarding=forwarding, reply_bytes=replies)
+    return [{**b.as_dict(), "measured_s": float(m), "ratio": ratio(float(m), b.bound_s)}
+            for b, m in zip(bounds, measured_s, strict=True)]
+
+
 def ratio(measured_s: float, bound_s: float) -> float | None:
     """measured / bound (>= 1 on an honest run); None when the bound is 0 (an unshaped seam)."""
     return None if bound_s <= 0 else measured_s / bound_s

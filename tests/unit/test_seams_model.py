@@ -170,3 +170,15 @@ def test_decode_token_bound_counts_every_crossing_of_a_pass() -> None:
     mono = seams.decode_token_bound_s(Placement(name="m", stages=((0, 12),), seams=(Seam(delay_ms=5),)), [],
                                       [0.004], forwarding="relayed", logits_bytes=logits)
     assert mono == pytest.approx(0.004 + 0.010)
+
+
+def test_seam_rows_pair_each_measured_seam_with_its_bound() -> None:
+    p = _placement(Seam(delay_ms=5, rate_mbit=8), stages=((0, 6), (6, 12)))
+    rows = seams.seam_rows(p, [0.0120], [1000], forwarding="relayed", logits_bytes=4000)
+    bound = 0.005 + 0.001 + 0.005 + 0.004  # boundary into stage 1, its logits row into the driver
+    assert rows[0]["bound_s"] == pytest.approx(bound) and rows[0]["ratio"] == pytest.approx(0.012 / bound)
+    assert rows[0]["rtt_ms"] == pytest.approx(10) and rows[0]["bytes_per_token"] == 1000
+    chained = seams.seam_rows(p, [0.0065], [1000], forwarding="chained", logits_bytes=4000)
+    assert chained[0]["bound_s"] == pytest.approx(0.006) and chained[0]["measured_s"] == 0.0065
+    with pytest.raises(ValueError):
+        seams.seam_rows(p, [0.1, 0.2], [1000], forwarding="chained", logits_bytes=1)
