@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from certify import drive, seams
+from certify import drive, seam_model, seams
 from certify.recipes import Placement, Seam
 from certify.shaper import Link
 from tests.integration.conftest import proc_alive
@@ -130,7 +130,7 @@ FAST = Link(delay_s=0.005, rate_bps=100e6)  # 1 MiB takes >= 0.089 s
 
 def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) -> None:
     support = _support(worker_env)
-    fabric = seams.Fabric(links=seams.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support,
+    fabric = seams.Fabric(links=seam_model.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support,
                           env=worker_env)
     figures = {}
     with fabric:
@@ -145,16 +145,17 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
                 echo.close()
             one_way = min(p[0] for p in pings)
             rtt = min(p[2] for p in pings)
-            rtt_bound = seams.crossing_bound_s(1, link) + seams.crossing_bound_s(STAMPS.size, DRIVER)
+            rtt_bound = (seam_model.crossing_bound_s(1, link)
+                         + seam_model.crossing_bound_s(STAMPS.size, DRIVER))
             transfer = min(b[0] for b in big)
-            bound = seams.crossing_bound_s(MiB, link)
+            bound = seam_model.crossing_bound_s(MiB, link)
             figures[k] = dict(one_way_ms=one_way * 1e3,
-                              one_way_bound_ms=seams.crossing_bound_s(1, link) * 1e3,
+                              one_way_bound_ms=seam_model.crossing_bound_s(1, link) * 1e3,
                               rtt_ms=rtt * 1e3, rtt_bound_ms=rtt_bound * 1e3, transfer_s=transfer,
-                              transfer_bound_s=bound, ratio=seams.ratio(transfer, bound))
+                              transfer_bound_s=bound, ratio=seam_model.ratio(transfer, bound))
             print(f"stage {k} link {link}: {figures[k]}")
-            assert one_way >= 0.95 * seams.crossing_bound_s(1, link)
-            assert one_way <= seams.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
+            assert one_way >= 0.95 * seam_model.crossing_bound_s(1, link)
+            assert one_way <= seam_model.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
             assert rtt >= 0.95 * rtt_bound
             assert 0.95 * bound <= transfer <= bound * TRANSFER_FACTOR + SLACK_S
     assert _left_over(tag) == []
@@ -163,7 +164,7 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
 def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
     support = _support(worker_env)
     shaky = Link(delay_s=0.010, jitter_s=0.004, rate_bps=50e6)
-    with seams.Fabric(links=seams.Profiles(driver=Link(), stages=(shaky,)), support=support,
+    with seams.Fabric(links=seam_model.Profiles(driver=Link(), stages=(shaky,)), support=support,
                       env=worker_env) as fabric:
         tag = fabric.tag
         echo = Echo(fabric, 0)
@@ -178,11 +179,11 @@ def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
     spread = max(one_way) - min(one_way)
     print(f"jitter 10 +- 4 ms: one-way min {min(one_way) * 1e3:.2f} max {max(one_way) * 1e3:.2f} ms; "
           f"256 KiB in {transfer * 1e3:.1f} ms "
-          f"(bound {seams.crossing_bound_s(len(payload), shaky) * 1e3:.1f})")
+          f"(bound {seam_model.crossing_bound_s(len(payload), shaky) * 1e3:.1f})")
     assert min(one_way) >= 0.95 * shaky.min_delay_s
     assert max(one_way) <= shaky.delay_s + shaky.jitter_s + SLACK_S
     assert spread > 0.003, "the jitter must really be applied"
-    assert transfer >= 0.95 * seams.crossing_bound_s(len(payload), shaky)
+    assert transfer >= 0.95 * seam_model.crossing_bound_s(len(payload), shaky)
     assert _left_over(tag) == []
 
 
@@ -193,13 +194,13 @@ def _child(code: str) -> subprocess.Popen[str]:
 
 FABRIC_CHILD = """
     import os, signal, subprocess, sys, time
-    from certify import seams
+    from certify import seam_model, seams
     from certify.cli import _terminate
     from certify.shaper import Link
     signal.signal(signal.SIGTERM, _terminate)
     link = Link(delay_s=0.002)
     support = seams.probe(dict(os.environ, DGR_SEAMS_BACKEND="shaper"))
-    with seams.Fabric(links=seams.Profiles(driver=link, stages=(link, link, link)), support=support,
+    with seams.Fabric(links=seam_model.Profiles(driver=link, stages=(link, link, link)), support=support,
                       env=dict(os.environ)) as fabric:
         # something running inside a stage namespace that nobody stops politely
         subprocess.Popen(["ip", "netns", "exec", fabric.namespaces[1], "sleep", "600"],
@@ -294,15 +295,15 @@ def test_real_worker_relayed_over_a_shaped_fabric(
         assert np.array_equal(got.logits, want.logits), "the seams must not change a single bit"
         assert got.tokens == want.tokens
     # Relayed seam 0 as the driver times it: the boundary into stage 1, then its logits row into the driver.
-    link = seams.link_of(WAN)
+    link = seam_model.link_of(WAN)
     logits_bytes = trace.infos[-1].n_vocab * 4
     steps = _decode_steps(trace)
-    bound = seams.relayed_round_trip_bound_s(steps[0].seam_bytes[0], logits_bytes, link, link)
+    bound = seam_model.relayed_round_trip_bound_s(steps[0].seam_bytes[0], logits_bytes, link, link)
     measured = sorted(s.seam_seconds[0] for s in steps)
     median = measured[len(measured) // 2]
     print(f"relayed 2-stage over {WAN}: seam bytes {steps[0].seam_bytes[0]}, logits {logits_bytes} B, "
           f"bound {bound * 1e3:.3f} ms, measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
-          f"ratio {seams.ratio(median, bound):.3f}")
+          f"ratio {seam_model.ratio(median, bound):.3f}")
     assert measured[0] >= bound
     assert median <= bound * TRANSFER_FACTOR + SLACK_S
     assert (tmp_path / "wan-2" / "fabric.json").is_file()
@@ -326,17 +327,17 @@ def test_real_worker_chained_over_a_shaped_fabric(
     for got, want in zip(trace.prompts, ref["four"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "chained over shaped seams: the same bits"
         assert got.tokens == want.tokens
-    link = seams.link_of(WAN)
+    link = seam_model.link_of(WAN)
     steps = _decode_steps(trace)
     assert all(s.forwarding == "chained" and s.crossings == 5 for s in steps)
-    bounds = seams.seam_bounds(placement, list(steps[0].seam_bytes), forwarding="chained")
+    bounds = seam_model.seam_bounds(placement, list(steps[0].seam_bytes), forwarding="chained")
     for k, b in enumerate(bounds):
         measured = sorted(s.seam_seconds[k] for s in steps)
         median = measured[len(measured) // 2]
         print(f"chained seam {k} over {WAN}: {b.bytes_per_token} B, bound {b.bound_s * 1e3:.3f} ms, "
               f"measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
-              f"ratio {seams.ratio(median, b.bound_s):.3f}")
-        assert b.bound_s == seams.crossing_bound_s(b.bytes_per_token, link)
+              f"ratio {seam_model.ratio(median, b.bound_s):.3f}")
+        assert b.bound_s == seam_model.crossing_bound_s(b.bytes_per_token, link)
         assert measured[0] >= b.bound_s
         assert median <= b.bound_s * TRANSFER_FACTOR + SLACK_S
     walls = sorted(s.wall_seconds for s in steps)
@@ -370,11 +371,11 @@ def test_chained_beats_relayed_on_the_same_seams(
                                     addresses=pipe.addresses, sink_host=pipe.sink_host)
             compute = [float(np.median([rep[k] for rep in s.stage_compute_per_token]))
                        for k in range(len(stages))]
-            bound = seams.decode_token_bound_s(placement, s.seam_bytes_per_token, compute, forwarding=mode,
-                                               logits_bytes=n_vocab * 4)
+            bound = seam_model.decode_token_bound_s(placement, s.seam_bytes_per_token, compute,
+                                                    forwarding=mode, logits_bytes=n_vocab * 4)
             tok_s = float(np.median(s.decode_tok_s))
             figures[mode] = dict(decode_tok_s=tok_s, bound_tok_s=1 / bound, crossings=s.crossings_per_token,
-                                 ratio=seams.ratio(1 / tok_s, bound))
+                                 ratio=seam_model.ratio(1 / tok_s, bound))
             print(f"{len(stages)} stages {mode} over {WAN}: {figures[mode]}")
             assert 1 / tok_s >= bound, "faster than physics allows"
             assert 1 / tok_s <= bound * TRANSFER_FACTOR + len(stages) * 0.005  # stated: 1.5x + 5 ms a stage
