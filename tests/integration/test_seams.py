@@ -233,6 +233,24 @@ def test_a_killed_run_is_swept_by_the_next(worker_env) -> None:
     assert _left_over(tag) == []
 
 
+def test_an_exception_inside_stops_workers_and_removes_the_fabric(worker_env, tmp_path) -> None:
+    """With the Python fake worker (no build needed): a failure in the body leaves nothing behind."""
+    from tests.unit.fake_stages import fake_command, fake_env, load_stubs
+
+    support = _support(worker_env)
+    stubs = load_stubs(tmp_path / "stubs")
+    where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs), support=support)
+    placement = Placement(name="p", stages=((0, 4), (4, 8), (8, 12)), seams=(Seam(delay_ms=2),))
+    with pytest.raises(KeyboardInterrupt):
+        with where.start(fake_command(tmp_path), placement, "interrupted") as pipe:
+            tag, pids = pipe.fabric.tag, pipe.pids
+            assert [c.info().layer_begin for c in pipe.clients] == [0, 4, 8]
+            raise KeyboardInterrupt
+    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    assert (tmp_path / "ev" / "interrupted" / "stages.json").is_file()
+    assert (tmp_path / "ev" / "interrupted" / "fabric.json").is_file()
+
+
 PROBE = ("import os; from certify.seams import probe; s = probe(dict(os.environ)); "
          "print(s.backend); print(s.reason)")
 
@@ -289,8 +307,14 @@ def test_real_worker_relayed_over_a_shaped_fabric(
         tag = pipe.fabric.tag
         pids = pipe.pids
         assert [a.split(":")[0] for a in pipe.addresses] == pipe.fabric.addresses
+        # `ip netns exec` execs: the pid the launcher signals is the worker itself, in its namespace.
+        worker = os.path.realpath(worker_command.program[0])
+        assert all(os.readlink(f"/proc/{p}/exe") == worker for p in pids)
+        assert [os.readlink(f"/proc/{p}/ns/net") for p in pids] == [
+            f"net:[{os.stat(seams.NETNS_DIR / ns).st_ino}]" for ns in pipe.fabric.namespaces]
         trace = drive.run_placement(pipe.clients, prompts, N_DECODE)
     assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    assert [s.process.returncode for s in pipe.stages] == [0, 0], "SIGTERM reached the workers: clean exits"
     for got, want in zip(trace.prompts, ref["two"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "the seams must not change a single bit"
         assert got.tokens == want.tokens
