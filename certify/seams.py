@@ -135,6 +135,20 @@ def netem_argv(netns: str, dev: str, link: Link) -> list[str]:
     return argv + ["limit", str(max(1000, 2 * bdp_packets))]
 
 
+def netem_links(names: Names, links: Profiles) -> list[list[str]]:
+    """The netem backend's links: a veth per stage (hub end ``n<k>``, node end ``f0`` in the stage's
+    namespace) and one from the root namespace to the hub (``drv``), netem on every hub-side end."""
+    out = []
+    for k, link in enumerate(links.stages):
+        out.append(["ip", "-n", names.hub, "link", "add", Names.hub_port(k), "type", "veth",
+                    "peer", "name", Names.NODE_LINK, "netns", names.stage(k)])
+        out.append(netem_argv(names.hub, Names.hub_port(k), link))
+    out.append(["ip", "link", "add", names.root_link, "type", "veth", "peer", "name", Names.hub_port(None),
+                "netns", names.hub])
+    out.append(netem_argv(names.hub, Names.hub_port(None), links.driver))
+    return out
+
+
 def shaper_argv(
     python: str, link: Link, *, inner: str, inner_ns: str, outer: str, outer_ns: str
 ) -> list[str]:
@@ -414,15 +428,8 @@ class Fabric:
         log.info("seam fabric %s up: %s, %d stages on %s", self.tag, self.backend, self.n_stages, self.subnet)
 
     def _links_netem(self) -> None:
-        env, names = self.env, self.names
-        for k, (ns, link) in enumerate(zip(self.namespaces, self.links.stages, strict=True)):
-            _ip(env, "-n", names.hub, "link", "add", Names.hub_port(k), "type", "veth",
-                "peer", "name", Names.NODE_LINK, "netns", ns)
-            proc.run(netem_argv(names.hub, Names.hub_port(k), link), env=env, no_output_timeout=30)
-        _ip(env, "link", "add", names.root_link, "type", "veth", "peer", "name", Names.hub_port(None),
-            "netns", names.hub)
-        proc.run(netem_argv(names.hub, Names.hub_port(None), self.links.driver), env=env,
-                 no_output_timeout=30)
+        for argv in netem_links(self.names, self.links):
+            proc.run(argv, env=self.env, no_output_timeout=30)
 
     def _links_shaper(self) -> None:
         names = self.names

@@ -182,3 +182,19 @@ def test_seam_rows_pair_each_measured_seam_with_its_bound() -> None:
     assert chained[0]["bound_s"] == pytest.approx(0.006) and chained[0]["measured_s"] == 0.0065
     with pytest.raises(ValueError):
         seam_model.seam_rows(p, [0.1, 0.2], [1000], forwarding="chained", logits_bytes=1)
+
+
+def test_netem_fabric_links() -> None:
+    names = seams.Names(tag="00abcd")
+    wan, lan = Link(delay_s=0.020, rate_bps=1e9), Link(delay_s=0.001)
+    got = seams.netem_links(names, seam_model.Profiles(driver=wan, stages=(wan, lan)))
+    assert got == [
+        ["ip", "-n", "dgr00abcdh", "link", "add", "n0", "type", "veth", "peer", "name", "f0",
+         "netns", "dgr00abcds0"],
+        seams.netem_argv("dgr00abcdh", "n0", wan),
+        ["ip", "-n", "dgr00abcdh", "link", "add", "n1", "type", "veth", "peer", "name", "f0",
+         "netns", "dgr00abcds1"],
+        seams.netem_argv("dgr00abcdh", "n1", lan),
+        ["ip", "link", "add", "dgr00abcdd", "type", "veth", "peer", "name", "drv", "netns", "dgr00abcdh"],
+        seams.netem_argv("dgr00abcdh", "drv", wan),
+    ]
