@@ -301,8 +301,11 @@ def run(plan: Plan) -> Outcome:
                 )
             record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
             shaping = describe_shaping(pipe)
+            fabric = describe_fabric(pipe)
         parity = parity_figures(reference, trace)
         record.update(parity=parity, speed=speed, forwarding=p.forwarding)
+        if fabric is not None:
+            record["fabric"] = fabric
         if not p.is_monolithic:
             record["seam_model"] = physics.model(
                 p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
@@ -426,7 +429,15 @@ def _measure(
 def describe_shaping(pipe: Any) -> str:
     """How the running pipeline's links are shaped, in words ("" on loopback)."""
     fabric = getattr(pipe, "fabric", None)
-    return str(fabric.support.description) if fabric is not None else ""
+    if fabric is None:
+        return ""
+    return {"netem": "kernel netem", "shaper": "userspace shaper"}.get(fabric.backend, fabric.backend)
+
+
+def describe_fabric(pipe: Any) -> dict[str, Any] | None:
+    """The namespaces, addresses and link profiles the placement ran on (None on loopback)."""
+    fabric = getattr(pipe, "fabric", None)
+    return dict(fabric.describe()) if fabric is not None else None
 
 
 def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -246,6 +246,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         physical=table(phys) if phys is not None else None,
         seam_tokens=table(seam_tokens) if seam_tokens is not None else None,
         seam_rows=table(seam_rows) if seam_rows is not None else None,
+        shaping_notes=seams.shaping_notes(figures.get("placements", [])),
         scaling=seams.scaling_chart(
             figures.get("placements", []), title="Scaling with the stage count: decode tok/s and seam share"
         ),

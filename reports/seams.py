@@ -77,6 +77,16 @@ def token_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
+def shaping_notes(placements: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How the shaped links were made, once per kind (the fabric's own words)."""
+    seen: dict[str, str] = {}
+    for p in placements:
+        fabric = p.get("fabric") or {}
+        if fabric.get("backend") and fabric["backend"] not in seen:
+            seen[fabric["backend"]] = str(fabric.get("description", fabric["backend"]))
+    return list(seen.values())
+
+
 def _series(placements: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float, float | None, float]]]:
     """Group label -> [(stages, measured tok/s, bound tok/s, seam share)], sorted by stage count."""
     groups: dict[str, list[tuple[int, float, float | None, float]]] = {}
@@ -152,7 +162,7 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
         ly = top + panel_h + 50 + 18 * i
         parts.append(f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
                      f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>')
-    parts.append(f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound '
-                 f"(stage compute + crossing bounds)</text>")
+    parts.append(f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound</text>')
+    parts.append(f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">(stage compute + crossing bounds)</text>')
     parts.append("</svg>")
     return Markup("".join(parts))
