@@ -187,7 +187,9 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
 
 
 def _gate_figures(
-    parity: Mapping[str, Any] | None, speed: Mapping[str, Any] | None, seam_model: Mapping[str, Any] | None = None
+    parity: Mapping[str, Any] | None,
+    speed: Mapping[str, Any] | None,
+    seam_model: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     flat: dict[str, float] = {}
     if seam_model:
@@ -292,7 +294,9 @@ def run(plan: Plan) -> Outcome:
                 addresses=getattr(pipe, "addresses", None),
                 sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
             )
-            trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, boundary_dtype=dtype, **routing)
+            trace = drive.run_placement(
+                pipe.clients, prompts, recipe.n_decode, boundary_dtype=dtype, **routing
+            )
             speed = speed_figures(_measure(pipe.clients, prompts, recipe, dtype, **routing))
             route = None
             if p.name == rc_placement:

@@ -1,10 +1,10 @@
 """The physical model of a staged placement: what its seams must cost at least, next to what they cost.
 
-Link model (the one certify.seams builds): every node — the driver and each stage — sits behind an
-access link, and a one-way message *into* node X is shaped by X's link: it takes at least
-``delay_X + bytes * 8 / rate_X``.  Stage k+1's link is seam k's profile (``Placement.seam(k)``); stage
-0's and the driver's links take seam 0's profile.  Jitter is symmetric around the delay, so it adds
-nothing to the lower bound.  Only payload bytes are counted (boundary tensor, token ids, logits);
+Link model (certify.seam_model, the one certify.seams builds): every node — the driver and each
+stage — sits behind an access link, and a one-way message *into* node X is shaped by X's link: it
+takes at least ``(delay_X - jitter_X) + bytes * 8 / rate_X``.  Stage k+1's link is seam k's profile
+(``Placement.seam(k)``); stage 0's and the driver's links take seam 0's profile.  Only payload bytes
+are counted (boundary tensor, token ids, logits);
 protobuf, HTTP/2, TCP and IP headers come on top, so a measured seam can only be slower than its bound,
 and a seam measured *faster* than its bound was not shaped as the recipe says.
 
@@ -22,47 +22,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from certify.recipes import Placement, Seam
+from certify.recipes import Placement
+from certify.seam_model import Link, crossing_bound_s, profiles
 
 TOKEN_BYTES = 4  # one int32 token id per position
 LOGIT_BYTES = 4  # F32 logits
 
 
-@dataclass(frozen=True, kw_only=True)
-class Link:
-    """One access link: delay one way (seconds) and rate (bits per second; None = unshaped)."""
-
-    delay_s: float = 0.0
-    rate_bps: float | None = None
-
-    @classmethod
-    def of(cls, seam: Seam | None) -> Link:
-        if seam is None:
-            return cls()
-        return cls(
-            delay_s=(seam.delay_ms or 0.0) / 1e3,
-            rate_bps=seam.rate_mbit * 1e6 if seam.rate_mbit else None,
-        )
-
-    @property
-    def shaped(self) -> bool:
-        return self.delay_s > 0 or self.rate_bps is not None
-
-    def bound(self, payload_bytes: int) -> float:
-        """Seconds a message of ``payload_bytes`` needs at least to cross this link one way."""
-        transfer = payload_bytes * 8 / self.rate_bps if self.rate_bps else 0.0
-        return self.delay_s + transfer
-
-
 def stage_link(p: Placement, k: int) -> Link:
     """The link into stage k (seam k-1's profile; stage 0 takes seam 0's)."""
-    if p.n_stages < 2:
-        return Link()
-    return Link.of(p.seam(max(0, k - 1)))
+    return profiles(p).stages[k] if p.n_stages >= 2 else Link()
 
 
 def driver_link(p: Placement) -> Link:
-    return Link.of(p.seam(0)) if p.n_stages >= 2 else Link()
+    return profiles(p).driver if p.n_stages >= 2 else Link()
+
+
+def shaped(link: Link) -> bool:
+    return link.delay_s > 0 or link.rate_bps is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +72,9 @@ def crossings(
     out: list[Crossing] = []
 
     def add(what: str, into: str, link: Link, payload: int) -> None:
-        out.append(Crossing(what=what, into=into, payload_bytes=payload, bound_s=link.bound(payload)))
+        out.append(
+            Crossing(what=what, into=into, payload_bytes=payload, bound_s=crossing_bound_s(payload, link))
+        )
 
     if forwarding == "chained":
         add("token id", "stage 0", stage_link(p, 0), TOKEN_BYTES)
@@ -140,25 +119,29 @@ def model(
 ) -> dict[str, Any]:
     """Bound vs measured for one placement's decode, from its speed figures (certify.measure)."""
     bytes_per_seam = [int(b) for b in speed.get("seam_bytes_per_token", [])]
-    parts = crossings(p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab,
-                      sideband_stages=sideband_stages)
+    parts = crossings(
+        p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
+    )
     measured_seams = [float(s) for s in speed.get("seam_s", [])]
     seams = []
     for k in range(p.n_stages - 1):
         link = stage_link(p, k + 1)
         bound = seam_bound(p, forwarding, k, parts)
         measured = measured_seams[k] if k < len(measured_seams) else None
-        seams.append({
-            "seam": k,
-            "cut": p.stages[k + 1][0],
-            "bytes_per_token": bytes_per_seam[k],
-            "delay_ms": link.delay_s * 1e3,
-            "rtt_ms": 2 * link.delay_s * 1e3,
-            "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
-            "bound_s": bound,
-            "measured_s": measured,
-            "ratio": measured / bound if measured is not None and bound > 0 else None,
-        })
+        seams.append(
+            {
+                "seam": k,
+                "cut": p.stages[k + 1][0],
+                "bytes_per_token": bytes_per_seam[k],
+                "delay_ms": link.delay_s * 1e3,
+                "jitter_ms": link.jitter_s * 1e3,
+                "rtt_ms": 2 * link.delay_s * 1e3,
+                "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
+                "bound_s": bound,
+                "measured_s": measured,
+                "ratio": measured / bound if measured is not None and bound > 0 else None,
+            }
+        )
     compute = float(sum(speed.get("stage_compute_s", [])))
     crossing_bound = float(sum(c.bound_s for c in parts))
     token_bound = compute + crossing_bound
@@ -168,7 +151,7 @@ def model(
     return {
         "forwarding": forwarding,
         "backend": backend,
-        "shaped": any(stage_link(p, k).shaped for k in range(p.n_stages)),
+        "shaped": any(shaped(stage_link(p, k)) for k in range(p.n_stages)),
         "crossings_per_token": len(parts),
         "crossings": [c.__dict__ for c in parts],
         "seams": seams,

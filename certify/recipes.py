@@ -344,7 +344,8 @@ def _check(recipe: Recipe) -> None:
                 f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
                 f"not in the recipe's lanes {list(recipe.lanes)}"
             )
-        missing = [f for f in ("seam_bound_factor_max", "bound_efficiency_min") if getattr(hc.speed, f) is None]
+        bound_fields = ("seam_bound_factor_max", "bound_efficiency_min")
+        missing = [f for f in bound_fields if getattr(hc.speed, f) is None]
         if shaped and missing:
             raise ConfigurationError(
                 f"{where}: at /hardware_classes/{k}/speed: {', '.join(missing)} missing but placement "

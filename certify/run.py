@@ -82,25 +82,28 @@ def _binary_subjects(
     return subjects, paths
 
 
-def prepare(
-    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None, need_cpu_reference: bool
-) -> Prepared:
+@dataclass(frozen=True, kw_only=True)
+class Verified:
+    """What a certification holds true of this machine's inputs, whoever runs the workers."""
+
+    model: Path
+    subjects: list[dict[str, Any]]
+    paths: dict[str, str]
+    identity: dict[str, Any]  # source, patches, artifacts (the build is the caller's)
+    artifacts_line: str
+
+
+def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
+    """Provision (verify) the recipe's artifacts and the source/patch trees: the identity chain's
+    machine-independent part, and the artifact subjects."""
+    from fetch.artifacts import load_set
     from fetch.provision import provision
     from fetch.source import ensure_pristine
-    from lanes.build import ensure_build
     from patches.stack import ensure_patched
 
     provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
-    build = ensure_build(ctx, lane)
-    if build.worker is None:
-        raise ConfigurationError(
-            f"the {lane} build at {build.dir} has no dgr-shard-worker", hint=f"run `dgr build --lane {lane}`"
-        )
-    ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
     patched = ensure_patched(ctx)
     pristine = ensure_pristine(ctx)
-    from fetch.artifacts import load_set
-
     entries = load_set(recipe.artifacts).variant(provisioned.variant).files
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
@@ -109,22 +112,9 @@ def prepare(
         name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
         subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3}))
         paths[name] = str(Path(path).resolve())
-    for b in (build, ref_build):
-        if b is None:
-            continue
-        s, p = _binary_subjects(b.lane, b.binaries, b.provenance.get("binaries", {}))
-        subjects += s
-        paths.update(p)
-    prov_patched = dict(patched.provenance)
     identity = {
         "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
-        "patches": {**prov_patched, "digest": patched.digest},
-        "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
-        "reference_build": (
-            {**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
-            if ref_build
-            else None
-        ),
+        "patches": {**dict(patched.provenance), "digest": patched.digest},
         "artifacts": {
             "set": recipe.artifacts,
             "variant": recipe.variant,
@@ -132,15 +122,50 @@ def prepare(
             **dict(provisioned.provenance),
         },
     }
-    verified = [
+    line = (
         f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
-        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning",
+        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning"
+    )
+    return Verified(model=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
+                    artifacts_line=line)
+
+
+def prepare(
+    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None, need_cpu_reference: bool
+) -> Prepared:
+    from lanes.build import ensure_build
+
+    inputs = verified_inputs(ctx, recipe, store=store)
+    build = ensure_build(ctx, lane)
+    if build.worker is None:
+        raise ConfigurationError(
+            f"the {lane} build at {build.dir} has no dgr-shard-worker", hint=f"run `dgr build --lane {lane}`"
+        )
+    ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
+    subjects, paths = list(inputs.subjects), dict(inputs.paths)
+    for b in (build, ref_build):
+        if b is None:
+            continue
+        s, p = _binary_subjects(b.lane, b.binaries, b.provenance.get("binaries", {}))
+        subjects += s
+        paths.update(p)
+    identity = {
+        **inputs.identity,
+        "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
+        "reference_build": (
+            {**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
+            if ref_build
+            else None
+        ),
+    }
+    verified = [
+        inputs.artifacts_line,
         f"build: {lane} binaries hashed and matched to the build's provenance (key {build.key[:16]}…)",
     ]
     if ref_build is not None:
         verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
     return Prepared(
-        model=Path(provisioned.files[0]),
+        model=inputs.model,
         worker=(str(build.worker),),
         reference_worker=(str(ref_build.worker),) if ref_build else None,
         identity=identity,

@@ -172,49 +172,25 @@ def prepare_attached(ctx: Any, recipe: Recipe, lane: str, *, store: Path | None)
     hashed; source and patch stack come from this checkout's own verified trees, since those digests are
     what every worker's identity is held to.
     """
-    import os
+    from certify.run import Prepared, verified_inputs
 
-    from certify import certificate as cert
-    from certify.run import Prepared
-    from fetch.artifacts import load_set
-    from fetch.provision import provision
-    from fetch.source import ensure_pristine
-    from patches.stack import ensure_patched
-
-    provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
-    patched = ensure_patched(ctx)
-    pristine = ensure_pristine(ctx)
-    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
-    store_root = provisioned.store.parent.parent
-    subjects, paths = [], {}
-    for entry, path in zip(entries, provisioned.files, strict=True):
-        name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
-        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3}))
-        paths[name] = str(Path(path).resolve())
+    inputs = verified_inputs(ctx, recipe, store=store)
     identity = {
-        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
-        "patches": {**dict(patched.provenance), "digest": patched.digest},
+        **inputs.identity,
         "build": None,  # on the workers' hosts: see identity.attached.workers[].build (self-reported)
         "reference_build": None,
-        "artifacts": {
-            "set": recipe.artifacts,
-            "variant": recipe.variant,
-            "manifest_digest": provisioned.manifest_digest,
-            **dict(provisioned.provenance),
-        },
     }
     verified = [
-        f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
-        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning on the certifying machine",
+        inputs.artifacts_line + " on the certifying machine",
         "build: not hashed here; the workers are attached (started by the operator on their hosts), their "
         "identity and owned range were checked through Info (self-reported)",
     ]
     return Prepared(
-        model=Path(provisioned.files[0]),
+        model=inputs.model,
         worker=(),
         identity=identity,
-        subjects=subjects,
-        local_paths=paths,
+        subjects=list(inputs.subjects),
+        local_paths=dict(inputs.paths),
         verified=verified,
     )
 

@@ -22,7 +22,9 @@ def _ms(x: float | None) -> str:
 
 def _link(seam: Mapping[str, Any]) -> str:
     rate = seam.get("rate_mbit")
-    rate_text = "unshaped" if rate is None else (f"{rate / 1000:g} Gbit/s" if rate >= 1000 else f"{rate:g} Mbit/s")
+    rate_text = (
+        "unshaped" if rate is None else (f"{rate / 1000:g} Gbit/s" if rate >= 1000 else f"{rate:g} Mbit/s")
+    )
     if not seam.get("delay_ms") and rate is None:
         return "loopback (unshaped)"
     return f"{seam.get('delay_ms', 0):g} ms one way (RTT {seam.get('rtt_ms', 0):g} ms), {rate_text}"
@@ -32,8 +34,10 @@ def modelled(placements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
     """Placements the seam section speaks of: shaped seams or chained forwarding (plain loopback relays
     are already in the speed table)."""
     return [
-        p for p in placements
-        if p.get("seam_model") and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") == "chained")
+        p
+        for p in placements
+        if p.get("seam_model")
+        and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") == "chained")
     ]
 
 
@@ -43,16 +47,18 @@ def seam_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
     for p in modelled(placements):
         m = p["seam_model"]
         for s in m["seams"]:
-            rows.append({
-                "placement": p["name"],
-                "forwarding": m["forwarding"],
-                "seam (cut)": f"{s['seam']} (layer {s['cut']})",
-                "bytes / token": f"{s['bytes_per_token']:,}",
-                "link": _link(s),
-                "bound ms": _ms(s["bound_s"]),
-                "measured ms": _ms(s["measured_s"]),
-                "measured / bound": "—" if s["ratio"] is None else f"{s['ratio']:.2f}",
-            })
+            rows.append(
+                {
+                    "placement": p["name"],
+                    "forwarding": m["forwarding"],
+                    "seam (cut)": f"{s['seam']} (layer {s['cut']})",
+                    "bytes / token": f"{s['bytes_per_token']:,}",
+                    "link": _link(s),
+                    "bound ms": _ms(s["bound_s"]),
+                    "measured ms": _ms(s["measured_s"]),
+                    "measured / bound": "—" if s["ratio"] is None else f"{s['ratio']:.2f}",
+                }
+            )
     return pd.DataFrame(rows) if rows else None
 
 
@@ -61,19 +67,21 @@ def token_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
     rows = []
     for p in modelled(placements):
         m = p["seam_model"]
-        rows.append({
-            "placement": p["name"],
-            "stages": p["n_stages"],
-            "forwarding": m["forwarding"],
-            "crossings / token": m["crossings_per_token"],
-            "compute ms": _ms(m["compute_s"]),
-            "crossing bound ms": _ms(m["crossing_bound_s"]),
-            "bound tok/s": "—" if not m.get("bound_tok_s") else f"{m['bound_tok_s']:.1f}",
-            "measured tok/s": f"{m['measured_tok_s']:.1f}",
-            "bound / measured time": "—" if m.get("efficiency") is None else f"{m['efficiency']:.2f}",
-            "seam share": "—" if m.get("seam_share") is None else f"{m['seam_share'] * 100:.0f}%",
-            "shaping": m.get("backend") or "—",
-        })
+        rows.append(
+            {
+                "placement": p["name"],
+                "stages": p["n_stages"],
+                "forwarding": m["forwarding"],
+                "crossings / token": m["crossings_per_token"],
+                "compute ms": _ms(m["compute_s"]),
+                "crossing bound ms": _ms(m["crossing_bound_s"]),
+                "bound tok/s": "—" if not m.get("bound_tok_s") else f"{m['bound_tok_s']:.1f}",
+                "measured tok/s": f"{m['measured_tok_s']:.1f}",
+                "bound / measured time": "—" if m.get("efficiency") is None else f"{m['efficiency']:.2f}",
+                "seam share": "—" if m.get("seam_share") is None else f"{m['seam_share'] * 100:.0f}%",
+                "shaping": m.get("backend") or "—",
+            }
+        )
     return pd.DataFrame(rows) if rows else None
 
 
@@ -87,14 +95,21 @@ def shaping_notes(placements: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(seen.values())
 
 
-def _series(placements: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float, float | None, float]]]:
+def _series(
+    placements: Sequence[Mapping[str, Any]],
+) -> dict[str, list[tuple[int, float, float | None, float]]]:
     """Group label -> [(stages, measured tok/s, bound tok/s, seam share)], sorted by stage count."""
     groups: dict[str, list[tuple[int, float, float | None, float]]] = {}
     for p in modelled(placements):
         m = p["seam_model"]
         label = f"{_link(m['seams'][0]) if m['seams'] else 'loopback'}, {m['forwarding']}"
         groups.setdefault(label, []).append(
-            (int(p["n_stages"]), float(m["measured_tok_s"]), m.get("bound_tok_s"), float(m.get("seam_share") or 0.0))
+            (
+                int(p["n_stages"]),
+                float(m["measured_tok_s"]),
+                m.get("bound_tok_s"),
+                float(m.get("seam_share") or 0.0),
+            )
         )
     return {k: sorted(v) for k, v in groups.items()}
 
@@ -129,12 +144,18 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
         f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
     ]
     for ox, label in ((left, "decode tok/s (log)"), (ox2, "seam share of token time")):
-        parts.append(f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>')
+        parts.append(
+            f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>'
+        )
         parts.append(f'<text x="{ox}" y="{top - 6}" class="chart-note">{escape(label)}</text>')
         for n in stages:
-            parts.append(f'<text x="{x_of(ox, n):.1f}" y="{top + panel_h + 16}" text-anchor="middle">{n}</text>')
-        parts.append(f'<text x="{ox + panel_w / 2:.1f}" y="{top + panel_h + 32}" text-anchor="middle" '
-                     f'class="chart-note">stages</text>')
+            parts.append(
+                f'<text x="{x_of(ox, n):.1f}" y="{top + panel_h + 16}" text-anchor="middle">{n}</text>'
+            )
+        parts.append(
+            f'<text x="{ox + panel_w / 2:.1f}" y="{top + panel_h + 32}" text-anchor="middle" '
+            f'class="chart-note">stages</text>'
+        )
     for e in range(math.ceil(lo), math.floor(hi) + 1):
         y = y_speed(10**e)
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10**e:g}</text>')
@@ -149,20 +170,37 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
         bounds = [(n, b) for n, _, b, _ in pts if b]
         if bounds:
             line = " ".join(f"{x_of(left, n):.1f},{y_speed(b):.1f}" for n, b in bounds)
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5" '
-                         f'stroke-dasharray="5 3"/>')
+            parts.append(
+                f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5" '
+                f'stroke-dasharray="5 3"/>'
+            )
         share = " ".join(f"{x_of(ox2, n):.1f},{y_share(s):.1f}" for n, _, _, s in pts)
         parts.append(f'<polyline points="{share}" fill="none" stroke="{colour}" stroke-width="2"/>')
         for n, m, b, s in pts:
-            tip = f"{label}: {n} stages, {m:.1f} tok/s" + (f" (bound {b:.1f})" if b else "") + f", seams {s * 100:.0f}%"
-            parts.append(f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(m):.1f}" r="3.5" fill="{colour}">'
-                         f"<title>{escape(tip)}</title></circle>")
-            parts.append(f'<circle cx="{x_of(ox2, n):.1f}" cy="{y_share(s):.1f}" r="3.5" fill="{colour}">'
-                         f"<title>{escape(tip)}</title></circle>")
+            tip = (
+                f"{label}: {n} stages, {m:.1f} tok/s"
+                + (f" (bound {b:.1f})" if b else "")
+                + f", seams {s * 100:.0f}%"
+            )
+            parts.append(
+                f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(m):.1f}" r="3.5" fill="{colour}">'
+                f"<title>{escape(tip)}</title></circle>"
+            )
+            parts.append(
+                f'<circle cx="{x_of(ox2, n):.1f}" cy="{y_share(s):.1f}" r="3.5" fill="{colour}">'
+                f"<title>{escape(tip)}</title></circle>"
+            )
         ly = top + panel_h + 50 + 18 * i
-        parts.append(f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
-                     f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>')
-    parts.append(f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound</text>')
-    parts.append(f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">(stage compute + crossing bounds)</text>')
+        parts.append(
+            f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
+            f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>'
+        )
+    parts.append(
+        f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound</text>'
+    )
+    parts.append(
+        f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">'
+        "(stage compute + crossing bounds)</text>"
+    )
     parts.append("</svg>")
     return Markup("".join(parts))

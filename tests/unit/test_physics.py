@@ -6,22 +6,45 @@ import pytest
 
 from certify import physics
 from certify.recipes import Placement, Seam
+from certify.seam_model import crossing_bound_s, link_of
 
 RACK = Seam(delay_ms=1.0, rate_mbit=10_000.0)
 METRO = Seam(delay_ms=20.0, rate_mbit=1_000.0)
 
 
 def _placement(n: int, seams: tuple[Seam, ...] = (RACK,), forwarding: str = "chained") -> Placement:
-    return Placement(name=f"p{n}", stages=tuple((k, k + 1) for k in range(n)), forwarding=forwarding, seams=seams)
+    return Placement(
+        name=f"p{n}", stages=tuple((k, k + 1) for k in range(n)), forwarding=forwarding, seams=seams
+    )
 
 
-def test_link_bound_is_delay_plus_serialisation() -> None:
-    link = physics.Link.of(METRO)
+def test_link_bound_is_min_delay_plus_serialisation() -> None:
+    link = link_of(METRO)
     # 1 MB at 1 Gbit/s is 8 ms on the wire, after 20 ms of propagation.
-    assert link.bound(1_000_000) == pytest.approx(0.020 + 0.008)
-    assert physics.Link.of(None).bound(10**9) == 0.0
-    assert not physics.Link.of(None).shaped
-    assert physics.Link.of(Seam(rate_mbit=8.0)).bound(1000) == pytest.approx(0.001)
+    assert crossing_bound_s(1_000_000, link) == pytest.approx(0.020 + 0.008)
+    assert crossing_bound_s(10**9, link_of(None)) == 0.0
+    assert not physics.shaped(link_of(None)) and physics.shaped(link)
+    assert crossing_bound_s(1000, link_of(Seam(rate_mbit=8.0))) == pytest.approx(0.001)
+    # Jitter is symmetric around the delay: a frame can arrive (delay - jitter) after it left.
+    assert crossing_bound_s(0, link_of(Seam(delay_ms=20, jitter_ms=1))) == pytest.approx(0.019)
+
+
+def test_monolithic_and_unshaped_placements_have_no_seam_cost() -> None:
+    mono = Placement(name="m", stages=((0, 12),))
+    assert physics.crossings(mono, "relayed", boundary_bytes=[], n_vocab=10)[1].bound_s == 0.0
+    loop = _placement(4, seams=())
+    m = physics.model(
+        loop,
+        "chained",
+        {
+            "seam_bytes_per_token": [8] * 3,
+            "seam_s": [1e-4] * 3,
+            "stage_compute_s": [1e-3] * 4,
+            "decode_tok_s": {"median": 100.0},
+        },
+        n_vocab=10,
+    )
+    assert not m["shaped"] and m["crossing_bound_s"] == 0.0 and m["seams"][0]["ratio"] is None
 
 
 def test_chained_crosses_each_seam_once_relayed_twice_per_stage() -> None:
@@ -68,8 +91,12 @@ def test_model_ratios_and_token_bound() -> None:
 
 def test_relayed_seam_bound_counts_the_reply_into_the_driver() -> None:
     p = _placement(2, seams=(METRO,), forwarding="relayed")
-    speed = {"seam_bytes_per_token": [1024], "seam_s": [0.05], "stage_compute_s": [0.0, 0.0],
-             "decode_tok_s": {"median": 10.0}}
+    speed = {
+        "seam_bytes_per_token": [1024],
+        "seam_s": [0.05],
+        "stage_compute_s": [0.0, 0.0],
+        "decode_tok_s": {"median": 10.0},
+    }
     m = physics.model(p, "relayed", speed, n_vocab=1000)
     # Stage 1's round trip: the boundary in (20 ms + 1024 B) and the logits back (20 ms + 4000 B).
     assert m["seams"][0]["bound_s"] == pytest.approx(0.040 + (1024 + 4000) * 8 / 1e9)
@@ -81,3 +108,38 @@ def test_bad_inputs_are_refused() -> None:
         physics.crossings(_placement(4), "chained", boundary_bytes=[1], n_vocab=1)
     with pytest.raises(ValueError, match="unknown forwarding"):
         physics.crossings(_placement(2), "carrier-pigeon", boundary_bytes=[1], n_vocab=1)
+
+
+def test_per_seam_bounds_chained_and_relayed_with_the_driver_on_seam_0() -> None:
+    p = Placement(
+        name="three-links",
+        stages=((0, 3), (3, 6), (6, 9), (9, 12)),
+        seams=tuple(Seam(delay_ms=d, rate_mbit=8) for d in (1, 2, 3)),
+    )
+    chained = physics.crossings(p, "chained", boundary_bytes=[1000] * 3, n_vocab=32000)
+    bounds = [physics.seam_bound(p, "chained", k, chained) for k in range(3)]
+    # the boundary and its token id (1004 B: 1.004 ms at 8 Mbit/s) into stage k+1, over seam k's link
+    assert bounds == pytest.approx([0.001 + 0.001004, 0.002 + 0.001004, 0.003 + 0.001004])
+    relayed = physics.crossings(p, "relayed", boundary_bytes=[1000] * 3, n_vocab=32000)
+    bounds = [physics.seam_bound(p, "relayed", k, relayed) for k in range(3)]
+    # the boundary into stage k+1, then stage k+1's reply into the driver (seam 0's link); the last
+    # reply is the logits row (128 000 B: 128 ms at 8 Mbit/s)
+    assert bounds == pytest.approx([0.002 + 0.002, 0.003 + 0.002, 0.004 + 0.001 + 0.128])
+
+
+def test_decode_token_bound_counts_every_crossing_of_a_pass() -> None:
+    p = _placement(4, seams=(Seam(delay_ms=5, rate_mbit=8),))
+    speed = {
+        "seam_bytes_per_token": [1000] * 3,
+        "seam_s": [0.01] * 3,
+        "stage_compute_s": [0.001, 0.002, 0.001, 0.002],
+        "decode_tok_s": {"median": 10.0},
+    }
+    one = {n: 0.005 + n * 1e-6 for n in (4, 1000, 1004, 40)}  # 8 Mbit/s: 1 us per byte
+    chained = physics.model(p, "chained", speed, n_vocab=10)
+    # token into stage 0, three boundaries (+ token id) stage to stage, logits into the driver's sink
+    assert chained["token_bound_s"] == pytest.approx(0.006 + one[4] + 3 * one[1004] + one[40])
+    relayed = physics.model(p, "relayed", speed, n_vocab=10)
+    # each stage called by the driver: request in, reply (boundary; the last: logits) back
+    assert relayed["token_bound_s"] == pytest.approx(0.006 + one[4] + 3 * one[1000] + 3 * one[1000] + one[40])
+    assert relayed["token_bound_s"] > chained["token_bound_s"]

@@ -12,16 +12,32 @@ METRO = Seam(delay_ms=20.0, rate_mbit=1000.0)
 
 
 def _record(n: int, forwarding: str, tok_s: float, seam: Seam | None = METRO) -> dict:
-    p = Placement(name=f"metro-{n}-{forwarding}", stages=tuple((k, k + 1) for k in range(n)),
-                  forwarding=forwarding, seams=(seam,) if seam else ())
-    speed = {"seam_bytes_per_token": [1024] * (n - 1), "seam_s": [0.0205] * (n - 1),
-             "stage_compute_s": [0.001] * n, "decode_tok_s": {"median": tok_s}}
-    return {"name": p.name, "n_stages": n,
-            "seam_model": physics.model(p, forwarding, speed, n_vocab=32000, backend="userspace shaper")}
+    p = Placement(
+        name=f"metro-{n}-{forwarding}",
+        stages=tuple((k, k + 1) for k in range(n)),
+        forwarding=forwarding,
+        seams=(seam,) if seam else (),
+    )
+    speed = {
+        "seam_bytes_per_token": [1024] * (n - 1),
+        "seam_s": [0.0205] * (n - 1),
+        "stage_compute_s": [0.001] * n,
+        "decode_tok_s": {"median": tok_s},
+    }
+    return {
+        "name": p.name,
+        "n_stages": n,
+        "seam_model": physics.model(p, forwarding, speed, n_vocab=32000, backend="userspace shaper"),
+    }
 
 
-PLACEMENTS = [_record(2, "chained", 15.0), _record(4, "chained", 9.0), _record(12, "chained", 3.5),
-              _record(4, "relayed", 5.5), {"name": "mono", "n_stages": 1}]
+PLACEMENTS = [
+    _record(2, "chained", 15.0),
+    _record(4, "chained", 9.0),
+    _record(12, "chained", 3.5),
+    _record(4, "relayed", 5.5),
+    {"name": "mono", "n_stages": 1},
+]
 
 
 def test_seam_table_has_a_row_per_seam_with_bound_and_ratio() -> None:

@@ -54,29 +54,6 @@ def test_crossing_bound_is_min_delay_plus_payload_serialisation() -> None:
     assert seam_model.crossing_bound_s(0, Link()) == 0.0
 
 
-def test_seam_bounds_chained_and_relayed() -> None:
-    p = _placement(*(Seam(delay_ms=d, rate_mbit=8) for d in (1, 2, 3)))
-    chained = seam_model.seam_bounds(p, [1000, 1000, 1000], forwarding="chained")
-    assert [b.bound_s for b in chained] == pytest.approx([0.001 + 0.001, 0.002 + 0.001, 0.003 + 0.001])
-    assert [b.rtt_ms for b in chained] == pytest.approx([2, 4, 6])
-    assert chained[0].as_dict()["rate_mbit"] == pytest.approx(8)
-    # relayed: the boundary into stage k+1, then stage k+1's reply into the driver (driver = seam 0's link)
-    relayed = seam_model.seam_bounds(p, [1000, 1000, 1000], reply_bytes=[1000, 1000, 128000])
-    want = [0.002 + 0.002, 0.003 + 0.002, 0.004 + 0.001 + 0.128]
-    assert [b.bound_s for b in relayed] == pytest.approx(want)
-    with pytest.raises(ValueError, match="3 seams but 2"):
-        seam_model.seam_bounds(p, [1, 2])
-    with pytest.raises(ValueError, match="relayed or chained"):
-        seam_model.seam_bounds(p, [1, 2, 3], forwarding="teleported")
-
-
-def test_ratio_and_token_bound() -> None:
-    assert seam_model.ratio(0.012, 0.010) == pytest.approx(1.2)
-    assert seam_model.ratio(0.012, 0.0) is None
-    bounds = seam_model.seam_bounds(_placement(Seam(delay_ms=5)), [100, 100, 100], forwarding="chained")
-    assert seam_model.token_bound_s([0.001, 0.002, 0.001, 0.002], bounds) == pytest.approx(0.006 + 0.015)
-
-
 def test_names_fit_the_interface_limit() -> None:
     n = seams.Names(tag="a1b2c3")
     longest = [n.hub, n.root_link, n.stage(seams.MAX_STAGES - 1), seams.Names.hub_port(seams.MAX_STAGES - 1)]
@@ -153,35 +130,6 @@ def test_sweep_removes_markers_of_dead_owners_only(tmp_path: Path) -> None:
     removed = seams.sweep_stale(dict(os.environ), tmp_path)
     assert sorted(removed) == ["aaaaaa", "cccccc"]
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["bbbbbb.json"]
-
-
-def test_decode_token_bound_counts_every_crossing_of_a_pass() -> None:
-    p = _placement(Seam(delay_ms=5, rate_mbit=8))  # 1 byte per microsecond, 5 ms on every link
-    compute = [0.001, 0.002, 0.001, 0.002]
-    b, logits, tok = 1000, 4000, 4
-    one = [0.005 + n * 1e-6 for n in (tok, b, logits)]
-    # chained: token into stage 0, three boundaries stage to stage, logits into the driver's sink
-    chained = seam_model.decode_token_bound_s(p, [b] * 3, compute, forwarding="chained", logits_bytes=logits)
-    assert chained == pytest.approx(0.006 + one[0] + 3 * one[1] + one[2])
-    # relayed: each stage is called by the driver: request in, reply (boundary, last: logits) back
-    relayed = seam_model.decode_token_bound_s(p, [b] * 3, compute, forwarding="relayed", logits_bytes=logits)
-    assert relayed == pytest.approx(0.006 + one[0] + one[1] + 3 * one[1] + 2 * one[1] + one[2])
-    assert relayed > chained
-    whole = Placement(name="m", stages=((0, 12),), seams=(Seam(delay_ms=5),))
-    mono = seam_model.decode_token_bound_s(whole, [], [0.004], forwarding="relayed", logits_bytes=logits)
-    assert mono == pytest.approx(0.004 + 0.010)
-
-
-def test_seam_rows_pair_each_measured_seam_with_its_bound() -> None:
-    p = _placement(Seam(delay_ms=5, rate_mbit=8), stages=((0, 6), (6, 12)))
-    rows = seam_model.seam_rows(p, [0.0120], [1000], forwarding="relayed", logits_bytes=4000)
-    bound = 0.005 + 0.001 + 0.005 + 0.004  # boundary into stage 1, its logits row into the driver
-    assert rows[0]["bound_s"] == pytest.approx(bound) and rows[0]["ratio"] == pytest.approx(0.012 / bound)
-    assert rows[0]["rtt_ms"] == pytest.approx(10) and rows[0]["bytes_per_token"] == 1000
-    chained = seam_model.seam_rows(p, [0.0065], [1000], forwarding="chained", logits_bytes=4000)
-    assert chained[0]["bound_s"] == pytest.approx(0.006) and chained[0]["measured_s"] == 0.0065
-    with pytest.raises(ValueError):
-        seam_model.seam_rows(p, [0.1, 0.2], [1000], forwarding="chained", logits_bytes=1)
 
 
 def test_netem_fabric_links() -> None:

@@ -86,7 +86,8 @@ def test_chained_forwarding_messages_and_sink_service(tmp_path: Path) -> None:
     assert list(again.downstream) == ["10.0.0.2:1"] and again.trace[0].sent_ns == 9
     # additive only: the relayed fields keep their numbers
     fields = pb2.ForwardRequest.DESCRIPTOR.fields_by_name
-    assert (fields["capture_layers"].number, fields["downstream"].number, fields["trace"].number) == (8, 9, 13)
+    numbers = (fields["capture_layers"].number, fields["downstream"].number, fields["trace"].number)
+    assert numbers == (8, 9, 13)
     assert pb2.Delivery(request_id="r", trace=[hop]).reply.kv_used == 0
     assert hasattr(loaded.pb2_grpc, "PipelineSinkStub")
     assert hasattr(loaded.pb2_grpc, "add_PipelineSinkServicer_to_server")
