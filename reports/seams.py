@@ -186,6 +186,11 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
                 f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(m):.1f}" r="3.5" fill="{colour}">'
                 f"<title>{escape(tip)}</title></circle>"
             )
+            if b:  # the bound as a hollow mark too: a group with one stage count has no dashed line
+                parts.append(
+                    f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(b):.1f}" r="3.5" fill="none" '
+                    f'stroke="{colour}" stroke-width="1.5"><title>{escape(tip)}</title></circle>'
+                )
             parts.append(
                 f'<circle cx="{x_of(ox2, n):.1f}" cy="{y_share(s):.1f}" r="3.5" fill="{colour}">'
                 f"<title>{escape(tip)}</title></circle>"
@@ -196,7 +201,8 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
             f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>'
         )
     parts.append(
-        f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">dashed: the physical bound</text>'
+        f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">'
+        "dashed / hollow: the physical bound</text>"
     )
     parts.append(
         f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">'
