@@ -117,6 +117,31 @@ def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
     return array if dtype_name == "f32" else array.astype(np.float32)
 
 
+def rpc_status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
+    """A failed call's status code and detail (None and the error's text when it carries no status)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    return code, detail
+
+
+def ended_stage(
+    stages: Sequence[StageClient], code: grpc.StatusCode | None, *, settle: bool = True
+) -> StageClient | None:
+    """The first of ``stages`` whose worker process has ended, or None.
+
+    With ``settle``, a dropped connection (UNAVAILABLE, CANCELLED) gets one short wait before
+    concluding that no worker died: a worker killed mid-call is often reaped a moment after the reset.
+    """
+    for waited in (False, True):
+        dead = next((s for s in stages if s.ended() is not None), None)
+        if dead is not None or waited or not settle:
+            return dead
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            return None
+        time.sleep(0.2)
+    return None
+
+
 class StageClient:
     """Calls to one worker.  ``stage`` and ``layers`` only label errors; ``Info`` says the truth.
 
@@ -177,10 +202,7 @@ class StageClient:
 
         ``settle`` waits a moment before concluding a dropped connection was not a death.
         """
-        died = self.ended()
-        if settle and died is None and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-            time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
-            died = self.ended()
+        died = self.ended() if ended_stage((self,), code, settle=settle) is not None else None
         if died is not None:
             how, tail = died
             last = f"; last stderr: {tail}" if tail else ""
@@ -195,8 +217,7 @@ class StageClient:
         try:
             return getattr(self._stub, name)(request, timeout=self.deadline if deadline is None else deadline)
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            code, detail = rpc_status(exc)
             raise self.explain(name, code, detail, deadline=deadline) from None
 
     # RPCs -------------------------------------------------------------------------------------
