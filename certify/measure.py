@@ -277,15 +277,15 @@ def run(plan: Plan) -> Outcome:
         )
 
     under_test = ([mono] if cross else []) + list(recipe.staged)
+    shaped, unshapeable = seam_pipelines(plan) if any(p.seams for p in under_test) else (None, "")
     for p in under_test:
-        unsupported = unsupported_scenario(plan, p)
-        if unsupported:
+        where = shaped if p.seams else plan.where()
+        if where is None:
             # Never fake a scenario: say it was not run, and why (it does not count as a pass of any gate).
-            out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unsupported))
+            out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unshapeable))
             continue
         t0 = time.perf_counter()
         dtype = recipe.dtype_of(p)
-        where = pipelines_for(plan, p)
         with where.start(plan.worker, p, p.name) as pipe:
             # How the stages reach each other and the driver's sink (namespaces, remote hosts); the
             # loopback launcher's stages are reached at their clients' own addresses.
@@ -383,36 +383,20 @@ def run(plan: Plan) -> Outcome:
     return out
 
 
-def unsupported_scenario(plan: Plan, p: Placement) -> str:
-    """Why this certifier cannot run ``p`` as written here ("" when it can)."""
-    if not p.seams:
-        return ""
+def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
+    """Where placements with shaped seams run: each stage in its own network namespace behind its
+    link (certify.seams), or None and why they cannot run here.  Probed once per run: the probe makes
+    and removes a namespace."""
     if plan.pipelines is not None:
-        return ("shaped seams are simulated on one machine (network namespaces); these workers run "
-                "elsewhere and cross real links, so the placement is not run")
-    reason = _seam_fabric(plan).unsupported()
-    return f"shaped seams need network namespaces: {reason}; not run" if reason else ""
-
-
-def _seam_fabric(plan: Plan) -> Any:
+        return None, ("shaped seams are simulated on one machine (network namespaces); these workers run "
+                      "elsewhere and cross real links, so the placement is not run")
     from certify import seams
 
-    # One probe per process and setting: it makes (and removes) a namespace.
-    key = tuple(plan.env.get(k, "") for k in ("DGR_SEAMS", "DGR_SEAMS_BACKEND", "PATH"))
-    if key not in _SUPPORT:
-        _SUPPORT[key] = seams.probe(plan.env)
-    return seams.NetnsPipelines(stubs=plan.stubs, evidence=plan.evidence, env=plan.env,
-                                support=_SUPPORT[key], start_timeout=plan.start_timeout,
-                                call_deadline=plan.call_deadline)
-
-
-_SUPPORT: dict[tuple[str, ...], Any] = {}
-
-
-def pipelines_for(plan: Plan, p: Placement) -> Pipelines:
-    """Where placement ``p``'s stages run: each in its own namespace behind shaped links when the
-    recipe shapes its seams, else the plan's own place (loopback, or attached workers)."""
-    return _seam_fabric(plan) if p.seams else plan.where()
+    support = seams.probe(plan.env)
+    if not support.available:
+        return None, f"shaped seams need network namespaces: {support.reason}; not run"
+    return seams.NetnsPipelines(stubs=plan.stubs, evidence=plan.evidence, env=plan.env, support=support,
+                                start_timeout=plan.start_timeout, call_deadline=plan.call_deadline), ""
 
 
 def _measure(
