@@ -24,6 +24,28 @@ def _label(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
+def svg(width: int, height: int, title: str, parts: Sequence[str]) -> Markup:
+    """One chart: the <svg> element and its title line around ``parts`` (markup, labels escaped)."""
+    return Markup(
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}" class="chart">'
+        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>' + "".join(parts) + "</svg>"
+    )
+
+
+def row_label(left: float, y: float, bar_h: float, name: str) -> str:
+    """A bar's name, right-aligned just left of the bar."""
+    return f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>'
+
+
+def swatch(x: float, y: float, colour: str, label: str) -> str:
+    """A legend entry: a colour square and its label on the baseline ``y``."""
+    return (
+        f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour}"/>'
+        f'<text x="{x + 16}" y="{y}">{escape(label)}</text>'
+    )
+
+
 def decode_speed(rows: Sequence[tuple[str, float, float | None, bool]], *, title: str) -> Markup:
     """Horizontal bars: (placement, decode tok/s, threshold or None, passed)."""
     if not rows:
@@ -33,18 +55,12 @@ def decode_speed(rows: Sequence[tuple[str, float, float | None, bool]], *, title
     height = top + len(rows) * (bar_h + gap) + 30
     peak = max([v for _, v, _, _ in rows] + [t or 0 for _, _, t, _ in rows] + [1e-9])
     scale = (width - left - 90) / peak
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="{escape(title)}" class="chart">',
-        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
-    ]
+    parts: list[str] = []
     for i, (name, value, limit, ok) in enumerate(rows):
         y = top + i * (bar_h + gap)
         w = max(1.0, value * scale)
         colour = BAR_COLOUR if ok else FAIL_COLOUR
-        parts.append(
-            f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>'
-        )
+        parts.append(row_label(left, y, bar_h, name))
         parts.append(f'<rect x="{left}" y="{y}" width="{_num(w)}" height="{bar_h}" fill="{colour}"/>')
         parts.append(
             f'<text x="{left + w + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(value, "tok/s"))}</text>'
@@ -59,8 +75,7 @@ def decode_speed(rows: Sequence[tuple[str, float, float | None, bool]], *, title
         f'<text x="{left}" y="{height - 8}" class="chart-note">dashed line: the recipe\'s minimum '
         f"for this hardware class</text>"
     )
-    parts.append("</svg>")
-    return Markup("".join(parts))
+    return svg(width, height, title, parts)
 
 
 def stage_seam_time(rows: Sequence[tuple[str, Sequence[float], Sequence[float]]], *, title: str) -> Markup:
@@ -75,17 +90,11 @@ def stage_seam_time(rows: Sequence[tuple[str, Sequence[float], Sequence[float]]]
     totals = [sum(s) + sum(m) for _, s, m in rows]
     peak = max(totals + [1e-12])
     scale = (width - left - 90) / peak
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="{escape(title)}" class="chart">',
-        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
-    ]
+    parts: list[str] = []
     for i, (name, stages, seams) in enumerate(rows):
         y = top + i * (bar_h + gap)
         x = float(left)
-        parts.append(
-            f'<text x="{left - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(name)}</text>'
-        )
+        parts.append(row_label(left, y, bar_h, name))
         for k, stage_s in enumerate(stages):
             w = stage_s * scale
             parts.append(
@@ -105,11 +114,6 @@ def stage_seam_time(rows: Sequence[tuple[str, Sequence[float], Sequence[float]]]
             f'<text x="{x + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{escape(_label(totals[i] * 1e3, "ms"))}</text>'
         )
     ly = height - 14
-    parts.append(
-        f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{STAGE_COLOUR}"/>'
-        f'<text x="{left + 16}" y="{ly}">stage compute</text>'
-        f'<rect x="{left + 130}" y="{ly - 10}" width="12" height="12" fill="{SEAM_COLOUR}"/>'
-        f'<text x="{left + 146}" y="{ly}">seam (transfer + RPC overhead)</text>'
-    )
-    parts.append("</svg>")
-    return Markup("".join(parts))
+    parts.append(swatch(left, ly, STAGE_COLOUR, "stage compute"))
+    parts.append(swatch(left + 130, ly, SEAM_COLOUR, "seam (transfer + RPC overhead)"))
+    return svg(width, height, title, parts)

@@ -13,6 +13,8 @@ from typing import Any
 import pandas as pd
 from markupsafe import Markup, escape
 
+from reports import charts
+
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2")
 
 
@@ -138,11 +140,7 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
         return top + panel_h - s * panel_h
 
     ox2 = left + panel_w + 90
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-        f'aria-label="{escape(title)}" class="chart">',
-        f'<text x="0" y="18" class="chart-title">{escape(title)}</text>',
-    ]
+    parts: list[str] = []
     for ox, label in ((left, "decode tok/s (log)"), (ox2, "seam share of token time")):
         parts.append(
             f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>'
@@ -196,10 +194,7 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
                 f"<title>{escape(tip)}</title></circle>"
             )
         ly = top + panel_h + 50 + 18 * i
-        parts.append(
-            f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
-            f'<text x="{left + 18}" y="{ly}">{escape(label)}</text>'
-        )
+        parts.append(charts.swatch(left, ly, colour, label))
     parts.append(
         f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">'
         "dashed / hollow: the physical bound</text>"
@@ -208,5 +203,4 @@ def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Mar
         f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">'
         "(stage compute + crossing bounds)</text>"
     )
-    parts.append("</svg>")
-    return Markup("".join(parts))
+    return charts.svg(width, height, title, parts)
