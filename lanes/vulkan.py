@@ -64,11 +64,6 @@ def _prefixes(env: Mapping[str, str]) -> list[Path]:
     return ([sdk] if sdk else []) + system + ([provisioned] if provisioned else [])
 
 
-def _headers_ok(include: Path) -> bool:
-    hv = header_version(include)
-    return hv is not None and hv >= MINIMUM_HEADER and has_layer_settings(include)
-
-
 def _loader(env: Mapping[str, str]) -> Path | None:
     """The Vulkan loader to link (libvulkan.so.1 is enough: ggml-vulkan loads entry points itself)."""
     sdk = sdk_prefix(env)
@@ -143,11 +138,13 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             reason=f"toolchain not found: the Vulkan loader libvulkan.so.1 ({SYSTEM_INSTALL})",
         )
     prefixes = _prefixes(env)
-    found_headers = [p / "include" for p in prefixes if header_version(p / "include") is not None]
-    include = next((i for i in found_headers if _headers_ok(i)), None)
+    # vulkan_core.h is about a megabyte: read each prefix's once.
+    header_versions = {p / "include": header_version(p / "include") for p in prefixes}
+    headers = {i: hv for i, hv in header_versions.items() if hv is not None}
+    include = next((i for i, hv in headers.items() if hv >= MINIMUM_HEADER and has_layer_settings(i)), None)
     if include is None:
-        newest = max(found_headers, key=lambda i: header_version(i) or 0, default=None)
-        hv = header_version(newest) if newest is not None else None
+        newest = max(headers, key=headers.__getitem__, default=None)
+        hv = headers[newest] if newest is not None else None
         fix = f"`dgr build --lane vulkan` provisions Debian 13's into the workspace; or {INSTALL}"
         return ToolchainProbe(
             lane=name,
@@ -163,7 +160,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
                 f"which the pinned tree needs: {fix}"
             ),
         )
-    hv = header_version(include)
+    hv = headers[include]
     prefix = include.parent
     spirv = _spirv_dir([prefix, *prefixes])
     if spirv is None:
