@@ -245,7 +245,8 @@ def _fetch_verified(
             f"{exc.message}",
             hint=f"install {tc.description} by hand, or make the package index reachable",
         ) from None
-    got = into / _download_name(tc, pinned)
+    # apt-get download spells an epoch "1:2.3" as "1%3a2.3" in the file name; the pin keeps that name.
+    got = into / pinned.filename
     if not got.is_file() or got.is_symlink():
         names = sorted(p.name for p in into.iterdir())
         raise IntegrityError(f"{tc.name}: the download gave {names}, not {pinned.filename}")
@@ -258,11 +259,6 @@ def _fetch_verified(
             f"the pin says size {pinned.size} sha256 {pinned.sha256}; the file was discarded"
         )
     return got
-
-
-def _download_name(tc: Toolchain, pinned: PinnedFile) -> str:
-    # apt-get download spells an epoch "1:2.3" as "1%3a2.3" in the file name; the pin keeps that name.
-    return pinned.filename
 
 
 # --- extracting -------------------------------------------------------------------------------------
