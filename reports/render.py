@@ -57,6 +57,10 @@ def table(frame: pd.DataFrame, *, classes: str = "") -> Markup:
     return Markup(html)
 
 
+def _optional_table(frame: pd.DataFrame | None) -> Markup | None:
+    return None if frame is None else table(frame)
+
+
 def _column(check: str) -> str:
     # One column for every cut's boundary NMSE: the table keeps one row per placement.
     return "boundary NMSE (worst cut)" if check.startswith("boundary NMSE at layer") else check
@@ -229,9 +233,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
     pred = stmt["predicate"]
     results = pred.get("results", [])
     figures = pred.get("figures", {})
-    phys = physical_frame(figures)
-    seam_tokens = seams.token_frame(figures.get("placements", []))
-    seam_rows = seams.seam_frame(figures.get("placements", []))
+    placements = figures.get("placements", [])
     template = environment().get_template("report.html.j2")
     return template.render(
         pred=pred,
@@ -242,13 +244,13 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         parity=table(gate_frame(results, "parity"), classes="gate"),
         speed_gate=table(gate_frame(results, "speed"), classes="gate"),
         other_gates=table(gate_rows_frame(results, "route-change"), classes="gate"),
-        speed=table(speed_frame(figures.get("placements", []))),
-        physical=table(phys) if phys is not None else None,
-        seam_tokens=table(seam_tokens) if seam_tokens is not None else None,
-        seam_rows=table(seam_rows) if seam_rows is not None else None,
-        shaping_notes=seams.shaping_notes(figures.get("placements", [])),
+        speed=table(speed_frame(placements)),
+        physical=_optional_table(physical_frame(figures)),
+        seam_tokens=_optional_table(seams.token_frame(placements)),
+        seam_rows=_optional_table(seams.seam_frame(placements)),
+        shaping_notes=seams.shaping_notes(placements),
         scaling=seams.scaling_chart(
-            figures.get("placements", []), title="Scaling with the stage count: decode tok/s and seam share"
+            placements, title="Scaling with the stage count: decode tok/s and seam share"
         ),
         steps=table(result_frame(results)),
         hardware=table(kv_frame(pred.get("hardware", {}))),
