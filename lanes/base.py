@@ -138,7 +138,16 @@ class Lane(Protocol):
 
     def environment(self, env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]: ...
 
-    def certifiable(self, env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]: ...
+    def certifiable(self, env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
+        """Whether this machine can run the lane's workers (a device), given a usable probe."""
+        ...
+
+
+def certifiable(lane: Lane, env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
+    """The lane's own answer once its toolchain is usable; without one nothing is built to run."""
+    if not probe.usable:
+        return False, "toolchain missing"
+    return lane.certifiable(env, probe)
 
 
 def get(name: str) -> Lane:

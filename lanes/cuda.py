@@ -251,8 +251,6 @@ def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]
 
 
 def certifiable(env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
-    if not probe.usable:
-        return False, "toolchain missing"
     smi = which("nvidia-smi", env)
     listing = tool_output(smi, ["-L"], env) if smi else None
     if listing and "GPU " in listing:

@@ -140,8 +140,6 @@ def environment(env: Mapping[str, str], probe: ToolchainProbe) -> dict[str, str]
 
 
 def certifiable(env: Mapping[str, str], probe: ToolchainProbe) -> tuple[bool, str]:
-    if not probe.usable:
-        return False, "toolchain missing"
     if not Path("/dev/kfd").exists():
         return False, "no AMD GPU here (/dev/kfd absent; compile-only)"
     return True, "AMD GPU (/dev/kfd)"
