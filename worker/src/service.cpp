@@ -1,6 +1,7 @@
 #include "service.h"
 
 #include <cstdio>
+#include <utility>
 
 namespace pb = dgr::shard::v1;
 
@@ -34,17 +35,18 @@ static grpc::Status guarded(const char * rpc, Fn && fn) {
     }
 }
 
-static void put_tensor(const TensorOut & t, pb::Tensor * out) {
+// Moves the bytes into the message: a result is sent once, so its buffer need not be copied.
+static void put_tensor(TensorOut && t, pb::Tensor * out) {
     out->set_dtype(t.dtype == DType::F16 ? pb::F16 : pb::F32);
     for (int64_t d : t.shape) {
         out->add_shape(d);
     }
-    out->set_data(t.data);
+    out->set_data(std::move(t.data));
 }
 
 grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, pb::InfoReply * reply) {
     return guarded("Info", [&] {
-        const StageInfo in = stage_.info();
+        const StageInfo & in = stage_.info();
         reply->set_worker_version(id_.worker_version);
         reply->set_llama_commit(id_.llama_commit);
         reply->set_lane(id_.lane);
@@ -119,15 +121,15 @@ grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardR
         }
         ForwardResult r = stage_.forward(read_args(*req));
         if (r.has_boundary) {
-            put_tensor(r.boundary, reply->mutable_boundary());
+            put_tensor(std::move(r.boundary), reply->mutable_boundary());
         }
         if (r.has_logits) {
-            put_tensor(r.logits, reply->mutable_logits());
+            put_tensor(std::move(r.logits), reply->mutable_logits());
         }
-        for (const auto & [layer, t] : r.captures) {
+        for (auto & [layer, t] : r.captures) {
             auto * c = reply->add_captures();
             c->set_layer(layer);
-            put_tensor(t, c->mutable_residual());
+            put_tensor(std::move(t), c->mutable_residual());
         }
         reply->set_compute_seconds(r.compute_seconds);
         reply->set_kv_used(r.kv_used);
@@ -149,7 +151,7 @@ static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r
 
 grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
     const int32_t index = req->trace_size();
-    const StageInfo in = stage_.info();
+    const StageInfo & in = stage_.info();
     const std::string range = std::to_string(in.layer_begin) + ":" + std::to_string(in.layer_end);
     ForwardResult r;
     grpc::Status own = guarded("Forward", [&] {
@@ -185,7 +187,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         next.set_epoch(req->epoch());
         next.mutable_positions()->CopyFrom(req->positions());
         next.mutable_tokens()->CopyFrom(req->tokens());  // a few ids: always passed for a sideband stage
-        put_tensor(r.boundary, next.mutable_boundary());
+        put_tensor(std::move(r.boundary), next.mutable_boundary());
         next.set_boundary_dtype(req->boundary_dtype());
         next.set_all_logits(req->all_logits());
         for (int i = 1; i < req->downstream_size(); ++i) {
@@ -212,7 +214,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
 
     pb::Delivery d;
     d.set_request_id(req->request_id());
-    put_tensor(r.logits, d.mutable_reply()->mutable_logits());
+    put_tensor(std::move(r.logits), d.mutable_reply()->mutable_logits());
     d.mutable_reply()->set_compute_seconds(r.compute_seconds);
     d.mutable_reply()->set_kv_used(r.kv_used);
     d.mutable_trace()->CopyFrom(req->trace());

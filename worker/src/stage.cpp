@@ -134,11 +134,6 @@ void Stage::release_context(llama_context * ctx) {
     idle_.push_back(ctx);
 }
 
-StageInfo Stage::info() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return info_;
-}
-
 size_t Stage::n_sessions() {
     return n_sessions_.load();
 }
@@ -317,14 +312,16 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
     if (rc == 0) {
         s.n_past += n_tokens;
         if (in.last_stage) {
+            // rows straight into the reply's bytes: llama_get_logits_ith rows need not be adjacent
             const int32_t rows = want_all ? n_tokens : 1;
-            std::vector<float> tmp((size_t) rows * in.n_vocab);
+            const size_t row_bytes = (size_t) in.n_vocab * sizeof(float);
+            r.has_logits = true;
+            r.logits.shape = {rows, in.n_vocab};
+            r.logits.data.resize((size_t) rows * row_bytes);
             for (int32_t j = 0; j < rows; ++j) {
                 const float * row = llama_get_logits_ith(s.ctx, want_all ? j : n_tokens - 1);
-                std::memcpy(&tmp[(size_t) j * in.n_vocab], row, (size_t) in.n_vocab * sizeof(float));
+                std::memcpy(&r.logits.data[(size_t) j * row_bytes], row, row_bytes);
             }
-            r.has_logits = true;
-            r.logits = make_tensor(tmp.data(), rows, in.n_vocab, DType::F32);
         } else {
             const float * b = llama_get_boundary(s.ctx);
             if (b == nullptr) {

@@ -1,8 +1,9 @@
 // One pipeline stage: the patched libllama model (owned layers only) and per-session KV contexts.
 //
-// Thread-safety: every public method takes one mutex, so llama calls are serialised. gRPC may call
-// from many threads; a stage computes one batch at a time anyway (the CPU threads are all busy),
-// and serialising keeps results independent of request interleaving.
+// Thread-safety: every public method that touches llama or the sessions takes one mutex, so llama
+// calls are serialised. gRPC may call from many threads; a stage computes one batch at a time anyway
+// (the CPU threads are all busy), and serialising keeps results independent of request interleaving.
+// info() is fixed once the constructor returns, so it is read without the mutex.
 #pragma once
 
 #include "options.h"
@@ -91,7 +92,7 @@ public:
     Stage(const Stage &) = delete;
     Stage & operator=(const Stage &) = delete;
 
-    StageInfo     info();
+    const StageInfo & info() const { return info_; }  // immutable after construction: no lock
     ForwardResult forward(const ForwardArgs & args);
     bool          reset(const std::string & session_id);
     std::vector<int32_t> tokenize(const std::string & text, bool add_special);
