@@ -98,34 +98,24 @@ def cell(
     listed: bool,
     root: Path,
 ) -> Cell:
+    uncertified = "compile-only" if built else "never run"
     mine = sorted(
         (e for e in entries if e.lane == lane and e.recipe == recipe), key=lambda e: (e.finished, e.run_id)
     )
-    if mine:
-        last = mine[-1]
-        link = os.path.relpath(last.html, root)
-        if not last.verified:
-            return Cell(state="failed", note=f"does not verify: {last.problem}", link=link)
-        if digest is not None and last.recipe_digest != digest:
-            return Cell(
-                state="compile-only" if built else "never run",
-                note=f"last certificate ({last.verdict}, {last.finished}) is for an older recipe",
-                link=link,
-            )
-        if last.verdict == "PASS":
-            return Cell(
-                state="certified", note=f"{last.finished}{' (dev key)' if last.dev_key else ''}", link=link
-            )
-        return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
-    if not listed:
-        return Cell(
-            state="compile-only" if built else "never run", note="not a lane of this recipe", link=None
-        )
-    return Cell(
-        state="compile-only" if built else "never run",
-        note="built, no certificate" if built else "",
-        link=None,
-    )
+    if not mine:
+        note = "not a lane of this recipe" if not listed else "built, no certificate" if built else ""
+        return Cell(state=uncertified, note=note, link=None)
+    last = mine[-1]
+    link = os.path.relpath(last.html, root)
+    if not last.verified:
+        return Cell(state="failed", note=f"does not verify: {last.problem}", link=link)
+    if digest is not None and last.recipe_digest != digest:
+        note = f"last certificate ({last.verdict}, {last.finished}) is for an older recipe"
+        return Cell(state=uncertified, note=note, link=link)
+    if last.verdict == "PASS":
+        note = f"{last.finished}{' (dev key)' if last.dev_key else ''}"
+        return Cell(state="certified", note=note, link=link)
+    return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
 
 
 def build_exists(ctx: Context, lane: str) -> bool:
@@ -133,8 +123,6 @@ def build_exists(ctx: Context, lane: str) -> bool:
 
 
 def render_index(ctx: Context, reports: Path) -> Path:
-    import jinja2  # noqa: F401 - the environment below needs it
-
     from certify import recipes
     from certify.canonical import atomic_write_bytes
     from certify.keys import trusted_keys
