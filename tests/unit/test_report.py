@@ -133,34 +133,17 @@ def test_dev_key_trust_is_workspace_bound(run, tmp_path: Path) -> None:
 
 def test_report_and_matrix_commands(run, tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
-    from certify.workspace import PROJECT_ROOT
+    from tests.integration.dgr_cli import run_dgr
 
     root, _ = run
     ctx = fake_context(root, DGR_RECIPES_DIR=str(root))
-    env = dict(ctx.env)
-    done = subprocess.run(
-        [sys.executable, "-m", "certify", "report"],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_dgr(ctx.env, "report", timeout=120)
     assert done.returncode == 0, done.stderr
     index = Path(done.stdout.strip().removeprefix("index: "))
     assert index == ctx.workspace.reports / "index.html" and index.is_file()
     out = tmp_path / "github-output"
-    done = subprocess.run(
-        [sys.executable, "-m", "certify", "matrix", "--github-output", str(out)],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_dgr(ctx.env, "matrix", "--github-output", str(out), timeout=120)
     assert done.returncode == 0, done.stderr
     line = out.read_text().strip()
     assert line.startswith("matrix=") and "\n" not in line
