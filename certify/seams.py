@@ -550,23 +550,22 @@ class NetnsPipelines:
     stubs: Any  # worker.stubs.Stubs
     evidence: Path
     env: Mapping[str, str]
-    support: SeamSupport | None = None  # None: probe on first use
+    support: SeamSupport  # probe()'s answer (certify.measure probes once per process)
     start_timeout: float = 120.0
     call_deadline: float = 120.0
 
     def unsupported(self) -> str:
         """Why no fabric can be made here ("" when it can): one line, for a SKIPPED result."""
-        support = self.support or probe(self.env)
-        return "" if support.available else support.reason
+        return "" if self.support.available else self.support.reason
 
     @contextmanager
     def start(self, cmd: Any, placement: Placement, tag: str) -> Iterator[NetnsPipeline]:
         from certify.canonical import write_json
         from worker.launcher import Placed, launch
 
-        support = self.support or probe(self.env)
         evidence = self.evidence / tag
-        with Fabric(links=profiles(placement), support=support, env=self.env, evidence=evidence) as fabric:
+        fabric = Fabric(links=profiles(placement), support=self.support, env=self.env, evidence=evidence)
+        with fabric:
             write_json(evidence / "fabric.json", fabric.describe())
             placed = [Placed(prefix=("ip", "netns", "exec", ns), host=addr)
                       for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)]
