@@ -235,7 +235,7 @@ class StageClient:
             layer_end=r.layer_end, first_stage=r.first_stage, last_stage=r.last_stage,
             n_embd=r.n_embd, boundary_width=r.boundary_width,
             needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
-            n_threads=r.n_threads, identity_json=r.identity_json, n_batch=getattr(r, "n_batch", 0),
+            n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,

@@ -76,9 +76,8 @@ class Servicer(pbg.ShardWorkerServicer):
 
     def Info(self, request, context):
         t = self.toy
-        extra = {"n_batch": N_BATCH} if "n_batch" in pb.InfoReply.DESCRIPTOR.fields_by_name else {}
         return pb.InfoReply(
-            **extra,
+            n_batch=N_BATCH,
             worker_version="fake-0", llama_commit="0" * 40, lane=self.args.lane or "cpu",
             backend_devices=FAKE_DEVICES.get(self.args.lane or "cpu", "numpy"),
             model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
