@@ -28,8 +28,7 @@ def link_of(seam: Seam | None) -> Link:
     """A recipe seam as a link profile (absent fields: no delay, no jitter, unlimited rate)."""
     if seam is None:
         return Link()
-    return Link(delay_s=(seam.delay_ms or 0.0) / 1e3, jitter_s=(seam.jitter_ms or 0.0) / 1e3,
-                rate_bps=None if seam.rate_mbit is None else seam.rate_mbit * 1e6)
+    return Link.of(delay_ms=seam.delay_ms, jitter_ms=seam.jitter_ms, rate_mbit=seam.rate_mbit)
 
 
 @dataclass(frozen=True, kw_only=True)

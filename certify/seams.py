@@ -153,11 +153,11 @@ def shaper_argv(
     python: str, link: Link, *, inner: str, inner_ns: str, outer: str, outer_ns: str
 ) -> list[str]:
     """The command of one link's userspace shaper (certify.shaper)."""
+    ms = link.in_ms()
     argv = [python, "-m", "certify.shaper", "--inner", inner, "--inner-ns", inner_ns, "--outer", outer,
-            "--outer-ns", outer_ns, "--delay-ms", repr(link.delay_s * 1e3),
-            "--jitter-ms", repr(link.jitter_s * 1e3)]
-    if link.rate_bps is not None:
-        argv += ["--rate-mbit", repr(link.rate_bps / 1e6)]
+            "--outer-ns", outer_ns, "--delay-ms", repr(ms["delay_ms"]), "--jitter-ms", repr(ms["jitter_ms"])]
+    if ms["rate_mbit"] is not None:
+        argv += ["--rate-mbit", repr(ms["rate_mbit"])]
     return argv
 
 
@@ -362,15 +362,11 @@ class Fabric:
         return self.support.backend
 
     def describe(self) -> dict[str, Any]:
-        def one(link: Link) -> dict[str, Any]:
-            return {"delay_ms": link.delay_s * 1e3, "jitter_ms": link.jitter_s * 1e3,
-                    "rate_mbit": None if link.rate_bps is None else link.rate_bps / 1e6}
-
         stages = zip(self.namespaces, self.addresses, self.links.stages, strict=True)
         return {"backend": self.support.backend, "description": self.support.description,
                 "subnet": str(self.subnet),
-                "driver": {"address": self.driver_address, **one(self.links.driver)},
-                "stages": [{"namespace": ns, "address": a, **one(link)} for ns, a, link in stages]}
+                "driver": {"address": self.driver_address, **self.links.driver.in_ms()},
+                "stages": [{"namespace": ns, "address": a, **link.in_ms()} for ns, a, link in stages]}
 
     # lifecycle -----------------------------------------------------------------------------------
     def __enter__(self) -> Fabric:

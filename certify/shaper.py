@@ -70,6 +70,19 @@ class Link:
     def serialisation_s(self, nbytes: int) -> float:
         return 0.0 if self.rate_bps is None else nbytes * 8.0 / self.rate_bps
 
+    @classmethod
+    def of(
+        cls, *, delay_ms: float | None = None, jitter_ms: float | None = None, rate_mbit: float | None = None
+    ) -> Link:
+        """A link from the units recipes, the shaper's flags and fabric.json use (absent: 0, unlimited)."""
+        return cls(delay_s=(delay_ms or 0.0) / 1e3, jitter_s=(jitter_ms or 0.0) / 1e3,
+                   rate_bps=None if rate_mbit is None else rate_mbit * 1e6)
+
+    def in_ms(self) -> dict[str, float | None]:
+        """``delay_ms``, ``jitter_ms``, ``rate_mbit`` (None: unlimited): the inverse of ``of``."""
+        return {"delay_ms": self.delay_s * 1e3, "jitter_ms": self.jitter_s * 1e3,
+                "rate_mbit": None if self.rate_bps is None else self.rate_bps / 1e6}
+
 
 class Schedule:
     """When each frame into a link may be delivered.  Pure (the clock is an argument), so the timing
@@ -181,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    link = Link(delay_s=args.delay_ms / 1e3, jitter_s=args.jitter_ms / 1e3,
-                rate_bps=None if args.rate_mbit is None else args.rate_mbit * 1e6)
+    link = Link.of(delay_ms=args.delay_ms, jitter_ms=args.jitter_ms, rate_mbit=args.rate_mbit)
     if args.inner_ns:
         _setns(args.inner_ns)
     inner = open_tap(args.inner)
