@@ -199,7 +199,7 @@ def _forward_all(
     if route is not None:
         return _forward_chained(route, session, epoch, positions, tokens, boundary_dtype=boundary_dtype,
                                 all_logits=all_logits, keep_boundaries=keep_boundaries)
-    n = len(positions)
+    n, rows = len(positions), len(positions) if all_logits else 1
     width = infos[0].boundary_width
     replies: list[Forwarded] = []
     boundaries: list[np.ndarray] = []
@@ -219,18 +219,11 @@ def _forward_all(
         for il, arr in reply.captures.items():
             # A capture is n_embd wide (DeepSeek-V4: the mean of its hc residual copies); a boundary
             # may be wider (hc_mult * n_embd), so the two compare directly only on dense models.
-            if arr.shape != (n, info.n_embd):
-                raise stage.failure("BAD_REPLY", f"capture of layer {il} has shape {list(arr.shape)}")
-            captures[il] = arr
+            captures[il] = _expect_shape(stage, f"capture of layer {il}", arr, (n, info.n_embd))
         if info.last_stage:
-            rows = n if all_logits else 1
-            if reply.logits is None or reply.logits.shape != (rows, info.n_vocab):
-                got = None if reply.logits is None else list(reply.logits.shape)
-                raise stage.failure("BAD_REPLY", f"logits {got}, expected [{rows}, {info.n_vocab}]")
+            _expect_shape(stage, "logits", reply.logits, (rows, info.n_vocab))
         else:
-            if reply.boundary is None or reply.boundary.shape != (n, width):
-                got = None if reply.boundary is None else list(reply.boundary.shape)
-                raise stage.failure("BAD_REPLY", f"boundary {got}, expected [{n}, {width}]")
+            _expect_shape(stage, "boundary", reply.boundary, (n, width))
             if keep_boundaries:
                 boundaries.append(reply.boundary)
             relay = reply.boundary_wire
@@ -255,6 +248,12 @@ def _forward_chained(
 ) -> _Pass:
     got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
                     keep_boundaries=keep_boundaries)
+    # Everything arrives in the last stage's delivery, so a bad shape is reported against that stage.
+    n, rows, last = len(positions), len(positions) if all_logits else 1, route.stages[-1]
+    logits = _expect_shape(last, "logits", got.logits, (rows, route.infos[-1].n_vocab))
+    width = route.infos[0].boundary_width
+    boundaries = [_expect_shape(last, f"boundary of stage {k}", b, (n, width))
+                  for k, b in enumerate(got.boundaries)]
     hops = got.hops
     step = Step(
         n_tokens=len(positions),
@@ -267,7 +266,16 @@ def _forward_chained(
         crossings=len(hops) + 1,
         forwarding="chained",
     )
-    return _Pass(logits=got.logits, boundaries=list(got.boundaries), captures={}, step=step)
+    return _Pass(logits=logits, boundaries=boundaries, captures={}, step=step)
+
+
+def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: tuple[int, int]
+                  ) -> np.ndarray:
+    """``arr`` when it has the shape the pass needs, else BAD_REPLY against the stage it came from."""
+    if arr is None or arr.shape != shape:
+        got = None if arr is None else list(arr.shape)
+        raise stage.failure("BAD_REPLY", f"{what} {got}, expected {list(shape)}")
+    return arr
 
 
 @contextmanager
