@@ -23,7 +23,7 @@ import re
 import socket
 import types
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,9 +276,6 @@ class AttachedPipelines:
     call_deadline: float = 120.0
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # address -> what it reported
 
-    def _expected(self, lane: str) -> dict[str, Any]:
-        return stable_identity(self.recipe, lane, self.identity)
-
     def _entry(self, cmd: Any, placement: Placement) -> tuple[str, str, tuple[AttachedStage, ...]]:
         lane = getattr(cmd, "lane", None) or self.lane
         if lane != self.lane:
@@ -292,7 +289,7 @@ class AttachedPipelines:
         return placement.name, lane, self.file.placements[placement.name]
 
     def _connect(self, name: str, lane: str, stages: Sequence[AttachedStage]) -> Attached:
-        want_id = self._expected(lane)
+        want_id = stable_identity(self.recipe, lane, self.identity)
         clients: list[_Client] = []
         infos: list[StageInfo] = []
         try:
@@ -390,12 +387,9 @@ class AttachedPipelines:
                     log.warning("could not reset session %s on %s: %s", sid, c.address, exc.detail)
             c.close()
 
-    def start(self, cmd: Any, placement: Placement, tag: str) -> AbstractContextManager[Attached]:
-        name, lane, stages = self._entry(cmd, placement)
-        return self._attached(name, lane, stages)
-
     @contextmanager
-    def _attached(self, name: str, lane: str, stages: Sequence[AttachedStage]) -> Iterator[Attached]:
+    def start(self, cmd: Any, placement: Placement, tag: str) -> Iterator[Attached]:
+        name, lane, stages = self._entry(cmd, placement)
         att = self._connect(name, lane, stages)  # Info again: a worker may have been restarted since
         try:
             yield att
