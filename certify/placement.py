@@ -331,7 +331,7 @@ class AttachedPipelines:
                         f"got {info.boundary_width}"
                     )
                 infos.append(info)
-                self._record(s, name, k, info)
+                self._record(s, name, info)
         except BaseException:
             for c in clients:
                 c.close()
@@ -347,14 +347,15 @@ class AttachedPipelines:
             sink_host=sink,
         )
 
-    def _record(self, s: AttachedStage, name: str, k: int, info: StageInfo) -> None:
-        try:
-            build = (json.loads(info.identity_json) or {}).get("build")
-        except (ValueError, AttributeError):
-            build = None
-        row = self.seen.setdefault(
-            s.address,
-            {
+    def _record(self, s: AttachedStage, name: str, info: StageInfo) -> None:
+        """What a worker said about itself, kept from the first time it is met (preflight)."""
+        row = self.seen.get(s.address)
+        if row is None:
+            try:
+                build = (json.loads(info.identity_json) or {}).get("build")
+            except (ValueError, AttributeError):
+                build = None
+            row = self.seen[s.address] = {
                 "address": s.address,
                 "layers": list(s.layers),
                 "placements": [],
@@ -365,8 +366,7 @@ class AttachedPipelines:
                 "model_path": info.model_path,
                 "identity_sha256": sha256_bytes(info.identity_json.encode("utf-8")),
                 "build": build,
-            },
-        )
+            }
         if name not in row["placements"]:
             row["placements"].append(name)
 
