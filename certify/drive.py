@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -137,7 +137,6 @@ class RouteChange:
     switch_at: int
     reprefill_tokens: int  # positions re-prefilled under the new epoch
     cache_miss: str  # how the new epoch answered a request that assumed the old KV (status code)
-    epochs: tuple[int, int] = field(default=(1, 2))
 
     @property
     def identical(self) -> bool:
@@ -338,18 +337,16 @@ def _greedy(
         raise ConfigurationError("a prompt needs at least one token")
     if n_decode < 1:
         raise ConfigurationError("decode length must be at least 1")
-    if route is None:
-        return _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
-                              boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                              keep_boundaries=keep_boundaries, route=None)
     try:
         out = _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
                              boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
                              keep_boundaries=keep_boundaries, route=route)
     except BaseException:
-        route.drain(quiet=True)
+        if route is not None:
+            route.drain(quiet=True)
         raise
-    route.drain()
+    if route is not None:
+        route.drain()
     return out
 
 
@@ -418,11 +415,10 @@ def _prompt_trace(
     tag: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
     route: ChainRoute | None,
 ) -> PromptTrace:
-    wanted = capture
     session = _session(tag)
     try:
         tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
-                                 boundary_dtype=boundary_dtype, all_logits=all_logits, capture=wanted,
+                                 boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
                                  route=route)
     except BaseException:
         _reset_all(stages, session, quiet=True)
@@ -438,7 +434,7 @@ def _prompt_trace(
             info.layer_begin: np.concatenate([p.boundaries[k] for p in passes])
             for k, info in enumerate(infos[1:])
         },
-        captures={il: np.concatenate([p.captures[il] for p in passes]) for il in wanted},
+        captures={il: np.concatenate([p.captures[il] for p in passes]) for il in capture},
         prefill=passes[0].step,
         decode=tuple(p.step for p in passes[1:]),
     )
