@@ -104,19 +104,27 @@ def operator(stubs: Any) -> Iterator[Operator]:
         s.stop(0)
 
 
-def _pipelines(tmp: Path, stubs: Any, placements: dict[str, list[tuple[str, tuple[int, int]]]]) -> Any:
-    data = {
-        "schema_version": 1,
-        "recipe": "tiny-llama",
-        "placements": {
-            n: {"stages": [{"address": a, "layers": list(r)} for a, r in st]} for n, st in placements.items()
-        },
-    }
+Stages = list[tuple[str, tuple[int, int]]]
+
+
+def _placement_file(tmp: Path, placements: dict[str, Stages], **more: Any) -> pl.PlacementFile:
+    """A placement file for tiny-llama: placement -> [(address, layers)], plus top-level keys."""
+
+    def stages(st: Stages) -> dict[str, Any]:
+        return {"stages": [{"address": a, "layers": list(r)} for a, r in st]}
+
+    data = {"schema_version": 1, "recipe": "tiny-llama", **more}
+    data["placements"] = {n: stages(st) for n, st in placements.items()}
+    if "reference" in data:
+        data["reference"] = stages(data["reference"])
     path = tmp / "p.json"
     path.write_text(json.dumps(data))
-    pf = pl.load_file(path)
+    return pl.load_file(path)
+
+
+def _pipelines(tmp: Path, stubs: Any, placements: dict[str, Stages]) -> Any:
     return pl.AttachedPipelines(
-        file=pf,
+        file=_placement_file(tmp, placements),
         recipe=RECIPE,
         lane="cpu",
         identity=IDENTITY,
@@ -211,24 +219,12 @@ def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: 
     mono, a, b, c = (
         operator.start(r0, r1, vk, lane="vulkan") for r0, r1 in ((0, 12), (0, 1), (1, 6), (6, 12))
     )
-    data = {
-        "schema_version": 1,
-        "recipe": "tiny-llama",
-        "lane": "vulkan",
-        "reference": {"stages": [{"address": cpu, "layers": [0, 12]}]},
-        "placements": {
-            "mono": {"stages": [{"address": mono, "layers": [0, 12]}]},
-            "three-first-middle": {
-                "stages": [
-                    {"address": a, "layers": [0, 1]},
-                    {"address": b, "layers": [1, 6]},
-                    {"address": c, "layers": [6, 12]},
-                ]
-            },
-        },
-    }
-    (tmp_path / "p.json").write_text(json.dumps(data))
-    pf = pl.load_file(tmp_path / "p.json")
+    pf = _placement_file(
+        tmp_path,
+        {"mono": [(mono, (0, 12))], "three-first-middle": [(a, (0, 1)), (b, (1, 6)), (c, (6, 12))]},
+        lane="vulkan",
+        reference=[(cpu, (0, 12))],
+    )
     cmd = WorkerCommand(program=(), model=model, lane="vulkan")
     plan = measure.Plan(
         recipe=RECIPE,
