@@ -103,9 +103,8 @@ class Expect:
     layers: tuple[int, int]
     architecture: str
     n_layer: int
-    n_embd: int | None = (
-        None  # from the verified local GGUF header: a model's shape, whatever its identity file says
-    )
+    # n_embd, n_vocab: from the verified local GGUF header, a model's shape whatever its identity file says
+    n_embd: int | None = None
     n_vocab: int | None = None
     min_ctx: int = 0
 
