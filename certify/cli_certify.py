@@ -44,14 +44,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     store = env_store(ctx.env, args.store, ctx.workspace)
     if args.write_identity is not None:
-        from certify.errors import ConfigurationError
         from certify.worker_identity import write_identity
 
-        if args.lane not in recipe.lanes:
-            raise ConfigurationError(
-                f"recipe {recipe.name} is not certified on lane {args.lane}",
-                hint=f"its lanes: {', '.join(recipe.lanes)}",
-            )
+        recipe.require_lane(args.lane)
         argv = write_identity(ctx, recipe, args.lane, args.write_identity, store=store)
         print(f"identity: {args.write_identity.resolve()} ({recipe.name} on {args.lane})")
         print(f"start each stage with: {shlex.join(argv)}")

@@ -199,6 +199,14 @@ class Recipe:
             hint=f"add a class to {self.source} (that changes the recipe digest)",
         )
 
+    def require_lane(self, lane: str) -> None:
+        """ConfigurationError unless this recipe certifies ``lane``."""
+        if lane not in self.lanes:
+            raise ConfigurationError(
+                f"recipe {self.name} is not certified on lane {lane}",
+                hint=f"its lanes: {', '.join(self.lanes)}",
+            )
+
     def dtype_of(self, placement: Placement) -> str:
         return placement.boundary_dtype or self.boundary_dtype
 

@@ -217,11 +217,7 @@ def run_certification(
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
 
-    if lane not in recipe.lanes:
-        raise ConfigurationError(
-            f"recipe {recipe.name} is not certified on lane {lane}",
-            hint=f"its lanes: {', '.join(recipe.lanes)}",
-        )
+    recipe.require_lane(lane)
     key = key or signing_key(ctx.env, ctx.workspace)  # a bad DGR_SIGNING_KEY fails before any work
     run_id = run_id or new_run_id()
     started = time.time()
@@ -406,11 +402,7 @@ def certify(
     ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = None, placement_file: Path | None = None
 ) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5."""
-    if lane not in recipe.lanes:
-        raise ConfigurationError(
-            f"recipe {recipe.name} is not certified on lane {lane}",
-            hint=f"its lanes: {', '.join(recipe.lanes)}",
-        )
+    recipe.require_lane(lane)
     from fetch.artifacts import load_set, require_sealed
 
     # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.

@@ -202,3 +202,11 @@ def test_cli_refuses_mtp_and_unknown_key_with_exit_2(tmp_path: Path) -> None:
     (tmp_path / "k").mkdir()
     done = _dgr("certify", "--recipe-file", str(_write(tmp_path / "k", doc)))
     assert done.returncode == 2 and "did you mean 'stages'" in done.stderr, done.stderr
+
+
+def test_a_lane_the_recipe_does_not_list_is_refused_with_its_lanes() -> None:
+    r = recipes.load("tiny-llama", {})
+    r.require_lane(r.lanes[0])
+    with pytest.raises(ConfigurationError, match="not certified on lane no-such-lane") as caught:
+        r.require_lane("no-such-lane")
+    assert caught.value.hint == f"its lanes: {', '.join(r.lanes)}"
