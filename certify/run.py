@@ -20,7 +20,7 @@ from typing import Any
 
 from certify import certificate as cert
 from certify import hardware
-from certify.canonical import sha256_bytes, write_json
+from certify.canonical import atomic_write_bytes, sha256_bytes, write_json
 from certify.context import Context
 from certify.errors import ConfigurationError, DgrError, GateFailed, IntegrityError
 from certify.keys import SigningKey, signing_key
@@ -69,7 +69,8 @@ def _binary_subjects(
     subjects, paths = [], {}
     for name, path in sorted(binaries.items()):
         digests = cert.file_digests(Path(path))
-        want = (recorded.get(name) or {}).get("sha256") if isinstance(recorded.get(name), Mapping) else None
+        record = recorded.get(name)
+        want = record.get("sha256") if isinstance(record, Mapping) else None
         if want and want != digests["sha256"]:
             raise IntegrityError(
                 f"{lane} build: {path} changed since it was built (sha256 {digests['sha256']}, "
@@ -231,7 +232,7 @@ def run_certification(
             "recipe_digest": recipe.digest,
             "lane": lane,
             "run_id": run_id,
-            **{k: v for k, v in prepared.identity.items()},
+            **prepared.identity,
         },
     )
     ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
@@ -382,8 +383,6 @@ def publish(
     stmt["predicate"]["report"] = {"file": REPORT_FILE, "html_sha256": sha256_bytes(html)}
     envelope = cert.sign(stmt, key)
     out = ctx.workspace.ensure(ctx.workspace.reports / recipe.name / lane / run_id)
-    from certify.canonical import atomic_write_bytes
-
     atomic_write_bytes(out / REPORT_FILE, html)
     cert.write(out / CERTIFICATE_FILE, envelope)
     for published in (out / REPORT_FILE, out / CERTIFICATE_FILE):
