@@ -207,11 +207,13 @@ def run_certification(
     start_timeout: float = 120.0,
     call_deadline: float = 120.0,
     placement_file: Any = None,
+    fingerprint: Mapping[str, Any] | None = None,
 ) -> Written:
     """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL.
 
     ``placement_file`` (certify.placement.PlacementFile): attach to workers the operator runs instead
-    of starting our own; each is checked through Info before it is trusted.
+    of starting our own; each is checked through Info before it is trusted.  ``fingerprint``: this
+    machine's, when the caller has just taken it (``certify`` does, to pick the hardware class).
     """
     from certify import measure
     from lanes.runtime import lane_device, worker_environment
@@ -222,7 +224,7 @@ def run_certification(
     key = key or signing_key(ctx.env, ctx.workspace)  # a bad DGR_SIGNING_KEY fails before any work
     run_id = run_id or new_run_id()
     started = time.time()
-    fp = hardware.fingerprint(ctx.env)
+    fp = dict(fingerprint) if fingerprint is not None else hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     evidence = ctx.workspace.ensure(ctx.workspace.runs / run_id)
     write_json(
@@ -416,9 +418,9 @@ def certify(
         pf = attach.load_file(placement_file)
         attach.restrict(pf, recipe, lane, cross_lane=hc.parity.reference_lane == "cpu" and lane != "cpu")
         prepared = worker_identity.prepare_attached(ctx, recipe, lane, store=store)
-        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf)
+        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp)
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.parity.reference_lane == "cpu")
-    return run_certification(ctx, recipe, lane, prepared, key=key)
+    return run_certification(ctx, recipe, lane, prepared, key=key, fingerprint=fp)
 
 
 def gate_failed(written: Written) -> GateFailed:
