@@ -17,6 +17,7 @@ import pytest
 
 from certify.recipes import RECIPES
 from certify.workspace import PROJECT_ROOT, Workspace
+from tests.integration.dgr_cli import run_dgr
 
 pytestmark = pytest.mark.slow
 
@@ -24,19 +25,6 @@ pytestmark = pytest.mark.slow
 # slow tests and with `nox -s certify` (building them again here would double the suite's time).
 ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
 WS = Workspace.from_env(ENV)
-
-
-def dgr(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 1800
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "certify", *args],
-        cwd=PROJECT_ROOT,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def paths_from(stdout: str) -> dict[str, Path]:
@@ -83,7 +71,7 @@ def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
 
 def test_default_certify_passes_and_verifies() -> None:
     started = time.monotonic()
-    done = dgr("certify")
+    done = run_dgr(ENV, "certify")
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdict: PASS" in done.stdout
@@ -91,7 +79,7 @@ def test_default_certify_passes_and_verifies() -> None:
     assert paths["certificate"].is_absolute() and paths["certificate"].is_file()
     assert paths["report"].is_absolute() and paths["report"].is_file()
     assert paths["certificate"].parent.parent == WS.reports / "tiny-llama" / "cpu"
-    check = dgr("verify", str(paths["certificate"]))
+    check = run_dgr(ENV, "verify", str(paths["certificate"]))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "verified: tiny-llama on cpu, verdict PASS" in check.stdout
     assert "FAIL" not in check.stdout and check.stdout.count("ok   subject") >= 4
@@ -155,17 +143,17 @@ def tight_reports():
 
 def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_reports: Path) -> None:
     recipe = small_recipe(tmp_path, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
-    done = dgr("certify", "--recipe-file", str(recipe))
+    done = run_dgr(ENV, "certify", "--recipe-file", str(recipe))
     assert done.returncode == 5, done.stdout + done.stderr
     assert "verdict: FAIL" in done.stdout
     assert "decode tok/s (median)" in done.stderr and "limit >= 1.000e+09" in done.stderr
     paths = paths_from(done.stdout)
     assert paths["certificate"].parent.parent.parent == tight_reports
-    check = dgr("verify", str(paths["certificate"]))
+    check = run_dgr(ENV, "verify", str(paths["certificate"]))
     assert check.returncode == 0 and "verdict FAIL" in check.stdout, check.stdout + check.stderr
     # The same recipe through DGR_RECIPES_DIR, by name.
     env = dict(ENV, DGR_RECIPES_DIR=str(tmp_path))
-    by_name = dgr("certify", "--recipe", "tiny-llama-tight", env=env)
+    by_name = run_dgr(env, "certify", "--recipe", "tiny-llama-tight")
     assert by_name.returncode == 5, by_name.stderr
 
 
@@ -178,13 +166,13 @@ def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_repo
 )
 def test_refused_recipes_exit_2(tmp_path: Path, change: dict[str, object], expect: str) -> None:
     recipe = small_recipe(tmp_path, "tiny-llama-bad", **change)
-    done = dgr("certify", "--recipe-file", str(recipe), timeout=120)
+    done = run_dgr(ENV, "certify", "--recipe-file", str(recipe), timeout=120)
     assert done.returncode == 2 and expect in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_v4_q4_stops_at_its_unsealed_artifact_set() -> None:
-    done = dgr("certify", "--recipe", "v4-q4", timeout=120)
+    done = run_dgr(ENV, "certify", "--recipe", "v4-q4", timeout=120)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "deepseek-v4-flash-q4" in lines[0] and "not sealed" in lines[0]
