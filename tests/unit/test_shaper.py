@@ -82,3 +82,10 @@ def test_min_delay_and_serialisation() -> None:
 def test_a_link_refuses_impossible_profiles(bad) -> None:
     with pytest.raises(ValueError):
         Link(**bad)
+
+
+def test_a_link_in_the_units_of_recipes_and_the_shaper_flags() -> None:
+    metro = Link.of(delay_ms=20, jitter_ms=1, rate_mbit=1000)
+    assert metro == Link(delay_s=0.020, jitter_s=0.001, rate_bps=1e9)
+    assert metro.in_ms() == {"delay_ms": 20.0, "jitter_ms": 1.0, "rate_mbit": 1000.0}
+    assert Link.of() == Link() and Link().in_ms() == {"delay_ms": 0.0, "jitter_ms": 0.0, "rate_mbit": None}
