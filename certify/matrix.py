@@ -7,7 +7,6 @@ certified; every other lane is compile-only, whatever its job does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from certify.context import Context
@@ -17,12 +16,6 @@ HOSTED_FALLBACK = ("ubuntu-latest",)
 PROBE_ONLY_HOSTED = {"rocm"}
 
 
-def _recipe_for(lane: str, recipes: Mapping[str, Any], name: str) -> str | None:
-    """CI certifies one recipe (the embedded default unless told): the one it can provision itself."""
-    r = recipes.get(name)
-    return name if r is not None and lane in r.lanes else None
-
-
 def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = None) -> list[dict[str, Any]]:
     from certify import recipes as rmod
     from certify.errors import DgrError
@@ -30,15 +23,14 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
     from lanes.base import LANE_NAMES, get
     from reports.index import cell, scan
 
-    names = [recipe] if recipe else rmod.available(ctx.env)
-    loaded: dict[str, Any] = {}
-    for name in names:
-        try:
-            loaded[name] = rmod.load(name, ctx.env)
-        except DgrError:
-            if recipe:
-                raise
-            loaded[name] = None
+    # CI certifies one recipe (the embedded default unless told): the one it can provision itself.
+    name = recipe or rmod.DEFAULT_RECIPE
+    try:
+        certified: rmod.Recipe | None = rmod.load(name, ctx.env)
+    except DgrError:
+        if recipe:
+            raise
+        certified = None
     certs = (
         scan(ctx.workspace.reports, trusted_keys(ws=ctx.workspace)) if ctx.workspace.reports.is_dir() else []
     )
@@ -46,7 +38,7 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
     for lane_name in LANE_NAMES:
         lane = get(lane_name)
         labels = tuple(lane.runner_labels)
-        chosen = _recipe_for(lane_name, loaded, recipe or rmod.DEFAULT_RECIPE)
+        chosen = name if certified is not None and lane_name in certified.lanes else None
         needs_own_runner = "self-hosted" in labels
         if needs_own_runner and not self_hosted:
             mode = "probe" if lane_name in PROBE_ONLY_HOSTED else "compile"
@@ -58,12 +50,12 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
         else:
             mode, runs_on, why = "certify", labels, f"certifies {chosen} on {', '.join(labels)}"
         status = "compile-only"
-        if chosen is not None and loaded.get(chosen) is not None:
+        if chosen is not None:
             c = cell(
                 certs,
                 lane=lane_name,
                 recipe=chosen,
-                digest=loaded[chosen].digest,
+                digest=certified.digest,
                 built=False,
                 listed=True,
                 root=ctx.workspace.reports,
