@@ -18,11 +18,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from certify.canonical import atomic_write_bytes
 from certify.errors import ConfigurationError, IntegrityError
 from certify.workspace import MANIFESTS, Workspace, refuse_links_below
 
 TRUSTED_KEYS = MANIFESTS / "keys"
 DEV_KEY_NAME = "dev-ed25519.pem"
+DEV_PUBLIC_NAME = "dev-ed25519.pub.pem"  # what `verify` trusts on this machine (as a dev key)
 
 
 def keyid(public: Ed25519PublicKey) -> str:
@@ -108,7 +110,7 @@ def dev_key(ws: Workspace) -> SigningKey:
     """The workspace dev key, created on first use with owner-only permissions."""
     ws.ensure(ws.keys)
     path = ws.keys / DEV_KEY_NAME
-    pub_path = ws.keys / "dev-ed25519.pub.pem"
+    pub_path = ws.keys / DEV_PUBLIC_NAME
     refuse_links_below(ws.root, path)
     if not path.exists():
         key = Ed25519PrivateKey.generate()
@@ -133,8 +135,6 @@ def dev_key(ws: Workspace) -> SigningKey:
     key = _load_private(path)
     pem_pub = public_pem(key.public_key())
     if not pub_path.exists() or pub_path.read_bytes() != pem_pub:
-        from certify.canonical import atomic_write_bytes
-
         atomic_write_bytes(pub_path, pem_pub)
     return SigningKey(
         private=key, keyid=keyid(key.public_key()), dev_key=True, path=path, public_path=pub_path
@@ -159,7 +159,7 @@ def trusted_keys(
             pub = _load_private(pem).public_key()
         found[keyid(pub)] = TrustedKey(public=pub, keyid=keyid(pub), source=f"--key {pem}")
     if ws is not None:
-        dev_pub = ws.keys / "dev-ed25519.pub.pem"
+        dev_pub = ws.keys / DEV_PUBLIC_NAME
         if dev_pub.is_file() and not dev_pub.is_symlink():
             pub = load_public(dev_pub)
             found.setdefault(
