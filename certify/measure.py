@@ -328,19 +328,15 @@ def run(plan: Plan) -> Outcome:
         )
         if p.is_monolithic:  # the lane's own monolithic run is the speed reference for its staged runs
             ref_speed = speed
-            out.results.append(
-                gates.evaluate("speed", p.name, gates.speed_checks(hc.speed, p), _gate_figures(None, speed))
+        out.results.append(
+            gates.evaluate(
+                "speed",
+                p.name,
+                gates.speed_checks(hc.speed, p),
+                _gate_figures(None, speed, record.get("seam_model")),
+                _gate_figures(None, ref_speed),
             )
-        else:
-            out.results.append(
-                gates.evaluate(
-                    "speed",
-                    p.name,
-                    gates.speed_checks(hc.speed, p),
-                    _gate_figures(None, speed, record.get("seam_model")),
-                    _gate_figures(None, ref_speed),
-                )
-            )
+        )
         if route is not None:
             # Cross-lane runs have no same-lane monolithic switch to compare with: there the staged
             # run's own uninterrupted decode is the expectation.
