@@ -143,7 +143,7 @@ def build_tree(
         raise ToolchainMissing(f"{lane.name} lane: {host.problem}")
     args = [
         *lane.cmake_args(options, probe),
-        *cmake.identity_args(lane=lane.name, commit=_commit(tree), tree_digest=tree.digest),
+        *cmake.identity_args(lane=lane.name, commit=_commit(tree)),
     ]
     inputs = key_inputs(
         tree_digest=tree.digest,

@@ -195,12 +195,11 @@ def common_args(options: BuildOptions) -> list[str]:
     return args
 
 
-def identity_args(*, lane: str, commit: str, tree_digest: str) -> list[str]:
+def identity_args(*, lane: str, commit: str) -> list[str]:
     """What the worker reports in Info; build-info would otherwise ask git inside the tree."""
     return [
         define("DGR_LANE", lane),
         define("DGR_LLAMA_COMMIT", commit),
-        define("DGR_PATCHED_TREE_DIGEST", tree_digest),
         define("LLAMA_BUILD_COMMIT", commit[:8]),
         define("LLAMA_BUILD_NUMBER", "0"),
     ]

@@ -81,7 +81,7 @@ def test_cuda_proof_configure_compile_and_link(real_ctx: Context, probe, tmp_pat
     commit = (tree.provenance.get("pristine") or {}).get("commit") or tree.provenance.get("commit")
     args = [
         *cuda.cmake_args(options, probe),
-        *cmake.identity_args(lane="cuda", commit=str(commit), tree_digest=tree.digest),
+        *cmake.identity_args(lane="cuda", commit=str(commit)),
         *cmake.location_args(host, llama_source=_source_link(where, tree.path)),
         *cuda.location_args(probe, host),
     ]
