@@ -9,8 +9,11 @@ sha256 of its canonical JSON: changing a threshold changes the recipe digest.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +22,7 @@ from typing import Any
 from certify.canonical import canonical_digest
 from certify.errors import ConfigurationError
 from certify.workspace import MANIFESTS
-from manifests.loader import build, load_json, validate
+from manifests.loader import build, validate
 
 RECIPES = MANIFESTS / "recipes"
 DEFAULT_RECIPE = "tiny-llama"
@@ -263,8 +266,6 @@ def load_file(path: Path) -> Recipe:
     """Load and check one recipe file (``dgr certify --recipe-file PATH``)."""
     path = Path(path)
     try:
-        import json
-
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigurationError(f"recipe file {path} does not exist") from None
@@ -276,8 +277,7 @@ def load_file(path: Path) -> Recipe:
             f"{path}: at /mtp: multi-token prediction is reserved and must stay off in this release",
             hint='set "mtp": false',
         )
-    data = load_json(path, "recipe")
-    return from_document(data, source=str(path))
+    return from_document(raw, source=str(path))
 
 
 def from_document(data: dict[str, Any], *, source: str) -> Recipe:
@@ -286,22 +286,15 @@ def from_document(data: dict[str, Any], *, source: str) -> Recipe:
         key: build(Placement, {"name": key, **value}, where=f"/placements/{key}")
         for key, value in data["placements"].items()
     }
-    body = {**data, "placements": {}}
-    recipe = build(Recipe, body)
-    recipe = _replace(
-        recipe, placements=placements, digest=canonical_digest(data), source=source, document=data
+    recipe = dataclasses.replace(
+        build(Recipe, {**data, "placements": {}}),
+        placements=types.MappingProxyType(placements),
+        digest=canonical_digest(data),
+        source=source,
+        document=data,
     )
     _check(recipe)
     return recipe
-
-
-def _replace(recipe: Recipe, **changes: Any) -> Recipe:
-    import dataclasses
-    import types
-
-    if "placements" in changes:
-        changes["placements"] = types.MappingProxyType(changes["placements"])
-    return dataclasses.replace(recipe, **changes)
 
 
 def _check(recipe: Recipe) -> None:
