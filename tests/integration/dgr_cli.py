@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -11,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from certify.workspace import PROJECT_ROOT
+
+
+def user_env(*also_drop: str) -> dict[str, str]:
+    """This environment as a user's shell would have it: without a test's own recipe folder or
+    signing key (and whatever else ``also_drop`` names)."""
+    drop = ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY", *also_drop)
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def run_dgr(env: Mapping[str, str], *args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:

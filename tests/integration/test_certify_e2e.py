@@ -17,13 +17,13 @@ import pytest
 
 from certify.recipes import RECIPES
 from certify.workspace import PROJECT_ROOT, Workspace
-from tests.integration.dgr_cli import run_dgr
+from tests.integration.dgr_cli import run_dgr, user_env
 
 pytestmark = pytest.mark.slow
 
 # The project's own workspace: the CPU build and the provisioned model are shared with the other
 # slow tests and with `nox -s certify` (building them again here would double the suite's time).
-ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
+ENV = user_env()
 WS = Workspace.from_env(ENV)
 
 

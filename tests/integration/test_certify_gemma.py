@@ -26,7 +26,7 @@ import pytest
 
 from fetch.artifacts import ARTIFACTS
 from tests.integration.conftest import THREADS
-from tests.integration.dgr_cli import certify_pass_and_verify
+from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 SET = "gemma3-270m-q4"
 N_LAYER = 18
 GLOBAL_LAYERS = (5, 11, 17)  # sliding-window pattern 6: every sixth layer attends globally
-ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
+ENV = user_env()
 
 
 @pytest.fixture(scope="module")

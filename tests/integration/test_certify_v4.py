@@ -22,7 +22,7 @@ import pytest
 
 from fetch.artifacts import ARTIFACTS
 from tests.integration.conftest import THREADS
-from tests.integration.dgr_cli import certify_pass_and_verify
+from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 from worker.client import StageFailed
 from worker.launcher import WorkerCommand, launch
 
@@ -32,7 +32,7 @@ SET = "tiny-v4"
 N_LAYER = 12
 HASH_LAYERS = 3
 N_EMBD = 64
-ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
+ENV = user_env()
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from certify import recipes
-from tests.integration.dgr_cli import certify_pass_and_verify
+from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 RECIPE = "tiny-llama-wan"
 # One thread per worker: up to 12 workers share this machine's cores.
-ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY", "DGR_SEAMS")}
+ENV = user_env("DGR_SEAMS")
 ENV["DGR_WORKER_THREADS"] = "1"
 
 
