@@ -23,19 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from certify.recipes import Placement
-from certify.seam_model import Link, crossing_bound_s, profiles
+from certify.seam_model import Link, Profiles, crossing_bound_s, profiles
 
 TOKEN_BYTES = 4  # one int32 token id per position
 LOGIT_BYTES = 4  # F32 logits
 
 
-def stage_link(p: Placement, k: int) -> Link:
-    """The link into stage k (seam k-1's profile; stage 0 takes seam 0's)."""
-    return profiles(p).stages[k] if p.n_stages >= 2 else Link()
-
-
-def driver_link(p: Placement) -> Link:
-    return profiles(p).driver if p.n_stages >= 2 else Link()
+def links(p: Placement) -> Profiles:
+    """The link into every node (certify.seam_model.profiles); a monolithic placement has no seam."""
+    return profiles(p) if p.n_stages >= 2 else Profiles(driver=Link(), stages=(Link(),))
 
 
 def shaped(link: Link) -> bool:
@@ -69,6 +65,7 @@ def crossings(
     if len(boundary_bytes) != n - 1:
         raise ValueError(f"{n} stages need {n - 1} seam byte counts, got {len(boundary_bytes)}")
     logits = n_vocab * LOGIT_BYTES
+    into = links(p)
     out: list[Crossing] = []
 
     def add(what: str, into: str, link: Link, payload: int) -> None:
@@ -77,20 +74,20 @@ def crossings(
         )
 
     if forwarding == "chained":
-        add("token id", "stage 0", stage_link(p, 0), TOKEN_BYTES)
+        add("token id", "stage 0", into.stages[0], TOKEN_BYTES)
         for k in range(n - 1):
             payload = boundary_bytes[k] + (TOKEN_BYTES if tokens_forwarded else 0)
-            add(f"seam {k} boundary", f"stage {k + 1}", stage_link(p, k + 1), payload)
-        add("logits", "driver", driver_link(p), logits)
+            add(f"seam {k} boundary", f"stage {k + 1}", into.stages[k + 1], payload)
+        add("logits", "driver", into.driver, logits)
     elif forwarding == "relayed":
         for k in range(n):
             if k == 0:
                 payload = TOKEN_BYTES
             else:
                 payload = boundary_bytes[k - 1] + (TOKEN_BYTES if k in sideband_stages else 0)
-            add("token id" if k == 0 else f"seam {k - 1} boundary", f"stage {k}", stage_link(p, k), payload)
+            add("token id" if k == 0 else f"seam {k - 1} boundary", f"stage {k}", into.stages[k], payload)
             reply = boundary_bytes[k] if k < n - 1 else logits
-            add("boundary reply" if k < n - 1 else "logits", "driver", driver_link(p), reply)
+            add("boundary reply" if k < n - 1 else "logits", "driver", into.driver, reply)
     else:
         raise ValueError(f"unknown forwarding {forwarding!r}")
     return out
@@ -123,9 +120,10 @@ def model(
         p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
     )
     measured_seams = [float(s) for s in speed.get("seam_s", [])]
+    into = links(p)
     seams = []
     for k in range(p.n_stages - 1):
-        link = stage_link(p, k + 1)
+        link = into.stages[k + 1]
         bound = seam_bound(p, forwarding, k, parts)
         measured = measured_seams[k] if k < len(measured_seams) else None
         seams.append(
@@ -151,7 +149,7 @@ def model(
     return {
         "forwarding": forwarding,
         "backend": backend,
-        "shaped": any(shaped(stage_link(p, k)) for k in range(p.n_stages)),
+        "shaped": any(shaped(link) for link in into.stages),
         "crossings_per_token": len(parts),
         "crossings": [c.__dict__ for c in parts],
         "seams": seams,
