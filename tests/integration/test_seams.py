@@ -6,7 +6,7 @@ Where the machine cannot make a fabric (not root, no iproute2) the tests skip wi
 the probe's refusal itself is tested by running it as an unprivileged user.
 
 This kernel has no sch_netem, so these tests exercise the userspace shaper backend; the netem backend's
-command lines are held by tests/unit/test_seams.py.
+command lines are held by tests/unit/test_seams_model.py.
 """
 
 from __future__ import annotations
@@ -322,11 +322,11 @@ def test_real_worker_relayed_over_a_shaped_fabric(
     for got, want in zip(trace.prompts, ref["two"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "the seams must not change a single bit"
         assert got.tokens == want.tokens
-    # Relayed seam 0 as the driver times it: the boundary into stage 1, then its logits row into the driver.
+    # Relayed seam 0 as the driver times it: the boundary into stage 1, then its logits row into the driver
+    # (certify.physics counts the same).
     link = seam_model.link_of(WAN)
     logits_bytes = trace.infos[-1].n_vocab * 4
     steps = _decode_steps(trace)
-    # The boundary into stage 1, then its logits row into the driver (certify.physics counts the same).
     bound = seam_model.crossing_bound_s(steps[0].seam_bytes[0], link) + seam_model.crossing_bound_s(
         logits_bytes, link
     )
