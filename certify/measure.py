@@ -96,13 +96,8 @@ def _speed_prompt(prompts: Sequence[Sequence[int]], n: int) -> list[int]:
 def _valid_rows(ref: drive.PromptTrace, cur: drive.PromptTrace) -> int:
     """Rows where both runs fed the same tokens: after the first greedy divergence the positions
     hold different inputs and comparing their logits would measure the divergence twice."""
-    same = 0
-    for a, b in zip(ref.tokens, cur.tokens, strict=False):
-        if a != b:
-            break
-        same += 1
     decode_rows = ref.logits.shape[0] - len(ref.prompt)
-    return len(ref.prompt) + min(same, decode_rows)
+    return len(ref.prompt) + min(metrics.common_prefix(ref.tokens, cur.tokens), decode_rows)
 
 
 def boundary_residual(boundary: np.ndarray, width: int) -> np.ndarray:

@@ -68,16 +68,19 @@ def max_abs_diff(reference: ArrayLike, current: ArrayLike) -> float:
     return float(np.abs(cur - ref).max()) if ref.size else 0.0
 
 
-def greedy_match(reference: Sequence[int], current: Sequence[int]) -> float:
-    """Fraction of the reference continuation reproduced before the first divergence."""
-    if not reference:
-        return 1.0
+def common_prefix(reference: Sequence[int], current: Sequence[int]) -> int:
+    """How many leading tokens the two continuations share (up to the first divergence)."""
     n = 0
     for a, b in zip(reference, current, strict=False):
         if a != b:
             break
         n += 1
-    return n / len(reference)
+    return n
+
+
+def greedy_match(reference: Sequence[int], current: Sequence[int]) -> float:
+    """Fraction of the reference continuation reproduced before the first divergence."""
+    return common_prefix(reference, current) / len(reference) if reference else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,6 +60,7 @@ def test_greedy_match_prefix() -> None:
     assert metrics.greedy_match([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
     assert metrics.greedy_match([1, 2, 3, 4], [1, 2]) == 0.5
     assert metrics.greedy_match([], [5]) == 1.0
+    assert metrics.common_prefix([1, 2, 3], [1, 2, 9, 4]) == 2 and metrics.common_prefix([], [5]) == 0
 
 
 def test_median_iqr() -> None:
