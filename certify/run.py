@@ -275,18 +275,8 @@ def run_certification(
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
         device = lane_device(lane, outcome.figures.get("placements", []))
     except DgrError as exc:
-        write_json(
-            evidence / "run.json",
-            {
-                "run_id": run_id,
-                "status": Status.ERROR.value,
-                "error": exc.one_line(),
-                "recipe": recipe.name,
-                "lane": lane,
-                "started": _utc(started),
-                "finished": _utc(time.time()),
-            },
-        )
+        _run_record(evidence, run_id, recipe, lane, Status.ERROR, error=exc.one_line(), started=_utc(started),
+                    finished=_utc(time.time()))
         exc.hint = f"nothing was signed; worker logs and the run record are kept in {evidence}"
         raise
     finished = time.time()
@@ -312,19 +302,15 @@ def run_certification(
         verdict=verdict,
         evidence=evidence,
     )
-    write_json(
-        evidence / "run.json",
-        {
-            "run_id": run_id,
-            "status": verdict.status.value,
-            "recipe": recipe.name,
-            "lane": lane,
-            "certificate": str(written.certificate),
-            "html": str(written.html),
-            "seconds": written.seconds,
-        },
-    )
+    _run_record(evidence, run_id, recipe, lane, verdict.status, certificate=str(written.certificate),
+                html=str(written.html), seconds=written.seconds)
     return written
+
+
+def _run_record(evidence: Path, run_id: str, recipe: Recipe, lane: str, status: Status, **more: Any) -> None:
+    """``run.json`` in the evidence folder: how the run ended, signed or not."""
+    write_json(evidence / "run.json",
+               {"run_id": run_id, "status": status.value, "recipe": recipe.name, "lane": lane, **more})
 
 
 def publish(
