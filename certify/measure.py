@@ -333,35 +333,8 @@ def run(plan: Plan) -> Outcome:
             )
         )
         if route is not None:
-            # Cross-lane runs have no same-lane monolithic switch to compare with: there the staged
-            # run's own uninterrupted decode is the expectation.
-            expected = ref_route.switched if ref_route is not None else route.reference
-            out.figures["route_change"] = {
-                "placement": p.name,
-                "switch_at": route.switch_at,
-                "reprefill_tokens": route.reprefill_tokens,
-                "cache_miss": route.cache_miss,
-                "reference": list(route.reference),
-                "switched": list(route.switched),
-                "expected": list(expected),
-                "expected_from": "monolithic, same switch" if ref_route is not None else "uninterrupted",
-                "switched_equals_uninterrupted": route.identical,
-            }
-            checks = [
-                gates.AtLeast(name="tokens identical after re-prefill", metric="identical", limit=1),
-                gates.AtLeast(name="new epoch refuses the old KV", metric="cache_miss", limit=1),
-            ]
-            out.results.append(
-                gates.evaluate(
-                    "route-change",
-                    p.name,
-                    checks,
-                    {
-                        "identical": float(tuple(route.switched) == tuple(expected)),
-                        "cache_miss": float(route.cache_miss != "ACCEPTED"),
-                    },
-                )
-            )
+            out.figures["route_change"], result = route_change_gate(p, route, ref_route)
+            out.results.append(result)
     if "route_change" not in out.figures:
         out.results.append(
             Result(
@@ -372,6 +345,34 @@ def run(plan: Plan) -> Outcome:
         )
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
+
+
+def route_change_gate(
+    p: Placement, route: drive.RouteChange, ref_route: drive.RouteChange | None
+) -> tuple[dict[str, Any], Result]:
+    """The route change's figures and gate.  Cross-lane runs have no same-lane monolithic switch to
+    compare with: there the staged run's own uninterrupted decode is the expectation."""
+    expected = ref_route.switched if ref_route is not None else route.reference
+    figures = {
+        "placement": p.name,
+        "switch_at": route.switch_at,
+        "reprefill_tokens": route.reprefill_tokens,
+        "cache_miss": route.cache_miss,
+        "reference": list(route.reference),
+        "switched": list(route.switched),
+        "expected": list(expected),
+        "expected_from": "monolithic, same switch" if ref_route is not None else "uninterrupted",
+        "switched_equals_uninterrupted": route.identical,
+    }
+    checks = [
+        gates.AtLeast(name="tokens identical after re-prefill", metric="identical", limit=1),
+        gates.AtLeast(name="new epoch refuses the old KV", metric="cache_miss", limit=1),
+    ]
+    measured = {
+        "identical": float(tuple(route.switched) == tuple(expected)),
+        "cache_miss": float(route.cache_miss != "ACCEPTED"),
+    }
+    return figures, gates.evaluate("route-change", p.name, checks, measured)
 
 
 def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
