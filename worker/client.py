@@ -91,10 +91,7 @@ class Forwarded:
     logits: np.ndarray | None
     captures: dict[int, np.ndarray] = field(default_factory=dict)
     compute_seconds: float
-    kv_used: int
     wall_seconds: float  # client-side round trip of the call
-    request_bytes: int
-    reply_bytes: int
 
 
 def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
@@ -307,10 +304,7 @@ class StageClient:
             logits=logits,
             captures=captures,
             compute_seconds=float(reply.compute_seconds),
-            kv_used=int(reply.kv_used),
             wall_seconds=wall,
-            request_bytes=request.ByteSize(),
-            reply_bytes=reply.ByteSize(),
         )
 
     def forward_chained(
