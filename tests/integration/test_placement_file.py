@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import our_workers
-from tests.integration.dgr_cli import run_dgr
+from tests.integration.dgr_cli import run_dgr, user_env
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = pytest.mark.slow
 
-ENV = {k: v for k, v in os.environ.items() if k not in ("DGR_RECIPES_DIR", "DGR_SIGNING_KEY")}
+ENV = user_env()
 RECIPE = "tiny-llama"
 # The monolithic reference and the route-change placement must be listed; two-middle and its f16 twin
 # share two workers (same ranges), the other placements are left out and must show up as SKIPPED.
