@@ -38,7 +38,6 @@ class HostTools:
 
     cmake: str | None = None
     generator: str | None = None
-    make_program: str | None = None
     generator_version: str | None = None
     cxx: str | None = None
     cxx_id: str | None = None
@@ -61,14 +60,14 @@ def _cmake(env: Mapping[str, str], minimum: tuple[int, ...]) -> tuple[str | None
     return path, dotted(version), None  # type: ignore[arg-type]
 
 
-def _generator(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
-    """Ninja when present (faster no-op rebuilds), else Unix Makefiles."""
+def _generator(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """Ninja when present (faster no-op rebuilds), else Unix Makefiles; with the tool's version."""
     for program, generator in (("ninja", "Ninja"), ("make", "Unix Makefiles")):
         path = which(program, env)
         if path:
             version = parse_version(first_line(tool_output(path, ["--version"], env)))
-            return path, generator, dotted(version) if version else "unknown"
-    return None, None, None
+            return generator, dotted(version) if version else "unknown"
+    return None, None
 
 
 def _compiler_id(banner: str) -> str:
@@ -125,7 +124,7 @@ def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE
     cmake, cmake_version, problem = _cmake(env, cmake_minimum)
     if problem:
         return HostTools(cmake=cmake, problem=problem, problem_is_age=cmake is not None)
-    make_program, generator, gen_version = _generator(env)
+    generator, gen_version = _generator(env)
     if generator is None:
         return HostTools(cmake=cmake, problem="no build tool found: install ninja-build (or make)")
     versions = {"cmake": str(cmake_version)}
@@ -142,7 +141,6 @@ def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE
         cmake=cmake,
         generator=generator,
         generator_version=gen_version,
-        make_program=make_program,
         cxx=found["CXX"],
         cxx_id=versions["cxx"].split()[0],
         cc=found["CC"],
