@@ -11,6 +11,7 @@ name = "cpu"
 targets: tuple[str, ...] = ()
 runner_labels: tuple[str, ...] = ("ubuntu-latest",)
 TOOL_NAMES = {"gcc": "g++", "clang": "clang++"}
+MINIMUM = "g++ 9 / clang++ 10, cmake 3.19"  # cmake.CXX_MINIMUM and cmake.CMAKE_MINIMUM
 
 
 def probe(env: Mapping[str, str]) -> ToolchainProbe:
@@ -23,7 +24,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             tool="c++",
             path=host.cxx,
             reason=host.problem,
-            minimum="g++ 9 / clang++ 10, cmake 3.19",
+            minimum=MINIMUM,
         )
     return ToolchainProbe(
         lane=name,
@@ -31,7 +32,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         tool=TOOL_NAMES.get(host.cxx_id or "", "c++"),
         version=host.versions["cxx"].split()[-1],
         path=host.cxx,
-        minimum="g++ 9 / clang++ 10, cmake 3.19",
+        minimum=MINIMUM,
         versions=dict(host.versions),
     )
 
