@@ -15,7 +15,10 @@ from markupsafe import Markup, escape
 
 from reports import charts
 
-PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2")
+# The other charts' colours first, so a page keeps one palette.
+PALETTE = (
+    charts.STAGE_COLOUR, charts.SEAM_COLOUR, charts.BAR_COLOUR, charts.FAIL_COLOUR, "#72b7b2", "#b279a2"
+)
 
 
 def _ms(x: float | None) -> str:
