@@ -17,7 +17,12 @@ from reports import charts
 
 # The other charts' colours first, so a page keeps one palette.
 PALETTE = (
-    charts.STAGE_COLOUR, charts.SEAM_COLOUR, charts.BAR_COLOUR, charts.FAIL_COLOUR, "#72b7b2", "#b279a2"
+    charts.STAGE_COLOUR,
+    charts.SEAM_COLOUR,
+    charts.BAR_COLOUR,
+    charts.FAIL_COLOUR,
+    "#72b7b2",
+    "#b279a2",
 )
 
 
