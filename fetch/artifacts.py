@@ -165,10 +165,6 @@ class Variant:
     def sealed(self) -> bool:
         return bool(self.files) and all(f.sealed for f in self.files)
 
-    @property
-    def total_size(self) -> int:
-        return sum(f.size or 0 for f in self.files)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ArtifactSet:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -19,8 +18,6 @@ from pathlib import Path
 
 from certify import proc
 from certify.errors import IntegrityError
-
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 # Config that must not leak in from the user's set-up: it changes what `git add` hashes.
 _NEUTRAL = (

@@ -152,14 +152,6 @@ class Partial:
         self.verified.add(index)
         self.maybe_sync()
 
-    def accept(self, index: int, data: memoryview | bytes) -> str | None:
-        """check + commit in one call; None when the chunk was right, else its wrong digest."""
-        got = self.check(index, data)
-        if got != self.entry.chunks[index]:  # type: ignore[index]
-            return got
-        self.commit(index, data)
-        return None
-
     def feed_whole(self, index: int, data: memoryview | bytes) -> None:
         """The whole-file blake3, built as verified chunks pass in order from chunk 0.
 

@@ -79,11 +79,6 @@ class Progress:
             self.enabled = False
 
 
-class Quiet(Progress):
-    def __init__(self, label: str = "", total: int = 0, **_: object) -> None:
-        super().__init__(label, total, enabled=False)
-
-
 def factory(enabled: bool | None = None):
     """A callable ``(label, total) -> Progress``; ``enabled=None`` means 'when stderr is a TTY'."""
 

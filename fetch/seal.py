@@ -28,8 +28,6 @@ from fetch import gguf_header
 from fetch.artifacts import ARTIFACTS, check_file_name, parse_set, set_path
 from fetch.progress import Progress, factory
 
-READ_BLOCK = 8 << 20
-
 
 def hash_file(
     path: Path, chunk_size: int, on_bytes: Callable[[int], None] = lambda n: None

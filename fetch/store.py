@@ -159,6 +159,3 @@ def fsync_dir(directory: Path) -> None:
     finally:
         os.close(fd)
 
-
-def host() -> str:
-    return socket.gethostname()

@@ -28,7 +28,6 @@ import numpy as np
 
 from certify.errors import ConfigurationError, IntegrityError
 
-GENERATOR = "tinymodel"
 DEFAULTS: dict[str, Any] = {
     "architecture": "llama",
     "seed": 20260101,
