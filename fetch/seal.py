@@ -25,8 +25,10 @@ from certify.canonical import write_json
 from certify.context import Context
 from certify.errors import ConfigurationError
 from fetch import gguf_header
-from fetch.artifacts import ARTIFACTS, check_file_name, parse_set, set_path
+from fetch.artifacts import ARTIFACTS, ExpectedGGUF, check_file_name, parse_set, set_path
+from fetch.ledger import chunk_digest
 from fetch.progress import Progress, factory
+from manifests.loader import build
 
 
 def hash_file(
@@ -52,7 +54,7 @@ def hash_file(
             piece = view[:got]
             sha.update(piece)
             whole.update(piece)
-            chunks.append(blake3.blake3(piece, max_threads=blake3.blake3.AUTO).hexdigest())
+            chunks.append(chunk_digest(piece))  # the very function provisioning checks chunks with
             size += got
             on_bytes(got)
             if got < chunk_size:
@@ -158,8 +160,5 @@ def _seal_variant(
                 hint="fix the manifest's expectations or the files, then seal again",
             )
         g[key] = value
-    from fetch.artifacts import ExpectedGGUF
-    from manifests.loader import build
-
     gguf_header.check_set(headers, build(ExpectedGGUF, g))
     vdata["files"] = files
