@@ -170,14 +170,9 @@ class Partial:
         if validator == self.validator:
             return
         self.validator = dict(validator)
-        lines = [json.dumps(self._header()) + "\n"]
-        lines += [f"{i} {self.entry.chunks[i]}\n" for i in sorted(self.verified)]  # type: ignore[index]
-        atomic_write_bytes(self.ledger_path, "".join(lines).encode())
+        _write_ledger(self.ledger_path, self.identity, self.validator, self.entry, self.verified)
         os.close(self.ledger_fd)
         self.ledger_fd = open_nofollow(self.ledger_path, os.O_WRONLY | os.O_APPEND)
-
-    def _header(self) -> dict[str, Any]:
-        return {"ledger": LEDGER_VERSION, "identity": self.identity, "validator": self.validator}
 
     def maybe_sync(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -222,6 +217,16 @@ def _append(fd: int, line: bytes) -> None:
     os.write(fd, line)
 
 
+def _write_ledger(
+    path: Path, identity: str, validator: dict[str, str], entry: ArtifactFile, verified: set[int]
+) -> None:
+    """A whole ledger (header + one line per verified chunk), replaced atomically."""
+    assert entry.chunks is not None
+    lines = [json.dumps({"ledger": LEDGER_VERSION, "identity": identity, "validator": validator}) + "\n"]
+    lines += [f"{i} {entry.chunks[i]}\n" for i in sorted(verified)]
+    atomic_write_bytes(path, "".join(lines).encode())
+
+
 def open_partial(
     dest: Path, entry: ArtifactFile, chunk_size: int, *, on_rehash: Callable[[int], None] | None = None
 ) -> Partial:
@@ -238,12 +243,8 @@ def open_partial(
         claims, validator = _read_ledger(ledger, identity, entry)
         whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
         verified, whole_next = _recheck(fd, entry, chunk_size, claims, on_rehash, whole)
-        if not ledger.exists() or claims is None:
-            lines = (
-                json.dumps({"ledger": LEDGER_VERSION, "identity": identity, "validator": validator}) + "\n"
-            )
-            lines += "".join(f"{i} {entry.chunks[i]}\n" for i in sorted(verified))
-            atomic_write_bytes(ledger, lines.encode())
+        if claims is None:  # absent, corrupt or for another file: start it afresh
+            _write_ledger(ledger, identity, validator, entry, verified)
         lfd = open_nofollow(ledger, os.O_WRONLY | os.O_APPEND)
     except BaseException:
         os.close(fd)
