@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from certify import proc
-from certify.canonical import read_json, sha256_file, write_json
+from certify.canonical import read_json, write_json
 from certify.context import Context
 from certify.errors import (
     CommandFailed,
@@ -282,18 +282,30 @@ def pip_download(ctx: Context, pin: Pin, into: Path) -> None:
 
 
 def obtain_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tuple[Path, bool]:
-    """The verified sdist in the archive cache: (path, downloaded_now).
+    """The verified sdist in the archive cache: (path, downloaded_now)."""
+    fh, path, downloaded = open_archive(ctx, pin, download=download)
+    fh.close()
+    return path, downloaded
 
-    A cached copy is re-hashed before every use; a wrong one is deleted, never used.  A fresh
-    download lands in a temp dir beside the cache entry and is only renamed in once it verifies.
+
+def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tuple[BinaryIO, Path, bool]:
+    """The verified sdist in the archive cache, open at byte 0: (file, path, downloaded_now).
+
+    The cache is shared with other workspaces, so the digest is taken over the open file and the
+    caller reads from that same file: the bytes it reads are the bytes verified, whatever happens to
+    the path meanwhile.  A cached copy is re-hashed before every use; a wrong one is deleted, never
+    used.  A fresh download lands in a temp dir beside the cache entry and is only renamed in once it
+    verifies (the open file keeps the same inode across the rename).
     """
     sd = pin.sources.sdist
     cached = archive_path(ctx, pin)
     ctx.workspace.ensure(cached.parent)
     if cached.exists():
-        actual = sha256_file(cached)
+        fh = open(cached, "rb")  # handed to the caller, who closes it
+        actual = _sha256_open(fh)
         if actual == sd.sha256:
-            return cached, False
+            return fh, cached, False
+        fh.close()
         print(f"dgr fetch: cached {cached} has sha256 {actual}, expected {sd.sha256}; deleting it",
               file=sys.stderr)
         cached.unlink()
@@ -309,30 +321,35 @@ def obtain_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> t
             names = sorted(p.name for p in tmp.iterdir())
             raise SourceUnavailable(f"sdist {sd.package}=={sd.version}: download gave {names}, "
                                     f"not {sd.filename}")
-        actual = sha256_file(got)
-        if actual != sd.sha256:
-            raise IntegrityError(f"sdist {sd.package}=={sd.version} from the package index: sha256 {actual}, "
-                                 f"expected {sd.sha256}; the file was discarded")
-        os.replace(got, cached)
+        fh = open(got, "rb")  # handed to the caller, who closes it
+        try:
+            actual = _sha256_open(fh)
+            if actual != sd.sha256:
+                raise IntegrityError(f"sdist {sd.package}=={sd.version} from the package index: sha256 "
+                                     f"{actual}, expected {sd.sha256}; the file was discarded")
+            os.replace(got, cached)
+        except BaseException:
+            fh.close()
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return cached, True
+    return fh, cached, True
+
+
+def _sha256_open(fh: BinaryIO) -> str:
+    """sha256 of an open file from byte 0, leaving it at byte 0 for the reader."""
+    digest = hashlib.sha256()
+    while block := fh.read(1 << 20):
+        digest.update(block)
+    fh.seek(0)
+    return digest.hexdigest()
 
 
 def fetch_sdist(ctx: Context, pin: Pin, dest: Path, *, download: Any = pip_download) -> dict[str, Any]:
     sd = pin.sources.sdist
-    path, downloaded = obtain_archive(ctx, pin, download=download)
+    fh, path, downloaded = open_archive(ctx, pin, download=download)
     top = sd.filename[: -len(".tar.gz")]
-    # The cache is shared with other workspaces: hash the open file, then extract from that same
-    # file, so the bytes extracted are the bytes verified.
-    with open(path, "rb") as fh:
-        digest = hashlib.sha256()
-        while block := fh.read(1 << 20):
-            digest.update(block)
-        actual = digest.hexdigest()
-        if actual != sd.sha256:
-            raise IntegrityError(f"sdist {path}: sha256 {actual}, expected {sd.sha256}")
-        fh.seek(0)
+    with fh:  # hashed by open_archive: extract from this very file, not from the path again
         plan = archive.extract_subtree(
             path, f"{top}/{sd.subtree}", dest,
             archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
@@ -340,7 +357,7 @@ def fetch_sdist(ctx: Context, pin: Pin, dest: Path, *, download: Any = pip_downl
         )
     return {
         "archive": {"kind": "sdist", "package": sd.package, "version": sd.version, "filename": sd.filename,
-                    "sha256": actual, "subtree": sd.subtree, "downloaded": downloaded,
+                    "sha256": sd.sha256, "subtree": sd.subtree, "downloaded": downloaded,
                     "members_extracted": plan.files},
         "git_url": None,
     }
