@@ -33,7 +33,6 @@ class Plan:
 
     members: tuple[tuple[tarfile.TarInfo, str], ...]
     files: int
-    total_bytes: int
 
 
 def _unsafe_name(name: str) -> str | None:
@@ -123,7 +122,7 @@ def plan_subtree(tar: tarfile.TarFile, prefix: str, caps: Caps, *, where: str) -
     if not chosen:
         raise IntegrityError(f"{where}: no member under {prefix!r}; wrong archive?")
     files = sum(1 for m, _ in chosen if not m.isdir())
-    return Plan(members=tuple(chosen), files=files, total_bytes=sum(m.size for m, _ in chosen))
+    return Plan(members=tuple(chosen), files=files)
 
 
 def extract_subtree(archive: Path, prefix: str, dest: Path, caps: Caps, *, where: str,
