@@ -177,7 +177,7 @@ def _existing(ctx: Context, pin: Pin, final: Path, record: Path, *, reverify: bo
             f"pristine tree {final} was modified: tree id {actual}, pin {pin.tree}",
             hint=f"remove {final} and rerun `dgr fetch`; edit patches in a `dgr patch --dev` tree instead",
         )
-    prov = dict(prov, stamp=stamp, reverified_at=_now())
+    prov = dict(prov, stamp=stamp, reverified_at=utc_now())
     write_json(record, prov)
     return Pristine(path=final, provenance=prov, provenance_path=record)
 
@@ -202,7 +202,7 @@ def _fetch(ctx: Context, pin: Pin, final: Path, record: Path) -> Pristine:
                 "source": name,
                 **details,
                 "attempts": attempts + [{"source": name, "outcome": "ok"}],
-                "fetched_at": _now(),
+                "fetched_at": utc_now(),
                 "seconds": round(time.monotonic() - started, 3),
                 "path": final.name,
             }
@@ -373,7 +373,7 @@ def _why(exc: DgrError) -> str:
     return tail.splitlines()[-1] if tail else exc.message
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -16,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from certify.context import Context
 from certify.errors import CommandFailed, ConfigurationError, IntegrityError
 from certify.workspace import PATCHES, refuse_links_below
 from fetch import gittree
-from fetch.source import Pin, Pristine, ensure_pristine, lock_file, sweep_leftovers
+from fetch.source import Pin, Pristine, ensure_pristine, lock_file, sweep_leftovers, utc_now
 
 PROVENANCE_VERSION = 1
 NAME = re.compile(r"^(?P<num>[0-9]{4})-[a-z0-9][a-z0-9._-]*\.patch$")
@@ -313,7 +312,7 @@ def _existing(ctx: Context, final: Path, record: Path, key: str, *, reverify: bo
         return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record)
     if gittree.tree_id(final, ctx.env, scratch_parent=final.parent) != prov.get("digest"):
         return None  # edited by hand: rebuilt from the pristine tree (it is derived data)
-    prov = dict(prov, stamp=stamp, reverified_at=_now())
+    prov = dict(prov, stamp=stamp, reverified_at=utc_now())
     write_json(record, prov)
     return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record)
 
@@ -334,7 +333,7 @@ def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], co
             "patches": [{"number": e.number, "name": e.name, "sha256": e.sha256} for e in entries],
             "digest": digest,
             "stamp": gittree.tree_stamp(tmp),
-            "created_at": _now(),
+            "created_at": utc_now(),
             "seconds": round(time.monotonic() - started, 3),
         }
         stale = None
@@ -348,7 +347,3 @@ def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], co
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Patched(path=final, digest=digest, key=key, provenance=prov, provenance_path=record)
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
