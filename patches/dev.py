@@ -70,7 +70,8 @@ def make_dev_tree(ctx: Context, dest: Path, *, pin: Pin | None = None, patches_d
                         stdin_data=data)
         except CommandFailed as exc:
             raise IntegrityError(f"patch {entry.name} does not apply in {dest}: {exc.message}") from None
-        message = entry.name + ("\n\n" + describe(data) if describe(data) else "") + "\n"
+        about = describe(data)
+        message = entry.name + ("\n\n" + about if about else "") + "\n"
         gittree.git(["commit", "-q", "--no-verify", "--allow-empty", "-F", "-"], env=env, cwd=dest,
                     stdin_data=message.encode("utf-8"))
     return base
@@ -111,7 +112,8 @@ def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None,
             if not diff:
                 raise ConfigurationError(f"{dev}: commit {commit[:12]} ({subject}) changes nothing")
             head = "".join(f"# {line}".rstrip() + "\n" for line in [name, *body.strip().splitlines()])
-            written.append((name, sha256_bytes(head.encode() + b"\n" + diff), head.encode() + b"\n" + diff))
+            data = head.encode() + b"\n" + diff
+            written.append((name, sha256_bytes(data), data))
     patches_dir.mkdir(parents=True, exist_ok=True)
     keep = {name for name, _, _ in written}
     for name, _, data in written:
