@@ -68,11 +68,26 @@ def import_gguf(tree: Path) -> Any:
     return module
 
 
-def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
-    p = {**DEFAULTS, **params}
-    n = int(p["splits"])
-    stem = f"tiny-llama-{variant}"
+def split_names(stem: str, n: int) -> list[str]:
+    """The names the writer gives ``n`` split files of ``stem`` (one file keeps the bare stem)."""
     return [f"{stem}-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)] if n > 1 else [f"{stem}.gguf"]
+
+
+def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
+    return split_names(f"tiny-llama-{variant}", int({**DEFAULTS, **params}["splits"]))
+
+
+def write_splits(writer: Any, out_dir: Path, names: list[str], who: str) -> list[Path]:
+    """Write the header, KV pairs and tensors, close, and check every named split file is there."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    paths = [out_dir / n for n in names]
+    for path in paths:
+        if not path.is_file():
+            raise IntegrityError(f"{who}: the writer did not produce {path.name}")
+    return paths
 
 
 class _Weights:
@@ -130,10 +145,8 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     n_tensors = 1 + 9 * n_layer + 2
     splits = int(p["splits"])
     per_file = -(-n_tensors // splits)
-    stem = file_names(p, variant)[0].split("-00001-of-")[0] if splits > 1 else f"tiny-llama-{variant}"
-
     writer = gguf.GGUFWriter(
-        out_dir / f"{stem}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
+        out_dir / f"tiny-llama-{variant}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
     )
     writer.add_name(str(p["name"]))
     writer.add_context_length(int(p["n_ctx"]))
@@ -177,13 +190,4 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     add("output_norm.weight", (n_embd,), norm=True)
     add("output.weight", (n_vocab, n_embd))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    names = file_names(p, variant)
-    paths = [out_dir / n for n in names]
-    for path in paths:
-        if not path.is_file():
-            raise IntegrityError(f"tinymodel: the writer did not produce {path.name}")
-    return paths
+    return write_splits(writer, out_dir, file_names(p, variant), "tinymodel")

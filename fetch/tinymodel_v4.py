@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from certify.errors import ConfigurationError, IntegrityError
-from fetch.tinymodel import _copy_tokenizer, _Weights, import_gguf
+from certify.errors import ConfigurationError
+from fetch.tinymodel import _copy_tokenizer, _Weights, import_gguf, split_names, write_splits
 
 ARCH = "deepseek4"
 HC_MULT = 4  # the pinned graph asserts hc == 4 (build_hc_pre)
@@ -67,10 +67,7 @@ FTYPES = {"f32": 0}
 
 
 def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
-    p = {**DEFAULTS, **params}
-    n = int(p["splits"])
-    stem = f"tiny-v4-{variant}"
-    return [f"{stem}-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)] if n > 1 else [f"{stem}.gguf"]
+    return split_names(f"tiny-v4-{variant}", int({**DEFAULTS, **params}["splits"]))
 
 
 def _check(p: Mapping[str, Any]) -> None:
@@ -114,9 +111,10 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     ratios = [int(r) for r in p["compress_ratios"]]
     splits = int(p["splits"])
     per_file = -(-_tensor_count(p) // splits)
-    stem = f"tiny-v4-{variant}"
 
-    w = gguf.GGUFWriter(out_dir / f"{stem}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0)
+    w = gguf.GGUFWriter(
+        out_dir / f"tiny-v4-{variant}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0
+    )
     w.add_name(str(p["name"]))
     w.add_context_length(int(p["n_ctx"]))
     w.add_embedding_length(n_embd)
@@ -212,15 +210,7 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         add(f"{b}.ffn_down_shexp.weight", (n_embd, n_ff * n_shared))
         add(f"{b}.ffn_up_shexp.weight", (n_ff * n_shared, n_embd))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    paths = [out_dir / n for n in file_names(p, variant)]
-    for path in paths:
-        if not path.is_file():
-            raise IntegrityError(f"tinymodel_v4: the writer did not produce {path.name}")
-    return paths
+    return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
 
 
 def _hash_table(rng: _Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:
