@@ -116,10 +116,10 @@ def provision(
 
     remaining = sum(_remaining(spec.files[i], dests[i]) for i in todo)
     preflight(vdir, remaining, free=free)
+    records.set_checked = False  # until the headers below are held against the manifest together
     try:
         for i in todo:
-            records.files[spec.files[i].name] = run.one(i, spec.files[i], dests[i], reverify=reverify)
-            records.set_checked = False
+            records.files[spec.files[i].name] = run.one(i, spec.files[i], dests[i])
             ledger.write_sidecar(vdir, aset.digest, records)
         headers = [run.headers.get(i) or gguf_header.read_header(d) for i, d in enumerate(dests)]
         gguf_header.check_set(headers, spec.gguf)
@@ -179,7 +179,7 @@ class _Run:
     _generated: Path | None = None
     headers: dict[int, gguf_header.Header] = field(default_factory=dict)
 
-    def one(self, index: int, entry: ArtifactFile, dest: Path, *, reverify: bool) -> dict[str, Any]:
+    def one(self, index: int, entry: ArtifactFile, dest: Path) -> dict[str, Any]:
         with file_lock(dest, wait_s=self.lock_wait_s):
             if dest.is_symlink():
                 raise IntegrityError(
@@ -191,7 +191,7 @@ class _Run:
                     _drop_leftovers(dest)
                     return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
                 log.warning("%s does not match the manifest; fetching it again", dest)
-            self._fill(entry, dest)
+            self._fill(index, entry, dest)
             return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
 
     def _hash_ok(self, path: Path, entry: ArtifactFile) -> bool:
@@ -208,7 +208,7 @@ class _Run:
         self.headers[index] = header  # the set-level check reuses it
         gguf_header.check_file(header, index, len(self.spec.files), self.spec.gguf)
 
-    def _fill(self, entry: ArtifactFile, dest: Path) -> None:
+    def _fill(self, index: int, entry: ArtifactFile, dest: Path) -> None:
         assert entry.size is not None
         with self.make_bar(f"recheck {entry.name}", entry.size) as bar:  # resumed chunks are hashed again
             partial = ledger.open_partial(dest, entry, self.spec.chunk_size, on_rehash=bar.update)
@@ -254,7 +254,7 @@ class _Run:
                     f"got {actual}; not published",
                     hint="the manifest's chunk and file digests disagree; re-seal it",
                 )
-            self._check_header(dest, self.spec.files.index(entry), fd=partial.fd)
+            self._check_header(dest, index, fd=partial.fd)
             if not publish(partial.path, dest, partial.fd) and not self._hash_ok(dest, entry):
                 raise IntegrityError(f"{dest}: another run published a file that does not match the manifest")
             partial.discard_ledger()
