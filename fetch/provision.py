@@ -10,6 +10,7 @@ against the manifest together (``gguf_header.check_set``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -392,8 +393,6 @@ def _upstream(aset: ArtifactSet) -> dict[str, Any]:
 
 
 def _same_json(path: Path, value: Any) -> bool:
-    import json
-
     try:
         return canonical_bytes(json.loads(path.read_bytes())) == canonical_bytes(value)
     except (OSError, ValueError):
@@ -401,4 +400,6 @@ def _same_json(path: Path, value: Any) -> bool:
 
 
 def _origin_text(origin: Origin) -> str:
-    return origin.base_url or origin.path or f"generated:{origin.generator}"
+    if origin.generator:
+        return f"generated:{origin.generator}"
+    return origin.base_url or origin.path or origin.kind  # a package-index origin names no place
