@@ -282,7 +282,7 @@ def _fetch_all(
     while missing := partial.missing():
         first = missing[0]
         last = first
-        while last + 1 < partial.n_chunks and last + 1 in missing:
+        while last + 1 < partial.n_chunks and last + 1 not in partial.verified:  # a set: no list scan
             last += 1
         before = len(partial.verified)
         try:
