@@ -178,8 +178,7 @@ class ArtifactSet:
     model: str = ""  # what the weights are, their upstream source and terms: shown in the report
     source: str = ""
     license: str = ""
-    digest: str = ""  # sha256 of the canonical manifest JSON (set by load_set)
-    path: Path | None = None
+    digest: str = ""  # sha256 of the canonical manifest JSON (set by parse_set)
 
     def variant(self, name: str | None) -> Variant:
         key = name or self.default_variant
@@ -227,7 +226,7 @@ def known_sets(root: Path = ARTIFACTS) -> list[str]:
     return sorted(p.stem for p in root.glob("*.json"))
 
 
-def parse_set(data: Any, *, source: str, path: Path | None = None) -> ArtifactSet:
+def parse_set(data: Any, *, source: str) -> ArtifactSet:
     """Validate already-parsed manifest JSON; unsafe names are integrity errors, the rest configuration."""
     if isinstance(data, dict) and isinstance(data.get("variants"), dict):
         for vname, variant in data["variants"].items():
@@ -247,7 +246,7 @@ def parse_set(data: Any, *, source: str, path: Path | None = None) -> ArtifactSe
     for origin in aset.origins:
         if origin.kind == "package-index":
             _check_index_origin(source, origin)
-    return dataclasses.replace(aset, digest=canonical_digest(data), path=path)
+    return dataclasses.replace(aset, digest=canonical_digest(data))
 
 
 def _check_variant(source: str, vname: str, variant: Variant) -> None:
@@ -309,7 +308,7 @@ def load_set(name: str, *, root: Path = ARTIFACTS) -> ArtifactSet:
             data = json.loads(raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
-        aset = parse_set(data, source=str(path), path=path)
+        aset = parse_set(data, source=str(path))
         _LOADED[key] = aset
     if aset.name != name:
         raise ConfigurationError(f"{path} declares name {aset.name!r}; the file name says {name!r}")

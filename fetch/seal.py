@@ -77,7 +77,7 @@ def seal(
     if not path.is_file():
         raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
     data = json.loads(path.read_text(encoding="utf-8"))
-    aset = parse_set(data, source=str(path), path=path)  # validates before we touch anything
+    aset = parse_set(data, source=str(path))  # validates before we touch anything
     make_bar = progress or factory()
     names = [variant] if variant else sorted(aset.variants)
     for vname in names:
@@ -99,7 +99,7 @@ def seal(
                 _seal_variant(vdata, vname, Path(tmp), make_bar)
         else:
             _seal_variant(vdata, vname, source, make_bar)
-    parse_set(data, source=f"{path} (sealed)", path=path)  # what we write must load
+    parse_set(data, source=f"{path} (sealed)")  # what we write must load
     write_json(path, data)
     return path
 
