@@ -51,11 +51,11 @@ class BenchSet:
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.files)
 
-    def provision(self, store: Path | None = None, **kw: object) -> Provisioned:
+    def provision(self, **kw: object) -> Provisioned:
         return provision(
             self.ctx,
             "bench",
-            store=store or self.store,
+            store=self.store,
             manifests=self.manifests,
             policy=RetryPolicy(backoff_s=0.1),
             progress=None,
