@@ -93,7 +93,7 @@ def crossings(
     return out
 
 
-def seam_bound(p: Placement, forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
+def seam_bound(forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
     """The bound of what the driver measures as seam k.
 
     chained: the boundary's one crossing into stage k+1 (measured between the two workers' clocks).
@@ -124,7 +124,7 @@ def model(
     seams = []
     for k in range(p.n_stages - 1):
         link = into.stages[k + 1]
-        bound = seam_bound(p, forwarding, k, parts)
+        bound = seam_bound(forwarding, k, parts)
         measured = measured_seams[k] if k < len(measured_seams) else None
         seams.append(
             {

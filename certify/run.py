@@ -177,8 +177,9 @@ def prepare(
 
 
 # The run -------------------------------------------------------------------------------------------
-def _ctx_size(recipe: Recipe, prompt_chars: int) -> int:
+def ctx_size(recipe: Recipe) -> int:
     """Context for the workers: room for the longest prompt (tokens <= bytes + BOS) plus decode."""
+    prompt_chars = max(len(t.encode()) for t in recipe.prompts.texts)
     need = max(
         prompt_chars + 2 + recipe.n_decode, recipe.measure.prompt_tokens + recipe.measure.decode_tokens
     )
@@ -237,7 +238,7 @@ def run_certification(
             **prepared.identity,
         },
     )
-    ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
+    context = ctx_size(recipe)
     threads = worker_threads(ctx.env, int(fp["cpu_cores"]))
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
@@ -245,7 +246,7 @@ def run_certification(
             program=program,
             model=prepared.model,
             threads=threads,
-            ctx_size=ctx_size,
+            ctx_size=context,
             identity=evidence / "identity.json",
             lane=worker_lane,
         )
@@ -266,7 +267,7 @@ def run_certification(
     if placement_file is not None:
         from certify import placement as attach
 
-        plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, ctx_size)
+        plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, context)
     try:
         if attached is not None:
             attached.preflight()  # every listed worker checked before any measurement

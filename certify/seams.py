@@ -550,10 +550,6 @@ class NetnsPipelines:
     start_timeout: float = 120.0
     call_deadline: float = 120.0
 
-    def unsupported(self) -> str:
-        """Why no fabric can be made here ("" when it can): one line, for a SKIPPED result."""
-        return "" if self.support.available else self.support.reason
-
     @contextmanager
     def start(self, cmd: Any, placement: Placement, tag: str) -> Iterator[NetnsPipeline]:
         from certify.canonical import write_json

@@ -32,7 +32,15 @@ import grpc
 import numpy as np
 
 from certify.errors import ConfigurationError
-from worker.client import CHANNEL_OPTIONS, StageClient, StageFailed, StageInfo, decode_tensor
+from worker.client import (
+    CHANNEL_OPTIONS,
+    StageClient,
+    StageFailed,
+    StageInfo,
+    decode_tensor,
+    ended_stage,
+    rpc_status,
+)
 
 FAILED_STAGE = "dgr-failed-stage"  # trailer of a chained failure: the index of the stage it belongs to
 
@@ -229,18 +237,13 @@ class ChainRoute:
     def failure(self, exc: grpc.RpcError) -> StageFailed:
         """The StageFailed of a chain error: a stage whose worker died explains it best; else the
         stage the dgr-failed-stage trailer names (none: stage 0 itself), with the status code kept."""
-        code = exc.code() if hasattr(exc, "code") else None
-        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        code, detail = rpc_status(exc)
         trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
         named = str(trailers.get(FAILED_STAGE, ""))
         k = int(named) if named.isdigit() and int(named) < len(self.stages) else 0
-        for settle in (False, True):
-            for stage in self.stages:
-                if stage.ended() is not None:
-                    return stage.explain("chained Forward", code, detail, settle=False)
-            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or settle:
-                break
-            time.sleep(0.2)  # a worker killed mid-call is often reaped a moment after the reset
+        dead = ended_stage(self.stages, code)
+        if dead is not None:
+            return dead.explain("chained Forward", code, detail, settle=False)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED and not named:
             # every hop shares the driver's deadline, so which one hung is not known here
             return self.stages[0].failure(code.name, f"chained pass got no delivery within "

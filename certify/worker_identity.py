@@ -197,12 +197,12 @@ def prepare_attached(ctx: Any, recipe: Recipe, lane: str, *, store: Path | None)
 def write_identity(ctx: Any, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> list[str]:
     """Write the identity file a worker of ``recipe`` on ``lane`` is started with; returns the worker's
     command line to print (model, layers placeholder, ctx the certifier needs)."""
-    from certify.run import _ctx_size, prepare
+    from certify.run import ctx_size, prepare
 
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=False)
     doc = stable_identity(recipe, lane, prepared.identity)
     write_json(Path(path), doc)
-    ctx_size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
+    context = ctx_size(recipe)
     return [
         *prepared.worker,
         "--model",
@@ -212,7 +212,7 @@ def write_identity(ctx: Any, recipe: Recipe, lane: str, path: Path, *, store: Pa
         "--listen",
         "HOST:PORT",
         "--ctx",
-        str(ctx_size),
+        str(context),
         "--identity",
         str(Path(path).resolve()),
         "--lane",

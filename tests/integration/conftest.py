@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from certify.context import Context
+from tests.unit.fake_stages import running
 from worker import stubs as stubs_mod
 from worker.launcher import WorkerCommand
 
@@ -71,13 +72,7 @@ def worker_env() -> dict[str, str]:
     return dict(os.environ)
 
 
-def proc_alive(pid: int) -> bool:
-    """True while /proc shows a live, non-zombie process with this pid (no psutil needed)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+proc_alive = running  # a live, non-zombie process with this pid (a /proc read)
 
 
 def our_workers(binary: Path) -> list[int]:

@@ -364,7 +364,7 @@ def test_real_worker_chained_over_a_shaped_fabric(
     parts = physics.crossings(placement, "chained", boundary_bytes=list(steps[0].seam_bytes),
                               n_vocab=trace.infos[-1].n_vocab)
     for k in range(placement.n_stages - 1):
-        bound = physics.seam_bound(placement, "chained", k, parts)
+        bound = physics.seam_bound("chained", k, parts)
         payload = steps[0].seam_bytes[k] + physics.TOKEN_BYTES  # the token ids ride with the boundary
         measured = sorted(s.seam_seconds[k] for s in steps)
         median = measured[len(measured) // 2]

@@ -44,7 +44,7 @@ def lavapipe_ctx(real_ctx: Context) -> Context:
 def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Context) -> None:
     from certify import hardware, measure, recipes
     from certify.recipes import _replace
-    from certify.run import _ctx_size, prepare
+    from certify.run import ctx_size, prepare
     from certify.verdict import Status as Verdict
     from lanes.runtime import lane_device, worker_environment
     from worker.launcher import WorkerCommand
@@ -64,7 +64,7 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
     build = prepared.identity["build"]
     assert int(build["toolchain"]["versions"]["vulkan_headers"]) >= vulkan.MINIMUM_HEADER
     evidence = ctx.workspace.ensure(ctx.workspace.runs / f"test-vulkan-{os.getpid()}")
-    size = _ctx_size(recipe, max(len(t.encode()) for t in recipe.prompts.texts))
+    size = ctx_size(recipe)
 
     def command(program: tuple[str, ...], lane: str) -> WorkerCommand:
         return WorkerCommand(program=program, model=prepared.model, threads=2, ctx_size=size, lane=lane)

@@ -117,11 +117,11 @@ def test_per_seam_bounds_chained_and_relayed_with_the_driver_on_seam_0() -> None
         seams=tuple(Seam(delay_ms=d, rate_mbit=8) for d in (1, 2, 3)),
     )
     chained = physics.crossings(p, "chained", boundary_bytes=[1000] * 3, n_vocab=32000)
-    bounds = [physics.seam_bound(p, "chained", k, chained) for k in range(3)]
+    bounds = [physics.seam_bound("chained", k, chained) for k in range(3)]
     # the boundary and its token id (1004 B: 1.004 ms at 8 Mbit/s) into stage k+1, over seam k's link
     assert bounds == pytest.approx([0.001 + 0.001004, 0.002 + 0.001004, 0.003 + 0.001004])
     relayed = physics.crossings(p, "relayed", boundary_bytes=[1000] * 3, n_vocab=32000)
-    bounds = [physics.seam_bound(p, "relayed", k, relayed) for k in range(3)]
+    bounds = [physics.seam_bound("relayed", k, relayed) for k in range(3)]
     # the boundary into stage k+1, then stage k+1's reply into the driver (seam 0's link); the last
     # reply is the logits row (128 000 B: 128 ms at 8 Mbit/s)
     assert bounds == pytest.approx([0.002 + 0.002, 0.003 + 0.002, 0.004 + 0.001 + 0.128])
