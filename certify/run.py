@@ -99,12 +99,11 @@ def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Veri
     machine-independent part, and the artifact subjects."""
     from fetch.artifacts import load_set
     from fetch.provision import provision
-    from fetch.source import ensure_pristine
     from patches.stack import ensure_patched
 
     provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
     patched = ensure_patched(ctx)
-    pristine = ensure_pristine(ctx)
+    pristine = patched.pristine  # verified by ensure_patched
     entries = load_set(recipe.artifacts).variant(provisioned.variant).files
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>

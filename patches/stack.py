@@ -53,6 +53,7 @@ class Patched:
     key: str  # derived from (pristine tree id, ordered patch digests); names the directory
     provenance: Mapping[str, Any]
     provenance_path: Path
+    pristine: Pristine  # the verified tree it was made from (callers need not verify it again)
 
 
 # --- series --------------------------------------------------------------------------------------
@@ -285,11 +286,11 @@ def ensure_patched(ctx: Context, *, pin: Pin | None = None, patches_dir: Path = 
     final = root / key
     record = root / f"{key}.provenance.json"
     refuse_links_below(ctx.workspace.root, final)
-    found = _existing(ctx, final, record, key, reverify=reverify)
+    found = _existing(ctx, pristine, final, record, key, reverify=reverify)
     if found is not None:
         return found
     with lock_file(root / f".{key}.lock"):
-        found = _existing(ctx, final, record, key, reverify=False)
+        found = _existing(ctx, pristine, final, record, key, reverify=False)
         if found is not None:
             return found
         sweep_leftovers(root, f".{key}.tmp-*")
@@ -297,7 +298,9 @@ def ensure_patched(ctx: Context, *, pin: Pin | None = None, patches_dir: Path = 
         return _build(ctx, pristine, entries, contents, final, record, key)
 
 
-def _existing(ctx: Context, final: Path, record: Path, key: str, *, reverify: bool) -> Patched | None:
+def _existing(
+    ctx: Context, pristine: Pristine, final: Path, record: Path, key: str, *, reverify: bool
+) -> Patched | None:
     if not final.exists():
         return None
     try:
@@ -309,12 +312,14 @@ def _existing(ctx: Context, final: Path, record: Path, key: str, *, reverify: bo
         return None
     stamp = gittree.tree_stamp(final)
     if stamp == prov.get("stamp") and not reverify:
-        return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record)
+        return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record,
+                       pristine=pristine)
     if gittree.tree_id(final, ctx.env, scratch_parent=final.parent) != prov.get("digest"):
         return None  # edited by hand: rebuilt from the pristine tree (it is derived data)
     prov = dict(prov, stamp=stamp, reverified_at=utc_now())
     write_json(record, prov)
-    return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record)
+    return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record,
+                   pristine=pristine)
 
 
 def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], contents: tuple[bytes, ...],
@@ -346,4 +351,5 @@ def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], co
             shutil.rmtree(stale, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Patched(path=final, digest=digest, key=key, provenance=prov, provenance_path=record)
+    return Patched(path=final, digest=digest, key=key, provenance=prov, provenance_path=record,
+                   pristine=pristine)
