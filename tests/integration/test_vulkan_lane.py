@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,6 @@ def lavapipe_ctx(real_ctx: Context) -> Context:
 
 def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Context) -> None:
     from certify import hardware, measure, recipes
-    from certify.recipes import _replace
     from certify.run import ctx_size, prepare
     from certify.verdict import Status as Verdict
     from lanes.runtime import lane_device, worker_environment
@@ -52,9 +52,9 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
 
     ctx = lavapipe_ctx
     full = recipes.load("tiny-llama", ctx.env)
-    recipe = _replace(
+    recipe = dataclasses.replace(
         full,
-        placements={k: v for k, v in full.placements.items() if k in PLACEMENTS},
+        placements=types.MappingProxyType({k: v for k, v in full.placements.items() if k in PLACEMENTS}),
         measure=dataclasses.replace(full.measure, warmup=1, repetitions=1),
     )
     fp = hardware.fingerprint(ctx.env)
