@@ -5,6 +5,11 @@ the numbering, a path outside the tree, a path through or to a symlink, a symlin
 created: refused, nothing written.  Applying happens in a fresh copy of the pristine tree beside the
 final path with `git apply --check` then `git apply` per patch (never --unsafe-paths, never GNU
 patch); only a fully applied, hashed tree is renamed into place.  The pristine tree is only read.
+
+Modes: every mode a patch names (``new file mode``, ``deleted file mode``, ``old mode``, ``new mode``,
+``index ... MODE``) is read as git reads it, as an octal number, and the patch is refused unless that
+number is exactly 0100644 or 0100755 (a regular file); any other value, which git would turn into a
+symbolic link (0120000 and every mode with the link bits), a gitlink, a directory, is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ SERIES_HEADER = """\
 # '#' starts a comment.  Written by `dgr patch --refresh DIR`; never edit a digest by hand.
 """
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-_UNSAFE_MODES = {"120000": "a symbolic link", "160000": "a submodule (gitlink)"}
+_REGULAR_MODES = (0o100644, 0o100755)
+_S_IFMT, _S_IFLNK, _S_IFDIR, _S_IFGITLINK = 0o170000, 0o120000, 0o040000, 0o160000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +152,7 @@ def touched_paths(data: bytes, name: str) -> list[str]:
             state = "hunk" if (old or new) else "between"
             continue
         if state == "header":
-            for key in ("rename from ", "rename to ", "copy from ", "copy to "):
+            for key in ("rename from ", "rename to ", "rename old ", "rename new ", "copy from ", "copy to "):
                 if line.startswith(key):
                     paths.append(_unquote(line[len(key):]))
             if line.startswith(("--- ", "+++ ")):
@@ -156,8 +162,8 @@ def touched_paths(data: bytes, name: str) -> list[str]:
             for key in ("new file mode ", "deleted file mode ", "old mode ", "new mode "):
                 if line.startswith(key):
                     _check_mode(line[len(key):].strip(), name)
-            if line.startswith("index ") and len(line.split()) == 3:
-                _check_mode(line.split()[2], name)
+            if line.startswith("index "):
+                _check_index_mode(line[len("index "):], name)
             continue
         # Outside any git header: an old-style header here would be applied by git, unseen by us.
         if line.startswith(("--- ", "+++ ", "*** ")) or m:
@@ -168,9 +174,44 @@ def touched_paths(data: bytes, name: str) -> list[str]:
     return paths
 
 
-def _check_mode(mode: str, name: str) -> None:
-    if mode in _UNSAFE_MODES:
-        raise IntegrityError(f"patch {name} creates or changes {_UNSAFE_MODES[mode]} (mode {mode}); "
+def git_mode(text: str) -> int | None:
+    """The mode git's apply reads from ``text``: ``strtoul(text, &end, 8)`` stored in an unsigned int
+    (older gits ignore what follows the digits, so we do too); None when there are no digits."""
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?)([0-7]+)", text)
+    if m is None:
+        return None
+    value = int(m[2], 8)
+    if value > 0xFFFFFFFFFFFFFFFF:
+        return 0xFFFFFFFF  # strtoul saturates at ULONG_MAX
+    return (-value if m[1] == "-" else value) & 0xFFFFFFFF
+
+
+def _check_index_mode(rest: str, name: str) -> None:
+    """``index OLD..NEW[ MODE]``: git reads a mode from whatever follows the first space after '..'."""
+    dots = rest.find("..")
+    space = rest.find(" ", dots + 2) if dots >= 0 else -1
+    if space >= 0:
+        _check_mode(rest[space + 1:], name)
+
+
+def _mode_kind(mode: int) -> str:
+    kind = mode & _S_IFMT
+    if kind == _S_IFLNK:
+        return "a symbolic link"
+    if kind == _S_IFDIR:
+        return "a directory"
+    if kind == 0o100000:
+        return "a regular file with unusual permissions"
+    return "a submodule (gitlink)"  # git's canon_mode makes every other type a gitlink
+
+
+def _check_mode(text: str, name: str) -> None:
+    mode = git_mode(text)
+    if mode is None:
+        raise IntegrityError(f"patch {name}: mode {text!r} is not an octal number; the stack was refused")
+    if mode not in _REGULAR_MODES:
+        raise IntegrityError(f"patch {name} creates or changes {_mode_kind(mode)} (mode {text.strip()}, "
+                             f"octal {mode:o}); only regular files 100644/100755 are accepted, "
                              "the stack was refused")
 
 
