@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import blake3
 
-from certify.canonical import HASH_BLOCK, canonical_bytes, write_json
+from certify.canonical import HASH_BLOCK, canonical_bytes, read_json, write_json
 from certify.errors import IntegrityError
 from certify.keys import SigningKey
 
@@ -77,11 +76,11 @@ def write(path: Path, envelope: Mapping[str, Any]) -> None:
 def read_envelope(path: Path) -> dict[str, Any]:
     """The envelope's shape, checked; nothing inside is trusted yet."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = read_json(Path(path), signed=True)
     except FileNotFoundError:
         raise IntegrityError(f"certificate {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise IntegrityError(f"certificate {path} is not JSON: {exc}") from None
+    except OSError as exc:
+        raise IntegrityError(f"certificate {path} is not readable: {exc.strerror}") from None
     if not isinstance(data, dict) or not {"payload", "payloadType", "signatures"} <= set(data):
         raise IntegrityError(f"{path} is not a DSSE envelope (needs payload, payloadType, signatures)")
     if not isinstance(data["payload"], str) or not isinstance(data["payloadType"], str):

@@ -30,7 +30,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     keys = trusted_keys(args.key, ws=ctx.workspace)
     store = env_store(ctx.env, args.store, ctx.workspace)
-    result = verify(args.path, keys, html=args.html, store=store)
+    # A store the user named (--store or DGR_STORE) is the one checked, not the paths recorded.
+    named = bool(args.store or ctx.env.get("DGR_STORE"))
+    result = verify(args.path, keys, html=args.html, store=store, store_only=named)
     print(f"certificate: {args.path.resolve()}")
     for line in result.lines:
         print(f"  {line.text()}")

@@ -10,7 +10,6 @@ sha256 of its canonical JSON: changing a threshold changes the recipe digest.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import types
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import canonical_digest
+from certify.canonical import canonical_digest, read_json
 from certify.errors import ConfigurationError
 from certify.workspace import MANIFESTS
 from manifests.loader import build, validate
@@ -266,11 +265,11 @@ def load_file(path: Path) -> Recipe:
     """Load and check one recipe file (``dgr certify --recipe-file PATH``)."""
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path)  # bounded: duplicate keys, NaN/Infinity, deep nesting refused (exit 2)
     except FileNotFoundError:
         raise ConfigurationError(f"recipe file {path} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"{path} is not readable JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigurationError(f"{path} is not readable: {exc.strerror}") from None
     # MTP gets its own sentence: it is a policy, not a typo.
     if isinstance(raw, dict) and raw.get("mtp") not in (None, False):
         raise ConfigurationError(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from certify import proc
+from certify.canonical import read_json
 from certify.errors import RuntimeFailure, ToolchainMissing
 from certify.seam_model import Profiles, profiles
 from certify.shaper import READY, Link
@@ -295,7 +296,7 @@ def sweep_stale(env: Mapping[str, str], markers: Path = MARKERS) -> list[str]:
     removed = []
     for path in sorted(markers.glob("*.json")) if markers.is_dir() else []:
         try:
-            marker = json.loads(path.read_text())
+            marker = read_json(path)
         except (OSError, ValueError):
             continue
         if _owner_alive(marker):

@@ -6,14 +6,13 @@ Each problem is one line with one specific reason; what could not be checked is 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
-from certify.canonical import sha256_file
+from certify.canonical import BadSignedJson, parse_json, sha256_file
 from certify.errors import ConfigurationError
 from certify.keys import TrustedKey
 
@@ -50,7 +49,8 @@ class Verification:
 
     @property
     def predicate(self) -> Mapping[str, Any]:
-        return (self.statement or {}).get("predicate") or {}
+        pred = (self.statement or {}).get("predicate")
+        return pred if isinstance(pred, dict) else {}
 
 
 def verify(
@@ -59,9 +59,12 @@ def verify(
     *,
     html: Path | None = None,
     store: Path | None = None,
+    store_only: bool = False,
     subjects: bool = True,
 ) -> Verification:
-    """``subjects=False`` skips re-hashing artifact files (the report index only needs signature + HTML)."""
+    """``subjects=False`` skips re-hashing artifact files (the report index only needs signature + HTML).
+    ``store_only``: artifact files are looked up under ``store`` only (`dgr verify --store DIR`), never
+    at the paths the certificate recorded."""
     path = Path(path)
     v = Verification(path=path)
     envelope = cert.read_envelope(path)  # a file that is not an envelope at all stops here
@@ -72,9 +75,9 @@ def verify(
     payload = cert.b64decode(envelope["payload"], "the envelope payload")
     _check_signature(v, envelope, payload, keys)
     try:
-        stmt = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        v.add(FAIL, "statement", f"payload is not JSON: {exc}")
+        stmt = parse_json(payload, source="the signed payload", signed=True)
+    except BadSignedJson as exc:
+        v.add(FAIL, "statement", exc.message)
         return v
     if not isinstance(stmt, dict):
         v.add(FAIL, "statement", "payload is not a JSON object")
@@ -84,7 +87,7 @@ def verify(
         return v
     _check_signer_binding(v)
     if subjects:
-        _check_subjects(v, stmt, store)
+        _check_subjects(v, stmt, store, store_only=store_only)
     else:
         v.add(SKIP, "subjects", "digests not recomputed (use `dgr verify` for that)")
     _check_html(v, html)
@@ -95,11 +98,12 @@ def _check_signature(
     v: Verification, envelope: Mapping[str, Any], payload: bytes, keys: Mapping[str, TrustedKey]
 ) -> None:
     message = cert.pae(envelope["payloadType"], payload)
-    named = [s.get("keyid", "") for s in envelope["signatures"]]
-    for s in envelope["signatures"]:
+    # keyid is an unsigned hint: anything but a string (a crafted list, a number) names no key.
+    named = [k if isinstance(k := s.get("keyid"), str) else "" for s in envelope["signatures"]]
+    for s, hint in zip(envelope["signatures"], named, strict=True):
         sig = cert.b64decode(s["sig"], "a signature")
         # keyid is only a hint in DSSE: try the named key first, then every other trusted key.
-        candidates = sorted(keys.values(), key=lambda k: k.keyid != s.get("keyid"))
+        candidates = sorted(keys.values(), key=lambda k: k.keyid != hint)
         for key in candidates:
             if key.verifies(sig, message):
                 v.signer = key
@@ -134,12 +138,12 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
         v.add(FAIL, "predicateType", f"is {stmt.get('predicateType')!r}, expected {cert.PREDICATE_TYPE!r}")
         return False
     pred = stmt.get("predicate")
-    if isinstance(pred, dict) and pred.get("schema_version") != cert.PREDICATE_SCHEMA_VERSION:
+    if isinstance(pred, dict) and pred.get("schema_version") not in cert.READABLE_PREDICATE_VERSIONS:
         v.add(
             FAIL,
             "predicate",
             f"schema_version {pred.get('schema_version')!r} is not supported "
-            f"(this dgr reads {cert.PREDICATE_SCHEMA_VERSION})",
+            f"(this dgr reads {', '.join(map(str, cert.READABLE_PREDICATE_VERSIONS))})",
         )
         return False
     try:
@@ -160,20 +164,23 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
 
 
 def _check_signer_binding(v: Verification) -> None:
-    named = v.predicate.get("signer", {}).get("keyid")
+    signer = v.predicate.get("signer")
+    named = signer.get("keyid") if isinstance(signer, dict) else None
     if v.signer is not None and named != v.signer.keyid:
         v.add(
             FAIL,
             "signer",
             f"the predicate names key {str(named)[:16]}… but the signature is by {v.signer.keyid[:16]}…",
         )
-    elif v.predicate.get("signer", {}).get("dev_key"):
+    elif isinstance(signer, dict) and signer.get("dev_key"):
         v.add(WARN, "signer", "the certificate says it was signed with a workspace dev key")
 
 
-def _locate(name: str, local: Mapping[str, str], store: Path | None) -> Path | None:
+def _locate(name: str, local: Mapping[str, Any], store: Path | None, *, store_only: bool) -> Path | None:
+    """The file to hash for subject ``name``: under ``store`` only when the caller named a store
+    (the store given is the one checked), else the path recorded at certification, then ``store``."""
     recorded = local.get(name)
-    if recorded and Path(recorded).is_file():
+    if not store_only and isinstance(recorded, str) and recorded and Path(recorded).is_file():
         return Path(recorded)
     if store is not None and name.startswith("artifacts/"):
         candidate = store / name.removeprefix("artifacts/")
@@ -182,17 +189,24 @@ def _locate(name: str, local: Mapping[str, str], store: Path | None) -> Path | N
     return None
 
 
-def _check_subjects(v: Verification, stmt: Mapping[str, Any], store: Path | None) -> None:
-    local = v.predicate.get("local_paths") or {}
-    for s in stmt["subject"]:
-        name = str(s.get("name", "?"))
-        expected = s.get("digest") or {}
-        if not {"sha256"} <= set(expected):
+def _check_subjects(
+    v: Verification, stmt: Mapping[str, Any], store: Path | None, *, store_only: bool
+) -> None:
+    local = v.predicate.get("local_paths")
+    local = local if isinstance(local, dict) else {}
+    for i, s in enumerate(stmt["subject"]):
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str):
+            v.add(FAIL, f"subject {i}", "is not an object with a string name")
+            continue
+        name = s["name"]
+        expected = s.get("digest")
+        if not isinstance(expected, dict) or not isinstance(expected.get("sha256"), str):
             v.add(FAIL, f"subject {name}", "carries no sha256 digest")
             continue
-        found = _locate(name, local, store)
+        found = _locate(name, local, store, store_only=store_only)
         if found is None:
-            v.add(SKIP, f"subject {name}", "file not present here; digest not recomputed")
+            where = f"in store {store}" if store_only else "here"
+            v.add(SKIP, f"subject {name}", f"file not present {where}; digest not recomputed")
             continue
         actual = cert.file_digests(found)
         bad = [alg for alg in ("sha256", "blake3") if alg in expected and expected[alg] != actual[alg]]
@@ -208,7 +222,8 @@ def _check_subjects(v: Verification, stmt: Mapping[str, Any], store: Path | None
 
 
 def _check_html(v: Verification, html: Path | None) -> None:
-    report = v.predicate.get("report") or {}
+    report = v.predicate.get("report")
+    report = report if isinstance(report, dict) else {}
     expected = report.get("html_sha256")
     target = Path(html) if html is not None else v.path.parent / str(report.get("file", "report.html"))
     if not target.is_file():

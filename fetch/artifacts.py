@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import canonical_digest
+from certify.canonical import canonical_digest, parse_json
 from certify.errors import ConfigurationError, IntegrityError
 from certify.workspace import MANIFESTS
 from manifests.loader import build, validate
@@ -304,10 +303,7 @@ def load_set(name: str, *, root: Path = ARTIFACTS) -> ArtifactSet:
     key = (str(path), hashlib.sha256(raw).hexdigest())
     aset = _LOADED.get(key)
     if aset is None:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
+        data = parse_json(raw, source=str(path))
         aset = parse_set(data, source=str(path))
         _LOADED[key] = aset
     if aset.name != name:

@@ -34,7 +34,7 @@ from typing import Any
 
 import blake3
 
-from certify.canonical import atomic_write_bytes, canonical_bytes
+from certify.canonical import atomic_write_bytes, canonical_bytes, parse_json
 from certify.errors import IntegrityError, RuntimeFailure
 from fetch.artifacts import ArtifactFile
 
@@ -275,8 +275,8 @@ def _read_ledger(path: Path, identity: str, entry: ArtifactFile) -> tuple[set[in
         raw = fh.read(64 << 20)
     lines = raw.split(b"\n")
     try:
-        header = json.loads(lines[0])
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = parse_json(lines[0], source=str(path))
+    except ValueError:
         return None, {}
     if (
         not isinstance(header, dict)
@@ -353,8 +353,8 @@ def read_sidecar(directory: Path, manifest_digest: str) -> Sidecar:
     with os.fdopen(fd, "rb") as fh:
         raw = fh.read(16 << 20)
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = parse_json(raw, source=str(path))
+    except ValueError:
         return Sidecar(files={})
     if (
         not isinstance(data, dict)

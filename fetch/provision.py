@@ -10,7 +10,6 @@ split header has been held against the manifest together (``gguf_header.check_se
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import canonical_bytes, write_json
+from certify.canonical import canonical_bytes, read_json, write_json
 from certify.context import Context
 from certify.errors import DgrError, IntegrityError, RuntimeFailure
 from certify.workspace import env_store, refuse_links_below
@@ -394,7 +393,7 @@ def _upstream(aset: ArtifactSet) -> dict[str, Any]:
 
 def _same_json(path: Path, value: Any) -> bool:
     try:
-        return canonical_bytes(json.loads(path.read_bytes())) == canonical_bytes(value)
+        return canonical_bytes(read_json(path)) == canonical_bytes(value)
     except (OSError, ValueError):
         return False
 

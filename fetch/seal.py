@@ -12,7 +12,6 @@ files found in the directory, in name order (llama-gguf-split names sort in spli
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 
 import blake3
 
-from certify.canonical import write_json
+from certify.canonical import read_json, write_json
 from certify.context import Context
 from certify.errors import ConfigurationError
 from fetch import gguf_header
@@ -76,7 +75,7 @@ def seal(
     path = set_path(set_name, root=root)
     if not path.is_file():
         raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     aset = parse_set(data, source=str(path))  # validates before we touch anything
     make_bar = progress or factory()
     names = [variant] if variant else sorted(aset.variants)

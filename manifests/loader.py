@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import types
 import typing
 from functools import cache
@@ -17,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from certify.canonical import read_json
 from certify.errors import ConfigurationError
 from certify.workspace import MANIFESTS
 
@@ -26,7 +26,7 @@ SCHEMAS = MANIFESTS / "schemas"
 @cache
 def schema(name: str) -> dict[str, Any]:
     path = SCHEMAS / f"{name}.schema.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     jsonschema.Draft202012Validator.check_schema(data)
     return data
 
@@ -60,13 +60,11 @@ def validate(data: Any, schema_name: str, *, source: str) -> None:
 
 def load_json(path: Path, schema_name: str) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_json(path)
     except FileNotFoundError:
         raise ConfigurationError(f"manifest {path} does not exist") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigurationError(f"manifest {path} is not readable: {exc.strerror}") from None
     validate(data, schema_name, source=str(path))
     return data
 

@@ -28,6 +28,17 @@ class Entry:
     dev_key: bool
 
 
+def _field(pred: Mapping[str, Any], *keys: str, default: Any = "") -> Any:
+    """``pred[k1][k2]...`` where every level is an object; ``default`` otherwise (a crafted or
+    unverified certificate may put anything anywhere)."""
+    value: Any = pred
+    for key in keys:
+        if not isinstance(value, Mapping) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
 def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
     from certify.verify import verify
 
@@ -37,7 +48,8 @@ def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
         lane, recipe = run_dir.parent.name, run_dir.parent.parent.name
         try:
             v = verify(path, keys, subjects=False)
-        except DgrError as exc:
+        except (DgrError, OSError) as exc:
+            # one certificate that cannot be read is listed as such; the others are still shown
             entries.append(
                 Entry(
                     recipe=recipe,
@@ -46,7 +58,7 @@ def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
                     finished="",
                     verdict="?",
                     verified=False,
-                    problem=exc.message,
+                    problem=getattr(exc, "message", None) or f"unreadable: {exc}",
                     recipe_digest="",
                     certificate=path,
                     html=run_dir / "report.html",
@@ -57,25 +69,23 @@ def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
         pred = v.predicate
         problem = "; ".join(f"{ln.what} {ln.detail}" for ln in v.failures)
         # Where the certificate says something else than the folder it sits in, believe neither.
-        if pred and (pred.get("lane") != lane or pred.get("recipe", {}).get("name") != recipe):
-            problem = (
-                problem
-                or f"filed under {recipe}/{lane} but certifies {pred.get('recipe', {}).get('name')}"
-                f"/{pred.get('lane')}"
-            )
+        certified = _field(pred, "recipe", "name", default=None)
+        if pred and (pred.get("lane") != lane or certified != recipe):
+            problem = problem or f"filed under {recipe}/{lane} but certifies {certified}/{pred.get('lane')}"
+        page = _field(pred, "report", "file", default="report.html")
         entries.append(
             Entry(
                 recipe=recipe,
                 lane=lane,
                 run_id=str(pred.get("run_id", run_dir.name)),
                 finished=str(pred.get("finished", "")),
-                verdict=str(pred.get("verdict", {}).get("status", "?")),
+                verdict=str(_field(pred, "verdict", "status", default="?")),
                 verified=not problem,
                 problem=problem,
-                recipe_digest=str(pred.get("recipe", {}).get("digest", "")),
+                recipe_digest=str(_field(pred, "recipe", "digest")),
                 certificate=path,
-                html=run_dir / str(pred.get("report", {}).get("file", "report.html")),
-                dev_key=bool(pred.get("signer", {}).get("dev_key")),
+                html=run_dir / (page if isinstance(page, str) and page else "report.html"),
+                dev_key=bool(_field(pred, "signer", "dev_key", default=False)),
             )
         )
     return entries

@@ -1,0 +1,157 @@
+"""Issue 20 items 2 and 4: one bounded JSON reader for every file the tool reads.
+
+Deep nesting, oversize files, duplicate keys, NaN / Infinity and numbers that overflow to infinity are
+refused with one line (exit 2 for configuration, 3 for certificates), through the real command line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from certify.canonical import BadJson, BadSignedJson, parse_json, read_json
+from certify.errors import ConfigurationError, IntegrityError
+from certify.workspace import PROJECT_ROOT
+
+DEEP = "[" * 1000 + "]" * 1000  # 2 KB; plain json.loads raises RecursionError on it
+
+HOSTILE = {
+    "deep": DEEP,
+    "deep-object": '{"a":' * 500 + "1" + "}" * 500,
+    "duplicate": '{"name": "x", "name": "y"}',
+    "nan": '{"x": NaN}',
+    "infinity": '{"x": Infinity}',
+    "minus-infinity": '{"x": -Infinity}',
+    "overflow": '{"x": 1e999}',
+    "long-int": '{"x": ' + "9" * 5000 + "}",
+    "not-utf8": b'{"x": "\xff"}',
+    "truncated": '{"x": [1, 2',
+}
+
+
+def _dgr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "certify", *args], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    import os
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "GIT_"))}
+    e.update(DGR_WORK=str(tmp_path / "work"), DGR_CACHE=str(tmp_path / "cache"))
+    return e
+
+
+def _one_line(done: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_bounded_reader_refuses_with_a_typed_error(case: str, tmp_path: Path) -> None:
+    data = HOSTILE[case]
+    path = tmp_path / "x.json"
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    with pytest.raises(BadJson) as caught:
+        read_json(path)
+    assert isinstance(caught.value, ConfigurationError) and isinstance(caught.value, ValueError)
+    assert str(path) in caught.value.message
+    with pytest.raises(BadSignedJson) as signed:
+        parse_json(data, source="the payload", signed=True)
+    assert isinstance(signed.value, IntegrityError) and signed.value.exit_code == 3
+
+
+def test_reader_names_the_duplicate_key_and_the_limits(tmp_path: Path) -> None:
+    with pytest.raises(BadJson, match="duplicate key 'name'"):
+        parse_json(HOSTILE["duplicate"], source="r.json")
+    with pytest.raises(BadJson, match="nested deeper than 64"):
+        parse_json(DEEP, source="r.json")
+    with pytest.raises(BadJson, match="larger than 100 bytes"):
+        parse_json("[" + "1," * 100 + "1]", source="r.json", max_bytes=100)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(["x" * 1000] * 10))
+    with pytest.raises(BadJson, match="larger than"):
+        read_json(big, max_bytes=5000)
+    # what we write ourselves still reads back
+    assert parse_json('{"a": [1, 2.5, {"b": null, "c": "[{"}]}', source="ok") == {
+        "a": [1, 2.5, {"b": None, "c": "[{"}]}
+
+
+@pytest.mark.parametrize("case", ["deep", "duplicate", "nan"])
+def test_recipe_file_is_refused_before_anything_runs(env: dict[str, str], tmp_path: Path, case: str) -> None:
+    recipe = tmp_path / "r.json"
+    recipe.write_text(HOSTILE[case])
+    done = _dgr(env, "certify", "--recipe-file", str(recipe))
+    _one_line(done, 2, str(recipe))
+    assert not (tmp_path / "work" / "build").exists()
+
+
+def test_recipe_with_infinite_threshold_or_duplicate_key_exits_2_naming_it(env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    text = (PROJECT_ROOT / "manifests" / "recipes" / "tiny-llama.json").read_text()
+    infinite = tmp_path / "inf.json"
+    infinite.write_text(text.replace('"decode_tok_s_min":', '"decode_tok_s_min": Infinity, "_x":', 1))
+    _one_line(_dgr(env, "certify", "--recipe-file", str(infinite)), 2, "Infinity")
+    dup = tmp_path / "dup.json"
+    dup.write_text(text.replace('"name":', '"name": "other", "name":', 1))
+    _one_line(_dgr(env, "certify", "--recipe-file", str(dup)), 2, "duplicate key 'name'")
+
+
+@pytest.mark.parametrize("field, value", [("decode_tokens", 10**9), ("prompt_tokens", 10**9),
+                                          ("repetitions", 10**9), ("warmup", 10**6)])
+def test_unbounded_measure_numbers_are_refused_at_load(tmp_path: Path, field: str, value: int) -> None:
+    from certify import recipes
+
+    doc = json.loads((recipes.RECIPES / "tiny-llama.json").read_text())
+    doc["measure"][field] = value
+    path = tmp_path / "tiny-llama.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigurationError, match=f"measure/{field}"):
+        recipes.load_file(path)
+
+
+def test_placement_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    placement = tmp_path / "p.json"
+    placement.write_text(DEEP)
+    from certify import placement as placement_mod
+
+    with pytest.raises(ConfigurationError, match="nested deeper"):
+        placement_mod.load_file(placement)
+    done = _dgr(env, "certify", "--placement-file", str(placement))
+    _one_line(done, 2, str(placement))
+
+
+def test_artifact_manifest_is_refused(tmp_path: Path) -> None:
+    from fetch.artifacts import load_set
+
+    (tmp_path / "evil.json").write_text(DEEP)
+    with pytest.raises(ConfigurationError, match="nested deeper"):
+        load_set("evil", root=tmp_path)
+    (tmp_path / "dup.json").write_text('{"name": "dup", "name": "dup"}')
+    with pytest.raises(ConfigurationError, match="duplicate key 'name'"):
+        load_set("dup", root=tmp_path)
+
+
+@pytest.mark.parametrize("case", ["deep", "duplicate", "not-utf8"])
+def test_verify_on_a_hostile_file_exits_3_with_one_line(env: dict[str, str], tmp_path: Path,
+                                                        case: str) -> None:
+    path = tmp_path / "certificate.json"
+    data = HOSTILE[case]
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    _one_line(_dgr(env, "verify", str(path)), 3, str(path))
+
+
+def test_workspace_records_that_do_not_read_are_treated_as_absent(tmp_path: Path) -> None:
+    """Records we wrote ourselves (sidecar, ledger, provenance) are rebuilt, not trusted, not a crash."""
+    from fetch import ledger
+
+    (tmp_path / ledger.SIDECAR).write_text(DEEP)
+    assert ledger.read_sidecar(tmp_path, "m" * 64).files == {}
