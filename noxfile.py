@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = False
 nox.options.sessions = ["tests"]
+# A failed requirement (a missing system package in `deps`) stops the run: nothing is fetched after it.
+nox.options.stop_on_first_error = True
 
 LANES = ("cpu", "cuda", "rocm", "vulkan", "metal")
 
@@ -26,6 +32,19 @@ def _posargs(session: nox.Session) -> list[str]:
     return list(session.posargs)
 
 
+@nox.session(venv_backend="none")
+def deps(session: nox.Session) -> None:
+    """Install the CPU lane's missing system packages (apt-get, as root or with passwordless sudo).
+
+    Runs before the project is installed (lanes.packages needs only the standard library). Without
+    the rights it prints the exact `apt-get install` line and nox exits 4, as `dgr build` would.
+    """
+    code = subprocess.run([sys.executable, "-m", "lanes.packages", "ensure", "cpu"],
+                          cwd=Path(__file__).parent, check=False).returncode
+    if code:
+        raise SystemExit(code)  # nox would say 1 for any failed session; 4 says "toolchain missing"
+
+
 @nox.session
 def fetch(session: nox.Session) -> None:
     """Fetch llama.cpp at the pinned commit (git, else the package-index sdist mirror)."""
@@ -41,7 +60,7 @@ def patch(session: nox.Session) -> None:
 
 
 def _build_session(lane: str) -> None:
-    @nox.session(name=f"build-{lane}", requires=["patch"])
+    @nox.session(name=f"build-{lane}", requires=["deps", "patch"])
     def build(session: nox.Session) -> None:
         _install(session)
         session.run("dgr", "build", "--lane", lane, *_posargs(session))
@@ -67,7 +86,7 @@ def seal(session: nox.Session) -> None:
     session.run("dgr", "seal", *_posargs(session))
 
 
-@nox.session(requires=["build-cpu", "provision"])
+@nox.session(requires=["deps", "build-cpu", "provision"])
 def certify(session: nox.Session) -> None:
     """Certify a recipe on a lane (default: the embedded tiny-llama recipe on the CPU lane)."""
     _install(session)
@@ -95,7 +114,7 @@ def matrix(session: nox.Session) -> None:
     session.run("dgr", "matrix", *_posargs(session))
 
 
-@nox.session
+@nox.session(requires=["deps"])
 def tests(session: nox.Session) -> None:
     """Fast unit tests first, then the slow integration suite (real build, real workers)."""
     _install(session, "test")

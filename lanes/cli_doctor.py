@@ -36,6 +36,8 @@ def table(data: list[dict[str, object]]) -> str:
     lines = [header]
     for r in data:
         where = r["path"] if r["status"] == "ok" else r["reason"]
+        if r["status"] == "ok" and r["reason"]:  # a note (an optional part missing), not a failure
+            where = f"{where}; {r['reason']}"
         cert = ("yes: " if r["certifiable"] else "no: ") + str(r["certifiable_reason"])
         lines.append(
             (
@@ -53,10 +55,23 @@ def table(data: list[dict[str, object]]) -> str:
     )
 
 
+def install_hint(env: Mapping[str, str]) -> str | None:
+    """The one line that installs what the CPU lane (the worker every lane builds) lacks here."""
+    from lanes import packages
+
+    lacking = [p for p in packages.missing(packages.parts("cpu"), env) if not p.optional]
+    if not lacking:
+        return None
+    return f"cpu lane: {packages.describe(lacking)}; `nox -s deps` installs them as root"
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     data = rows(ctx.env)
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         print(table(data))
+        hint = install_hint(ctx.env)
+        if hint:
+            print(hint)
     return 0

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from certify import proc
+from certify.errors import CommandFailed, ToolchainMissing
+from lanes import packages
 from lanes.base import (
     BuildOptions,
     ToolchainProbe,
@@ -44,6 +46,7 @@ class HostTools:
     cc: str | None = None
     ccache: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    worker: Mapping[str, str] = field(default_factory=dict)  # gRPC/protobuf versions and programs found
     problem: str | None = None
     problem_is_age: bool = False
 
@@ -51,7 +54,8 @@ class HostTools:
 def _cmake(env: Mapping[str, str], minimum: tuple[int, ...]) -> tuple[str | None, str | None, str | None]:
     path = which("cmake", env)
     if path is None:
-        return None, None, f"cmake not found: install cmake >= {dotted(minimum)} (apt-get install cmake)"
+        apt = packages.part("cmake").apt
+        return None, None, f"cmake not found: install cmake >= {dotted(minimum)} (apt-get install {apt})"
     line = first_line(tool_output(path, ["--version"], env))
     version = parse_version(line)
     if not at_least(version, minimum):
@@ -98,7 +102,8 @@ def _compiler(
     wanted = [env[kind.var].split()[0]] if env.get(kind.var, "").strip() else list(kind.names)
     path = next((p for p in (which(w, env) for w in wanted) if p), None)
     if path is None:
-        problem = f"no {kind.gcc} or {kind.clang} found: install {kind.gcc} >= 9 (apt-get install g++)"
+        apt = packages.part("c++").apt
+        problem = f"no {kind.gcc} or {kind.clang} found: install {kind.gcc} >= 9 (apt-get install {apt})"
         return None, None, None, problem
     output = tool_output(path, ["--version"], env) or ""
     banner = first_line(output) or ""
@@ -119,24 +124,39 @@ def _compiler(
 
 
 def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE_MINIMUM) -> HostTools:
-    """cmake, a build tool and both compilers.  ``versions`` (the build key's part) holds cmake and the
-    compilers; the generator is provenance only: ninja or make produce the same binaries."""
+    """cmake, a build tool, both compilers and what the worker links (gRPC C++, protobuf, their code
+    generators).  ``versions`` (the build key's part) holds cmake and the compilers; the generator and
+    the gRPC parts are provenance only.  ``problem`` names every part that is missing or too old."""
+    problems: list[str] = []
+    ages: list[bool] = []
     cmake, cmake_version, problem = _cmake(env, cmake_minimum)
     if problem:
-        return HostTools(cmake=cmake, problem=problem, problem_is_age=cmake is not None)
+        problems.append(problem)
+        ages.append(cmake is not None)
     generator, gen_version = _generator(env)
     if generator is None:
-        return HostTools(cmake=cmake, problem="no build tool found: install ninja-build (or make)")
+        problems.append(f"no build tool found: install {packages.part('ninja').apt} (or make)")
+        ages.append(False)
     versions = {"cmake": str(cmake_version)}
     found: dict[str, str] = {}
+    no_cxx = False
     for kind in (_CXX, _CC):
         path, cid, version, problem = _compiler(env, kind)
         if problem:
-            return HostTools(
-                cmake=cmake, generator=generator, problem=problem, problem_is_age=path is not None
-            )
+            if not (no_cxx and path is None):  # no C++ compiler and no C compiler: one package, said once
+                problems.append(problem)
+                ages.append(path is not None)
+            no_cxx = no_cxx or (kind is _CXX and path is None)
+            continue
         found[kind.var] = path  # type: ignore[assignment]
         versions[kind.var.lower()] = f"{cid} {version}"
+    worker, lacking = worker_parts(env)
+    if lacking:
+        problems.append(packages.describe(lacking))
+        ages.append(False)
+    if problems:
+        return HostTools(cmake=cmake, generator=generator, problem="; ".join(problems),
+                         problem_is_age=all(ages), worker=worker)
     return HostTools(
         cmake=cmake,
         generator=generator,
@@ -146,7 +166,31 @@ def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE
         cc=found["CC"],
         ccache=which("ccache", env),
         versions=versions,
+        worker=worker,
     )
+
+
+# What worker/CMakeLists.txt looks for (pkg_check_modules grpc++ protobuf, protoc, grpc_cpp_plugin),
+# and the start of its FATAL_ERROR when it finds less.
+WORKER_PARTS = ("pkg-config", "grpc++", "protobuf", "protoc", "grpc_cpp_plugin")
+WORKER_DEPS_MISSING = "gRPC/protobuf development files not found"
+
+
+def worker_parts(env: Mapping[str, str]) -> tuple[dict[str, str], list[packages.Part]]:
+    """(what was found: module versions and program paths, the parts that are missing)."""
+    got: dict[str, str] = {}
+    lacking: list[packages.Part] = []
+    for key in WORKER_PARTS:
+        part = packages.part(key)
+        if part.module:
+            value = packages.module_version(part.module, env) if "pkg-config" in got else None
+        else:
+            value = which(part.programs[0], env)
+        if value is None:
+            lacking.append(part)
+        else:
+            got[key] = value
+    return got, lacking
 
 
 def merge(probe: ToolchainProbe, host: HostTools) -> ToolchainProbe:
@@ -222,7 +266,15 @@ def configure(
 ) -> proc.Completed:
     assert host.cmake and host.generator, host.problem
     argv = [host.cmake, "-S", str(source), "-B", str(build_dir), "-G", host.generator, *args]
-    return proc.run(argv, env=env, echo=True, no_output_timeout=BUILD_NO_OUTPUT_TIMEOUT_S)
+    try:
+        return proc.run(argv, env=env, echo=True, no_output_timeout=BUILD_NO_OUTPUT_TIMEOUT_S)
+    except CommandFailed as exc:
+        # probe_host looks first; should CMake still find less than it did, that is a toolchain too
+        if WORKER_DEPS_MISSING in exc.tail:
+            lacking = [packages.part(k) for k in WORKER_PARTS]
+            raise ToolchainMissing(f"CMake found no usable gRPC/protobuf: {packages.describe(lacking)}",
+                                   hint=f"see {build_dir}/CMakeFiles/CMakeOutput.log") from None
+        raise
 
 
 def build(

@@ -1,10 +1,15 @@
-"""CPU lane: the host C++ compiler and ggml's CPU backend. Certified here (no device needed)."""
+"""CPU lane: the host C++ compiler and ggml's CPU backend. Certified here (no device needed).
+
+Its probe is the host probe (``lanes.cmake.probe_host``): compiler, cmake, ninja, and what the worker
+links (pkg-config's grpc++ and protobuf, protoc, grpc_cpp_plugin), every missing part named with the
+package from ``lanes.packages``; ccache is optional and only noted.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lanes import cmake
+from lanes import cmake, packages
 from lanes.base import BuildOptions, Status, ToolchainProbe
 
 name = "cpu"
@@ -26,6 +31,7 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             reason=host.problem,
             minimum=MINIMUM,
         )
+    optional = packages.missing([packages.part("ccache")], env)
     return ToolchainProbe(
         lane=name,
         status=Status.OK,
@@ -33,7 +39,10 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         version=host.versions["cxx"].split()[-1],
         path=host.cxx,
         minimum=MINIMUM,
+        # an OK probe's reason is a note, not a failure: the optional part that would help
+        reason=f"optional: {packages.describe(optional)}" if optional else None,
         versions=dict(host.versions),
+        locations=dict(host.worker),
     )
 
 

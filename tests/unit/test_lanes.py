@@ -22,6 +22,10 @@ BANNERS = {
     "c++": "c++ (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.",
     "cc": "cc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.",
     "ccache": "ccache version 4.8",
+    # what the worker links: `pkg-config --exists/--modversion grpc++|protobuf` answer "1.51.1"
+    "pkg-config": "1.51.1",
+    "protoc": "libprotoc 3.21.12",
+    "grpc_cpp_plugin": "",
 }
 
 
