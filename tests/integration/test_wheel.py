@@ -1,0 +1,110 @@
+"""Issue 14: the project as a wheel. Its data files ship inside it and are found through the installed
+packages (importlib.resources), and `dgr` works from a folder that is not the checkout.
+
+The wheel is built without an isolated build environment (setuptools comes with the test extra) and
+installed with --no-deps into a fresh venv that borrows this environment's dependencies through a
+.pth line, so nothing is downloaded but the pinned llama.cpp sdist, once (the archive cache is shared).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from certify.workspace import Workspace
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("certify", "fetch", "patches", "lanes", "reports", "manifests", "worker")
+EVIDENCE = REPO / "evidence" / "tiny-llama-wan-cpu"
+SKIP = shutil.ignore_patterns(".git", ".work", ".nox", "__pycache__", "build", "dist", "*.egg-info",
+                              ".pytest_cache", ".benchmarks", "tests", "evidence", "docs")
+
+
+def data_files() -> set[str]:
+    """Every file of the packages that is not Python: what the wheel must carry."""
+    found = set()
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*"):
+            rel = path.relative_to(REPO)
+            if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".py", ".pyc"):
+                found.add(rel.as_posix())
+    return found
+
+
+def run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+    tail = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{tail}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = tmp_path_factory.mktemp("source") / "dgr-certify"
+    shutil.copytree(REPO, source, ignore=SKIP, symlinks=True)
+    out = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", str(out), str(source)])
+    (built,) = out.glob("dgr_certify-*.whl")
+    return built
+
+
+def test_the_wheel_carries_every_data_file(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = sorted(data_files() - names)
+    assert not missing, f"not in {wheel.name}: {missing}"
+    for must in ("manifests/recipes/tiny-llama.json", "manifests/schemas/recipe.schema.json",
+                 "patches/series", "worker/CMakeLists.txt", "worker/proto/shard.proto", "worker/src/main.cpp",
+                 "reports/templates/report.html.j2", "lanes/packages.py"):
+        assert must in names
+    assert not [n for n in names if n.startswith(("tests/", ".work/", "evidence/"))]
+
+
+def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    python = venv / "bin" / "python"
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(run([str(python), "-c", purelib]).stdout.strip())
+    # this environment's dependencies (numpy, grpcio, ...) and pip, after the venv's own packages; a path
+    # line is not processed as a site dir, so the checkout's editable install stays out
+    borrowed = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (site / "borrowed-deps.pth").write_text("\n".join(borrowed) + "\n")
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+         "--disable-pip-version-check", str(wheel)])
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "PYTHON", "XDG_"))}
+    env.update(HOME=str(home), PATH=f"{venv / 'bin'}:{env.get('PATH', os.defpath)}",
+               # the pinned sdist from the cache this checkout's tests already share; git stays unused
+               DGR_CACHE=str(Workspace.from_env(os.environ).cache), DGR_FETCH_SOURCES="sdist")
+    where = run([str(python), "-c", "import certify.workspace as w, lanes.packages; "
+                 "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({'HOME': '/h'}).root)"],
+                cwd=outside, env=env).stdout.split()
+    assert all(Path(p).is_relative_to(site) for p in where[:2]), where
+    assert where[2:] == ["None", "/h/.local/share/dgr-certify"], "installed: the workspace is per user"
+
+    dgr = str(venv / "bin" / "dgr")
+    doctor = run([dgr, "doctor"], cwd=outside, env=env).stdout
+    assert doctor.splitlines()[1].split()[:2] == ["cpu", "ok"], doctor
+
+    provision = run([dgr, "provision"], cwd=outside, env=env).stdout
+    workspace = home / ".local" / "share" / "dgr-certify"
+    assert f"in {workspace / 'store' / 'tiny-llama' / 'f32'}" in provision
+
+    verify = run([dgr, "verify", str(EVIDENCE / "certificate.json"), "--key",
+                  str(EVIDENCE / "signing-key.pub.pem")], cwd=outside, env=env).stdout
+    assert "verified: tiny-llama-wan on cpu, verdict PASS" in verify
+    assert verify.count("blake3 + sha256 match") == 3, "the provisioned files are the certified ones"
+    assert not (outside / ".work").exists() and list(outside.iterdir()) == []
