@@ -93,6 +93,13 @@ def certify(session: nox.Session) -> None:
     session.run("dgr", "certify", *_posargs(session))
 
 
+@nox.session(name="device-bundle")
+def device_bundle(session: nox.Session) -> None:
+    """The offline bundle for a GPU box (docs/device.md): `nox -s device-bundle -- [--out DIR] ...`."""
+    _install(session)
+    session.run("python", "-m", "device", "bundle", *_posargs(session))
+
+
 @nox.session
 def verify(session: nox.Session) -> None:
     """Verify a certificate: `nox -s verify -- PATH`."""

@@ -1,0 +1,3 @@
+from device.cli import entry
+
+entry()
