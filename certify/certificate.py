@@ -23,7 +23,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 # A type URI in the project's own namespace; it names a schema, nothing is fetched from it.
 PREDICATE_TYPE = "https://dgr-certify/certification/v1"
-PREDICATE_SCHEMA_VERSION = 1
+PREDICATE_SCHEMA_VERSION = 2  # 2: the parity claim split into the staging-parity and backend-agreement gates
+READABLE_PREDICATE_VERSIONS = (1, 2)  # verify still reads the certificates made before the split
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

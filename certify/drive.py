@@ -70,7 +70,7 @@ class Step:
 @dataclass(frozen=True, kw_only=True)
 class PromptTrace:
     prompt: tuple[int, ...]
-    tokens: tuple[int, ...]  # the greedy continuation (n_decode tokens)
+    tokens: tuple[int, ...]  # the greedy continuation (n_decode tokens; under teacher forcing, the fed ones)
     logit_positions: tuple[int, ...]  # the position each logits row belongs to
     logits: np.ndarray  # [rows, n_vocab] float32
     boundaries: dict[int, np.ndarray]  # cut layer -> [positions, width] float32, the seam's traffic
@@ -329,10 +329,11 @@ def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
 def _greedy(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool = True, route: ChainRoute | None = None,
+    keep_boundaries: bool = True, route: ChainRoute | None = None, forced: Sequence[int] | None = None,
 ) -> tuple[list[int], list[_Pass]]:
     """Prefill ``prompt`` at positions 0.. (in chunks of the smallest n_batch of the stages), then
-    decode until n_decode tokens are chosen.  Chained: every ack is in before this returns."""
+    decode until n_decode tokens are chosen (``forced``: fed instead of the argmax, teacher forcing).
+    Chained: every ack is in before this returns."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
     if n_decode < 1:
@@ -340,7 +341,7 @@ def _greedy(
     try:
         out = _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
                              boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                             keep_boundaries=keep_boundaries, route=route)
+                             keep_boundaries=keep_boundaries, route=route, forced=forced)
     except BaseException:
         if route is not None:
             route.drain(quiet=True)
@@ -353,8 +354,14 @@ def _greedy(
 def _greedy_passes(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool, route: ChainRoute | None,
+    keep_boundaries: bool, route: ChainRoute | None, forced: Sequence[int] | None,
 ) -> tuple[list[int], list[_Pass]]:
+    if forced is not None and len(forced) != n_decode:
+        raise ConfigurationError(f"teacher forcing needs {n_decode} tokens, got {len(forced)}")
+
+    def pick(logits: np.ndarray) -> int:
+        return int(forced[len(chosen)]) if forced is not None else int(np.argmax(logits[-1]))
+
     kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries, route=route)
     batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
     chunks = []
@@ -363,11 +370,12 @@ def _greedy_passes(
         chunks.append(_forward_all(stages, infos, session, epoch, list(range(first, first + len(part))), part,
                                    all_logits=all_logits, **kw))
     passes = [_merge(chunks, all_logits=all_logits)]
-    chosen = [int(np.argmax(passes[-1].logits[-1]))]
+    chosen: list[int] = []
+    chosen.append(pick(passes[-1].logits))
     while len(chosen) < n_decode:
         pos = len(prompt) + len(chosen) - 1
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
-        chosen.append(int(np.argmax(passes[-1].logits[-1])))
+        chosen.append(pick(passes[-1].logits))
     return chosen, passes
 
 
@@ -384,8 +392,15 @@ def run_placement(
     forwarding: str = "relayed",
     addresses: Sequence[str] | None = None,
     sink_host: str = "127.0.0.1",
+    forced: Sequence[Sequence[int]] | None = None,
 ) -> Trace:
-    """Prefill then greedy-decode every prompt (one fresh session each, reset afterwards)."""
+    """Prefill then greedy-decode every prompt (one fresh session each, reset afterwards).
+
+    ``forced`` (one continuation of n_decode tokens per prompt): teacher forcing, each decode step fed
+    the given token instead of this run's argmax, so the positions see the same inputs as the run that
+    chose them (a backend compared with the reference it should agree with, row by row)."""
+    if forced is not None and len(forced) != len(prompts):
+        raise ConfigurationError(f"teacher forcing needs one continuation per prompt ({len(prompts)})")
     infos = describe(stages)
     _check_fits(infos, max(len(p) for p in prompts) + n_decode)
     wanted = sorted(set(int(il) for il in capture))
@@ -399,7 +414,8 @@ def run_placement(
         for i, prompt in enumerate(prompts):
             traces.append(_prompt_trace(stages, infos, prompt, n_decode, tag=f"p{i}", epoch=epoch,
                                         boundary_dtype=boundary_dtype, all_logits=all_logits,
-                                        capture=wanted, route=route))
+                                        capture=wanted, route=route,
+                                        forced=None if forced is None else forced[i]))
     return Trace(
         placement=tuple((i.layer_begin, i.layer_end) for i in infos),
         cuts=tuple(i.layer_begin for i in infos[1:]),
@@ -413,13 +429,13 @@ def run_placement(
 def _prompt_trace(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     tag: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    route: ChainRoute | None,
+    route: ChainRoute | None, forced: Sequence[int] | None = None,
 ) -> PromptTrace:
     session = _session(tag)
     try:
         tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
                                  boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                                 route=route)
+                                 route=route, forced=forced)
     except BaseException:
         _reset_all(stages, session, quiet=True)
         raise

@@ -4,16 +4,25 @@ Each check has ``fails(current, reference) -> message | None`` over a mapping of
 (``current`` for the placement under test, ``reference`` for the monolithic reference).  Every check
 of every placement is evaluated; failures are collected and the verdict is decided once.
 A figure that was not measured, or is NaN, fails: a missing number must never pass a gate.
+
+Two parity gates hold two different claims, so a FAIL says which one broke:
+
+* ``staging-parity`` (every lane): each placement against the monolithic run of the same lane, same
+  binary, same prompts.  A FAIL means staging changed the computation.
+* ``backend-agreement`` (every lane but the CPU reference): the lane's monolithic run against the CPU
+  monolithic reference, teacher-forced.  A FAIL means the backend computes something else than the
+  reference, and names the first cut whose boundary NMSE is out of bounds (where the divergence starts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from certify.recipes import Parity, Placement, Speed
+from certify.recipes import BackendAgreement, Placement, Speed, StagingParity
 from certify.verdict import Result, Status
 
 Figures = Mapping[str, float]
@@ -89,7 +98,11 @@ class RatioAtLeast(AtLeast):
         return super().fails(current, reference)
 
 
-def parity_checks(parity: Parity, placement: Placement) -> list[Check]:
+STAGING_PARITY = "staging-parity"
+BACKEND_AGREEMENT = "backend-agreement"
+
+
+def staging_parity_checks(parity: StagingParity, placement: Placement) -> list[Check]:
     checks: list[Check] = [
         AtLeast(name="top-1 agreement", metric="top1_agreement", limit=parity.top1_agreement_min),
         AtMost(name="KL mean", metric="kl_mean", limit=parity.kl_mean_max),
@@ -106,6 +119,87 @@ def parity_checks(parity: Parity, placement: Placement) -> list[Check]:
             )
         )
     return checks
+
+
+def backend_agreement_checks(limits: BackendAgreement, cuts: Iterable[int]) -> list[Check]:
+    """Teacher-forced figures of a lane's monolithic run against the CPU reference (see
+    certify.measure.agreement_figures).  Top-1 is held only on the clear-margin rows, and at least one
+    such row must exist: a gate that counted nothing would pass by default."""
+    checks: list[Check] = [
+        AtLeast(name="rows with a clear top-1 margin", metric="clear_rows", limit=1),
+        AtLeast(name="top-1 agreement (clear-margin rows)", metric="top1_agreement_clear",
+                limit=limits.top1_agreement_min),
+        AtMost(name="KL mean", metric="kl_mean", limit=limits.kl_mean_max),
+        AtMost(name="KL max", metric="kl_max", limit=limits.kl_max_max),
+        AtMost(name="logits NMSE", metric="logits_nmse", limit=limits.logits_nmse_max),
+    ]
+    for cut in sorted(cuts):
+        checks.append(AtMost(name=f"boundary NMSE at layer {cut}", metric=f"boundary_nmse@{cut}",
+                             limit=limits.boundary_nmse_max))
+    return checks
+
+
+def divergence_start(figures: Figures, cuts: Iterable[int], limit: float) -> int | None:
+    """The first cut (in layer order) whose boundary NMSE exceeds ``limit``: the residual entering that
+    layer is the first one that differs, so the divergence starts in the layers just before it."""
+    for cut in sorted(cuts):
+        value = figures.get(f"boundary_nmse@{cut}")
+        if value is None or math.isnan(value) or value > limit:
+            return cut
+    return None
+
+
+def evaluate_agreement(
+    lane: str, limits: BackendAgreement, cuts: Iterable[int], figures: Figures, *, duration_s: float = 0.0
+) -> Result:
+    """The backend-agreement Result; a FAIL's reason says where the divergence starts."""
+    cuts = sorted(cuts)
+    result = evaluate(BACKEND_AGREEMENT, f"{lane}-vs-cpu", backend_agreement_checks(limits, cuts), figures,
+                      duration_s=duration_s)
+    start = divergence_start(figures, cuts, limits.boundary_nmse_max)
+    details = {**result.details, "divergence_starts_at": start}
+    reason = result.reason
+    if result.status is Status.FAIL:
+        where = (f"divergence starts before layer {start} (the first cut out of bounds)" if start is not None
+                 else "every cut is within bounds: the divergence starts after the last cut")
+        reason = f"{reason}; {where}"
+    return dataclasses.replace(result, reason=reason, details=details)
+
+
+def sections(results: Iterable[Result], figures: Mapping[str, Any]) -> dict[str, Any]:
+    """The certificate's two parity claims, each with its own status and the results behind it."""
+    results = list(results)
+    ref = figures.get("reference") or {}
+    agreement = figures.get("backend_agreement") or {}
+    staging = [r for r in results if r.details.get("gate") == STAGING_PARITY]
+    agreeing = [r for r in results if r.details.get("gate") == BACKEND_AGREEMENT]
+    out: dict[str, Any] = {
+        "staging_parity": {
+            "status": _reduce(staging),
+            "reference": {"lane": ref.get("lane", ""), "placement": ref.get("placement", "")},
+            "results": [r.name for r in staging],
+        },
+    }
+    if not agreement.get("applies"):
+        out["backend_agreement"] = {"applies": False, "status": "NOT_APPLICABLE",
+                                    "reason": agreement.get("reason", "not measured")}
+        return out
+    out["backend_agreement"] = {
+        "applies": True,
+        "status": _reduce(agreeing),
+        "reference": {"lane": agreement.get("reference_lane", ""),
+                      "placement": agreement.get("placement", "")},
+        "teacher_forced": bool(agreement.get("teacher_forced")),
+        "divergence_starts_at": agreement.get("divergence_starts_at"),
+        "results": [r.name for r in agreeing],
+    }
+    return out
+
+
+def _reduce(results: Sequence[Result]) -> str:
+    if not results:
+        return Status.SKIPPED.value
+    return Status.FAIL.value if any(r.status is not Status.PASS for r in results) else Status.PASS.value
 
 
 # A seam measured faster than its physical bound was not shaped as the recipe says (the bound counts

@@ -1,13 +1,17 @@
 """Run a recipe's scenarios on real workers and turn traces into gate figures and Results.
 
-One launch per placement: the monolithic reference first (capturing the residual at every cut any
-placement uses), then each staged placement: parity trace, speed samples and, on the recipe's
-route-change placement, the epoch switch.  Workers are always stopped by the launcher; a worker that
-dies, hangs or answers with the wrong shape raises StageFailed ("stage K (layers a:b) failed: ...").
+One launch per placement.  On a lane other than the CPU: the CPU monolithic reference first, free-running
+with the residual captured at every cut any placement uses.  Then the lane's monolithic run (teacher-forced
+on the CPU reference's tokens for the backend-agreement gate, then free-running with every cut captured:
+the staging-parity reference, its speed and route change), then each staged placement: parity trace,
+speed samples and, on the recipe's route-change placement, the epoch switch.  Workers are always
+stopped by the launcher; a worker that dies, hangs or answers with the wrong shape raises StageFailed
+("stage K (layers a:b) failed: ...").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -18,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from certify import drive, gates, metrics, physics
-from certify.recipes import HardwareClass, Placement, Recipe
+from certify.recipes import BackendAgreement, HardwareClass, Placement, Recipe
 from certify.verdict import Result, Status
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
@@ -66,7 +70,7 @@ class Plan:
     lane: str
     hardware_class: HardwareClass
     worker: WorkerCommand  # the lane under certification
-    reference_worker: WorkerCommand | None = None  # the CPU build when the parity reference is CPU
+    reference_worker: WorkerCommand | None = None  # the CPU build, for the backend-agreement gate
     stubs: Stubs
     evidence: Path
     env: Mapping[str, str]
@@ -121,7 +125,9 @@ def boundary_residual(boundary: np.ndarray, width: int) -> np.ndarray:
     return acc * np.float32(1.0 / hc)
 
 
-def parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]:
+def staging_parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]:
+    """A placement against its lane's monolithic run, both free-running: rows up to the first greedy
+    divergence, the greedy match, and the boundary at every cut against the monolithic capture."""
     ref_rows, cur_rows, greedy = [], [], []
     bounds: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {c: ([], []) for c in cur.cuts}
     for r, c in zip(ref.prompts, cur.prompts, strict=True):
@@ -133,20 +139,48 @@ def parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]:
             bounds[cut][0].append(r.captures[cut][:n])
             bounds[cut][1].append(boundary_residual(c.boundaries[cut][:n], r.captures[cut].shape[1]))
     a, b = np.concatenate(ref_rows), np.concatenate(cur_rows)
+    out = _logit_figures(a, b)
+    out["greedy_match"] = min(greedy)
+    for cut, (rr, cc) in bounds.items():
+        out[f"boundary_nmse@{cut}"] = metrics.nmse(np.concatenate(rr), np.concatenate(cc))
+    return out
+
+
+def agreement_figures(
+    ref: drive.Trace, forced: drive.Trace, free: drive.Trace, *, margin: float
+) -> dict[str, Any]:
+    """A lane's monolithic run against the CPU reference.  ``forced`` was fed the reference's own
+    tokens, so every row compares the same inputs (no cascade after one flip); ``free`` is the lane's
+    free-running run, whose greedy match is reported, not gated.  Top-1 counts only the rows where
+    the reference's top-1 logit leads its top-2 by more than ``margin``."""
+    a = np.concatenate([p.logits for p in ref.prompts])
+    b = np.concatenate([p.logits for p in forced.prompts])
+    out = _logit_figures(a, b)
+    clear = metrics.top1_margin(a) > margin
+    out["top1_margin_min"] = margin
+    out["clear_rows"] = int(clear.sum())
+    out["top1_agreement_clear"] = metrics.top1_agreement(a[clear], b[clear]) if clear.any() else float("nan")
+    out["free_running_greedy_match"] = min(
+        metrics.greedy_match(r.tokens, f.tokens) for r, f in zip(ref.prompts, free.prompts, strict=True)
+    )
+    for cut in sorted(ref.prompts[0].captures):
+        rr = np.concatenate([p.captures[cut] for p in ref.prompts])
+        cc = np.concatenate([p.captures[cut] for p in forced.prompts])
+        out[f"boundary_nmse@{cut}"] = metrics.nmse(rr, cc)
+    return out
+
+
+def _logit_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     kl = metrics.kl_divergence(a, b)
-    out: dict[str, Any] = {
+    return {
         "rows_compared": int(a.shape[0]),
         "top1_agreement": metrics.top1_agreement(a, b),
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
         "logits_nmse": metrics.nmse(a, b),
         "max_abs_logit_diff": metrics.max_abs_diff(a, b),
-        "greedy_match": min(greedy),
         "bitwise_logits": bool(np.array_equal(a, b)),
     }
-    for cut, (rr, cc) in bounds.items():
-        out[f"boundary_nmse@{cut}"] = metrics.nmse(np.concatenate(rr), np.concatenate(cc))
-    return out
 
 
 def speed_figures(samples: drive.SpeedSamples) -> dict[str, Any]:
@@ -202,139 +236,36 @@ def _gate_figures(
     return flat
 
 
+@dataclass(kw_only=True)
+class _Reference:
+    """The lane's monolithic run: what every placement of the lane is compared with."""
+
+    trace: drive.Trace
+    prompts: list[list[int]]
+    speed: dict[str, Any]
+    route: drive.RouteChange
+    forced: drive.Trace | None = None  # teacher-forced on the CPU reference's tokens (backend agreement)
+    forced_seconds: float = 0.0
+
+
 def run(plan: Plan) -> Outcome:
+    """Backend agreement first (non-CPU lanes: the CPU reference, then the lane's monolithic run
+    teacher-forced on it), then the lane's monolithic run, then each staged placement against it."""
     recipe, hc = plan.recipe, plan.hardware_class
     out = Outcome()
-    cross = hc.parity.reference_lane == "cpu" and plan.lane != "cpu"
-    ref_worker = plan.reference_worker if cross else plan.worker
-    if cross and ref_worker is None:
-        raise ValueError("a CPU reference build is needed for a cross-lane parity reference")
-    assert ref_worker is not None
     cuts = sorted({c for p in recipe.placements.values() for c in p.cuts})
-    mono = recipe.monolithic
-    rc = recipe.route_change
-    rc_placement = rc.placement if rc else recipe.staged[0].name
-    rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
-
-    start = plan.where().start
-
-    # The reference: monolithic, f32 seams (none), every cut captured.
-    t0 = time.perf_counter()
-    ref_tag = f"{mono.name}-reference-{'cpu' if cross else plan.lane}"
-    with start(ref_worker, mono, ref_tag) as pipe:
-        prompts = [pipe.clients[0].tokenize(text) for text in recipe.prompts.texts]
-        reference = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
-        ref_speed = None
-        ref_route = None
-        if not cross:
-            ref_speed = speed_figures(_measure(pipe.clients, prompts, recipe, "f32"))
-            # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
-            # token by token (accumulation order), so on real weights a near-tie can flip even on one
-            # worker.  The staged route change is therefore held to the monolithic worker doing the
-            # very same switch, which is bitwise comparable on one lane.
-            ref_route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
-        record = _placement_record(
-            mono,
-            "cpu" if cross else plan.lane,
-            "f32",
-            "reference" if not cross else "reference-cross-lane",
-            reference.infos,
-        )
-    record["speed"] = ref_speed
-    out.figures = {
-        "reference": {"placement": mono.name, "lane": "cpu" if cross else plan.lane},
-        "prompts": len(prompts),
-        "prompt_tokens": [len(p) for p in prompts],
-        "n_decode": recipe.n_decode,
-        "measure": {
-            "warmup": recipe.measure.warmup,
-            "repetitions": recipe.measure.repetitions,
-            "prompt_tokens": recipe.measure.prompt_tokens,
-            "decode_tokens": recipe.measure.decode_tokens,
-        },
-        "reference_tokens": [list(p.tokens) for p in reference.prompts],
-        "placements": [record],
-    }
-    out.results.append(
-        Result(
-            name=f"reference/{mono.name}",
-            status=Status.PASS,
-            duration_s=time.perf_counter() - t0,
-            reason="",
-            details={"lane": record["lane"]},
-        )
-    )
-    if not cross:
-        out.results.append(
-            gates.evaluate(
-                "speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, ref_speed)
-            )
-        )
-
-    under_test = ([mono] if cross else []) + list(recipe.staged)
-    shaped, unshapeable = seam_pipelines(plan) if any(p.seams for p in under_test) else (None, "")
-    for p in under_test:
-        where = shaped if p.seams else plan.where()
-        if where is None:
-            # Never fake a scenario: say it was not run, and why (it does not count as a pass of any gate).
-            out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unshapeable))
-            continue
-        t0 = time.perf_counter()
-        dtype = recipe.dtype_of(p)
-        with where.start(plan.worker, p, p.name) as pipe:
-            # How the stages reach each other and the driver's sink (namespaces, remote hosts); the
-            # loopback launcher's stages are reached at their clients' own addresses.
-            routing = dict(
-                forwarding=p.forwarding,
-                addresses=getattr(pipe, "addresses", None),
-                sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
-            )
-            trace = drive.run_placement(
-                pipe.clients, prompts, recipe.n_decode, boundary_dtype=dtype, **routing
-            )
-            speed = speed_figures(_measure(pipe.clients, prompts, recipe, dtype, **routing))
-            route = None
-            if p.name == rc_placement:
-                route = drive.route_change(
-                    pipe.clients, prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
-                )
-            record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
-            shaping = describe_shaping(pipe)
-            fabric = describe_fabric(pipe)
-        parity = parity_figures(reference, trace)
-        record.update(parity=parity, speed=speed, forwarding=p.forwarding)
-        if fabric is not None:
-            record["fabric"] = fabric
-        if not p.is_monolithic:
-            record["seam_model"] = physics.model(
-                p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
-                sideband_stages=record["token_sideband_stages"], backend=shaping,
-            )
-        out.figures["placements"].append(record)
-        elapsed = time.perf_counter() - t0
-        out.results.append(
-            gates.evaluate(
-                "parity",
-                p.name,
-                gates.parity_checks(hc.parity_for(dtype), p),
-                _gate_figures(parity, None),
-                duration_s=elapsed,
-            )
-        )
-        if p.is_monolithic:  # the lane's own monolithic run is the speed reference for its staged runs
-            ref_speed = speed
-        out.results.append(
-            gates.evaluate(
-                "speed",
-                p.name,
-                gates.speed_checks(hc.speed, p),
-                _gate_figures(None, speed, record.get("seam_model")),
-                _gate_figures(None, ref_speed),
-            )
-        )
-        if route is not None:
-            out.figures["route_change"], result = route_change_gate(p, route, ref_route)
-            out.results.append(result)
+    limits = hc.agreement_for(plan.lane)
+    cpu_ref = _cpu_reference(plan, cuts, out) if limits is not None else None
+    ref = _lane_reference(plan, cuts, out, cpu_ref=cpu_ref)
+    if cpu_ref is not None and limits is not None:
+        _backend_agreement(plan, cuts, limits, cpu_ref, ref, out)
+    else:
+        out.figures["backend_agreement"] = {
+            "applies": False,
+            "reason": f"lane {plan.lane} is the reference every other lane is held to",
+        }
+    _staged_placements(plan, ref, out)
+    rc_placement = recipe.route_change.placement if recipe.route_change else recipe.staged[0].name
     if "route_change" not in out.figures:
         out.results.append(
             Result(
@@ -345,6 +276,168 @@ def run(plan: Plan) -> Outcome:
         )
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
+
+
+@dataclass(kw_only=True)
+class _CpuReference:
+    trace: drive.Trace
+    prompts: list[list[int]]
+    record: dict[str, Any]
+    seconds: float
+
+
+def _cpu_reference(plan: Plan, cuts: Sequence[int], out: Outcome) -> _CpuReference:
+    """The CPU monolithic reference of backend agreement: free-running greedy, every cut captured."""
+    if plan.reference_worker is None:
+        raise ValueError("a CPU reference build is needed for the backend-agreement gate")
+    recipe, mono = plan.recipe, plan.recipe.monolithic
+    t0 = time.perf_counter()
+    with plan.where().start(plan.reference_worker, mono, f"{mono.name}-reference-cpu") as pipe:
+        prompts = [pipe.clients[0].tokenize(text) for text in recipe.prompts.texts]
+        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
+        record = _placement_record(mono, "cpu", "f32", "backend-reference", trace.infos)
+    out.figures.setdefault("placements", []).append(record)
+    return _CpuReference(trace=trace, prompts=prompts, record=record, seconds=time.perf_counter() - t0)
+
+
+def _lane_reference(
+    plan: Plan, cuts: Sequence[int], out: Outcome, *, cpu_ref: _CpuReference | None
+) -> _Reference:
+    """The lane's monolithic run: free-running with every cut captured (the staging-parity reference),
+    its speed (the staged/monolithic reference) and its own route change (bitwise comparable); with a
+    CPU reference, also teacher-forced on the reference's tokens (the backend-agreement figures)."""
+    recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
+    rc = recipe.route_change
+    rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
+    t0 = time.perf_counter()
+    with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
+        prompts = cpu_ref.prompts if cpu_ref else [pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
+        forced, forced_seconds = None, 0.0
+        if cpu_ref is not None:
+            t1 = time.perf_counter()
+            forced = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts,
+                                         forced=[list(p.tokens) for p in cpu_ref.trace.prompts])
+            forced_seconds = time.perf_counter() - t1
+        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
+        speed = speed_figures(_measure(pipe.clients, prompts, recipe, "f32"))
+        # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
+        # token by token (accumulation order), so on real weights a near-tie can flip even on one
+        # worker.  The staged route change is therefore held to the monolithic worker doing the
+        # very same switch, which is bitwise comparable on one lane.
+        route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
+        record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
+    record["speed"] = speed
+    out.figures.update(
+        {
+            "reference": {"placement": mono.name, "lane": plan.lane},
+            "prompts": len(prompts),
+            "prompt_tokens": [len(p) for p in prompts],
+            "n_decode": recipe.n_decode,
+            "measure": dataclasses.asdict(recipe.measure),
+            "reference_tokens": [list(p.tokens) for p in trace.prompts],
+        }
+    )
+    out.figures.setdefault("placements", []).append(record)
+    out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
+                              duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
+    out.results.append(
+        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, speed))
+    )
+    return _Reference(trace=trace, prompts=prompts, speed=speed, route=route, forced=forced,
+                      forced_seconds=forced_seconds)
+
+
+def _backend_agreement(
+    plan: Plan, cuts: Sequence[int], limits: BackendAgreement, cpu_ref: _CpuReference, ref: _Reference,
+    out: Outcome,
+) -> None:
+    """The lane's teacher-forced monolithic run scored against the CPU reference."""
+    assert ref.forced is not None
+    figures = agreement_figures(cpu_ref.trace, ref.forced, ref.trace, margin=limits.top1_margin_min)
+    result = gates.evaluate_agreement(plan.lane, limits, cuts, _gate_figures(figures, None),
+                                      duration_s=cpu_ref.seconds + ref.forced_seconds)
+    out.figures["backend_agreement"] = {
+        "applies": True,
+        "lane": plan.lane,
+        "reference_lane": "cpu",
+        "placement": plan.recipe.monolithic.name,
+        "teacher_forced": True,
+        "cuts": list(cuts),
+        "divergence_starts_at": result.details["divergence_starts_at"],
+        **figures,
+    }
+    out.results.append(result)
+
+
+def _staged_placements(plan: Plan, ref: _Reference, out: Outcome) -> None:
+    """Each staged placement on the lane against the lane's monolithic run (shaped ones in their
+    network fabric, or SKIPPED with the reason they cannot run here)."""
+    staged = plan.recipe.staged
+    shaped, unshapeable = seam_pipelines(plan) if any(p.seams for p in staged) else (None, "")
+    for p in staged:
+        where = shaped if p.seams else plan.where()
+        if where is None:
+            # Never fake a scenario: say it was not run, and why (it does not count as a pass of any gate).
+            out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unshapeable))
+            continue
+        _staged_placement(plan, p, where, ref, out)
+
+
+def _staged_placement(plan: Plan, p: Placement, where: Pipelines, ref: _Reference, out: Outcome) -> None:
+    recipe, hc = plan.recipe, plan.hardware_class
+    rc = recipe.route_change
+    rc_placement = rc.placement if rc else recipe.staged[0].name
+    rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
+    t0 = time.perf_counter()
+    dtype = recipe.dtype_of(p)
+    with where.start(plan.worker, p, p.name) as pipe:
+        # How the stages reach each other and the driver's sink (namespaces, remote hosts); the
+        # loopback launcher's stages are reached at their clients' own addresses.
+        routing = dict(
+            forwarding=p.forwarding,
+            addresses=getattr(pipe, "addresses", None),
+            sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
+        )
+        trace = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
+                                    **routing)
+        speed = speed_figures(_measure(pipe.clients, ref.prompts, recipe, dtype, **routing))
+        route = None
+        if p.name == rc_placement:
+            route = drive.route_change(pipe.clients, ref.prompts[0], recipe.n_decode, rc_after,
+                                       boundary_dtype=dtype)
+        record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
+        shaping = describe_shaping(pipe)
+        fabric = describe_fabric(pipe)
+    parity = staging_parity_figures(ref.trace, trace)
+    record.update(parity=parity, speed=speed, forwarding=p.forwarding)
+    if fabric is not None:
+        record["fabric"] = fabric
+    record["seam_model"] = physics.model(
+        p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
+        sideband_stages=record["token_sideband_stages"], backend=shaping,
+    )
+    out.figures["placements"].append(record)
+    out.results.append(
+        gates.evaluate(
+            gates.STAGING_PARITY,
+            p.name,
+            gates.staging_parity_checks(hc.staging_parity_for(dtype), p),
+            _gate_figures(parity, None),
+            duration_s=time.perf_counter() - t0,
+        )
+    )
+    out.results.append(
+        gates.evaluate(
+            "speed",
+            p.name,
+            gates.speed_checks(hc.speed, p),
+            _gate_figures(None, speed, record.get("seam_model")),
+            _gate_figures(None, ref.speed),
+        )
+    )
+    if route is not None:
+        out.figures["route_change"], result = route_change_gate(p, route, ref.route)
+        out.results.append(result)
 
 
 def route_change_gate(

@@ -43,6 +43,15 @@ def top1_agreement(reference: ArrayLike, current: ArrayLike) -> float:
     return float(np.mean(ref.argmax(axis=-1) == cur.argmax(axis=-1)))
 
 
+def top1_margin(logits: ArrayLike) -> np.ndarray:
+    """Per row: the top-1 logit minus the top-2 logit (0 on an exact tie)."""
+    z = _rows(logits)
+    if z.shape[-1] < 2:
+        return np.full(z.shape[0], np.inf)
+    top2 = np.partition(z, -2, axis=-1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
 def nmse(reference: ArrayLike, current: ArrayLike) -> float:
     """Normalised mean squared error: sum((cur - ref)^2) / sum(ref^2).
 

@@ -270,7 +270,7 @@ class AttachedPipelines:
     lane: str  # the lane under certification; a command for another lane is the CPU reference
     identity: Mapping[str, Any]  # the certifier's identity chain (Prepared.identity)
     stubs: Any
-    reference_lane: str | None = None  # "cpu" when the class compares against a CPU reference
+    reference_lane: str | None = None  # "cpu" when the class holds the lane to the CPU reference
     shape: Mapping[str, Any] = field(default_factory=dict)  # model_shape() of the local first file
     min_ctx: int = 0
     call_deadline: float = 120.0
@@ -415,7 +415,7 @@ def attach_plan(
 ) -> tuple[Any, AttachedPipelines, list[Result]]:
     """``plan`` (certify.measure.Plan) run on the file's workers: the recipe cut to the listed
     placements, stages attached instead of started; plus the SKIPPED results of the others."""
-    cross = plan.hardware_class.parity.reference_lane == "cpu" and plan.lane != "cpu"
+    cross = plan.hardware_class.agreement_for(plan.lane) is not None
     recipe, skipped = restrict(pf, plan.recipe, plan.lane, cross_lane=cross)
     pipes = AttachedPipelines(
         file=pf,

@@ -25,6 +25,7 @@ from manifests.loader import build, validate
 
 RECIPES = MANIFESTS / "recipes"
 DEFAULT_RECIPE = "tiny-llama"
+REFERENCE_LANE = "cpu"  # the lane whose monolithic run every other lane's is held to
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
@@ -94,14 +95,31 @@ class PhysicalModel:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Parity:
-    reference_lane: str
+class StagingParity:
+    """Limits for "staging changed nothing": a placement against the monolithic run of the same lane,
+    same binary, same prompts, free-running greedy on both sides."""
+
     top1_agreement_min: float
     kl_mean_max: float
     kl_max_max: float
     logits_nmse_max: float
     boundary_nmse_max: float
     greedy_match_min: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendAgreement:
+    """Limits for "this backend agrees with the reference": the lane's monolithic run against the CPU
+    monolithic reference, teacher-forced on the reference's tokens so one flip cannot cascade.  Top-1
+    is counted only on rows whose reference top-1/top-2 logit margin exceeds ``top1_margin_min``
+    (near-ties are noise, not disagreement); the free-running greedy match is reported, not gated."""
+
+    top1_margin_min: float
+    top1_agreement_min: float
+    kl_mean_max: float
+    kl_max_max: float
+    logits_nmse_max: float
+    boundary_nmse_max: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,16 +153,22 @@ class Match:
 class HardwareClass:
     name: str
     match: Match
-    parity: Parity
+    staging_parity: StagingParity
     speed: Speed
-    parity_f16_boundary: Parity | None = None
+    staging_parity_f16_boundary: StagingParity | None = None
+    backend_agreement: BackendAgreement | None = None
     description: str = ""
 
-    def parity_for(self, boundary_dtype: str) -> Parity:
+    def staging_parity_for(self, boundary_dtype: str) -> StagingParity:
         """f16 seams round the boundary on purpose, so they are held to their own declared limits."""
-        if boundary_dtype == "f16" and self.parity_f16_boundary is not None:
-            return self.parity_f16_boundary
-        return self.parity
+        if boundary_dtype == "f16" and self.staging_parity_f16_boundary is not None:
+            return self.staging_parity_f16_boundary
+        return self.staging_parity
+
+    def agreement_for(self, lane: str) -> BackendAgreement | None:
+        """The backend-agreement limits that apply to ``lane``: none on the CPU lane, which is the
+        reference every other lane is compared with."""
+        return None if lane == REFERENCE_LANE else self.backend_agreement
 
     def matches(self, lane: str, cpu_cores: int, gpu_names: tuple[str, ...]) -> bool:
         if lane not in self.match.lanes:
@@ -351,8 +375,14 @@ def _check(recipe: Recipe) -> None:
                 f"{where}: at /hardware_classes/{k}/speed: {', '.join(missing)} missing but placement "
                 f"{shaped[0]!r} has shaped seams (its speed is held to the physical bound, not to loopback)"
             )
-        if uses_f16 and hc.parity_f16_boundary is None:
+        if uses_f16 and hc.staging_parity_f16_boundary is None:
             raise ConfigurationError(
-                f"{where}: at /hardware_classes/{k}: parity_f16_boundary is missing but "
+                f"{where}: at /hardware_classes/{k}: staging_parity_f16_boundary is missing but "
                 f"placement {uses_f16[0]!r} carries f16 boundaries"
+            )
+        others = [lane for lane in hc.match.lanes if lane != REFERENCE_LANE]
+        if others and hc.backend_agreement is None:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}: backend_agreement is missing but lane {others[0]} is "
+                f"held to the {REFERENCE_LANE} reference"
             )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
-from certify import hardware
+from certify import gates, hardware
 from certify.canonical import atomic_write_bytes, sha256_bytes, write_json
 from certify.context import Context
 from certify.errors import ConfigurationError, DgrError, GateFailed, IntegrityError
@@ -37,7 +37,7 @@ class Prepared:
 
     model: Path  # the first split file; the worker finds the others beside it
     worker: tuple[str, ...]  # the lane's worker program (argv prefix)
-    reference_worker: tuple[str, ...] | None = None  # the CPU build, when the parity reference is CPU
+    reference_worker: tuple[str, ...] | None = None  # the CPU build, for the backend-agreement gate
     identity: Mapping[str, Any] = field(default_factory=dict)
     subjects: Sequence[Mapping[str, Any]] = ()
     local_paths: Mapping[str, str] = field(default_factory=dict)
@@ -359,6 +359,7 @@ def publish(
         "identity": dict(prepared.identity),
         "hardware": dict(fingerprint),
         "results": [r.as_dict() for r in results],
+        "gates": gates.sections(results, figures),
         "figures": dict(figures),
         "verdict": verdict.as_dict(),
         "signer": signer,
@@ -402,10 +403,10 @@ def certify(
         from certify import worker_identity
 
         pf = attach.load_file(placement_file)
-        attach.restrict(pf, recipe, lane, cross_lane=hc.parity.reference_lane == "cpu" and lane != "cpu")
+        attach.restrict(pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None)
         prepared = worker_identity.prepare_attached(ctx, recipe, lane, store=store)
         return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp)
-    prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.parity.reference_lane == "cpu")
+    prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.agreement_for(lane) is not None)
     return run_certification(ctx, recipe, lane, prepared, key=key, fingerprint=fp)
 
 

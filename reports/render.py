@@ -122,6 +122,31 @@ def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataF
     return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
 
 
+def agreement_view(
+    agreement: Mapping[str, Any] | None, results: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The backend-agreement section: whether it applies, its checks, and the figures around them
+    (rows counted, where the divergence starts, the free-running greedy match that is not gated)."""
+    if not agreement or not agreement.get("applies"):
+        reason = (agreement or {}).get("reason", "not measured in this run")
+        return {"applies": False, "reason": reason}
+    margin = fmt(agreement.get("top1_margin_min"))
+    start = agreement.get("divergence_starts_at")
+    facts = {
+        "compared": f"{agreement.get('placement')} on {agreement.get('lane')} against "
+                    f"{agreement.get('placement')} on {agreement.get('reference_lane')}, teacher-forced on "
+                    "the reference's prompt + continuation tokens",
+        "rows compared": agreement.get("rows_compared"),
+        "rows with a clear top-1 margin": f"{agreement.get('clear_rows')} (top-1 − top-2 > {margin})",
+        "max abs logit difference": agreement.get("max_abs_logit_diff"),
+        "top-1 agreement, every row (not gated)": agreement.get("top1_agreement"),
+        "free-running greedy match (not gated)": agreement.get("free_running_greedy_match"),
+        "divergence starts": f"before layer {start}" if start is not None else "no cut out of bounds",
+    }
+    return {"applies": True, "checks": table(gate_rows_frame(results, "backend-agreement"), classes="gate"),
+            "facts": table(kv_frame(facts))}
+
+
 def _spread(s: Mapping[str, Any] | None) -> str:
     if not s:
         return "—"
@@ -216,7 +241,7 @@ def _charts(figures: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) ->
         if not sp.get("decode_tok_s"):
             continue
         limit, ok = limits.get(p["name"], (None, True))
-        label = f"{p['name']} ({p.get('lane', '')})" if p.get("role") == "reference-cross-lane" else p["name"]
+        label = f"{p['name']} ({p.get('lane', '')})" if p.get("role") == "backend-reference" else p["name"]
         speed_rows.append((label, float(sp["decode_tok_s"]["median"]), limit, ok))
         if sp.get("stage_compute_s"):
             time_rows.append((label, sp["stage_compute_s"], sp.get("seam_s", [])))
@@ -241,7 +266,8 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         verdict=pred["verdict"],
         subjects=table(subject_frame(stmt["subject"]), classes="digests"),
         n_subjects=len(stmt["subject"]),
-        parity=table(gate_frame(results, "parity"), classes="gate"),
+        parity=table(gate_frame(results, "staging-parity"), classes="gate"),
+        agreement=agreement_view(figures.get("backend_agreement"), results),
         speed_gate=table(gate_frame(results, "speed"), classes="gate"),
         other_gates=table(gate_rows_frame(results, "route-change"), classes="gate"),
         speed=table(speed_frame(placements)),

@@ -111,7 +111,7 @@ def test_attached_workers_certify_and_mismatches_are_refused(
         statuses = {r["name"]: r["status"] for r in pred["results"]}
         assert statuses["placement/twelve-single"] == "SKIPPED"
         assert (
-            statuses["parity/two-middle-f16"] == "PASS"
+            statuses["staging-parity/two-middle-f16"] == "PASS"
             and statuses["route-change/three-first-middle"] == "PASS"
         )
         html = (cert.parent / "report.html").read_text()

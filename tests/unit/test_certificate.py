@@ -58,7 +58,8 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
     }
     results = [
         gates.evaluate(
-            "parity", "two-middle", gates.parity_checks(HC.parity, RECIPE.placements["two-middle"]), figures
+            "staging-parity", "two-middle",
+            gates.staging_parity_checks(HC.staging_parity, RECIPE.placements["two-middle"]), figures
         )
     ]
     prepared = Prepared(
@@ -128,7 +129,8 @@ def test_statement_shape_and_clean_verify(ctx: Context, tmp_path: Path) -> None:
     pred = stmt["predicate"]
     assert pred["hardware"]["self_reported"] is True and pred["signer"]["dev_key"] is True
     assert pred["recipe"]["digest"] == RECIPE.digest and pred["verdict"]["status"] == "PASS"
-    assert pred["recipe"]["thresholds"]["parity"]["logits_nmse_max"] == HC.parity.logits_nmse_max
+    limits = pred["recipe"]["thresholds"]["staging_parity"]
+    assert limits["logits_nmse_max"] == HC.staging_parity.logits_nmse_max
     v = verify(w.certificate, trusted(ctx))
     assert v.ok, reasons(v)
     assert [ln.status for ln in v.lines].count(
@@ -224,10 +226,15 @@ def test_edited_html(ctx: Context, tmp_path: Path) -> None:
 def test_predicate_version_and_signer_binding(ctx: Context, tmp_path: Path) -> None:
     w = make_certificate(ctx, tmp_path)
     stmt = payload_of(w.certificate)
-    stmt["predicate"]["schema_version"] = 2
+    stmt["predicate"]["schema_version"] = 3
     resign(w.certificate, stmt, keys.dev_key(ctx.workspace))
-    assert "schema_version 2 is not supported" in reasons(verify(w.certificate, trusted(ctx)))
-    stmt["predicate"]["schema_version"] = 1
+    assert "schema_version 3 is not supported" in reasons(verify(w.certificate, trusted(ctx)))
+    # Version 2 names its two parity gates; a predicate without them is refused.
+    stmt["predicate"]["schema_version"] = 2
+    gates_section = stmt["predicate"].pop("gates")
+    resign(w.certificate, stmt, keys.dev_key(ctx.workspace))
+    assert "gates" in reasons(verify(w.certificate, trusted(ctx)))
+    stmt["predicate"]["gates"] = gates_section
     stmt["predicate"]["signer"]["keyid"] = "a" * 64
     resign(w.certificate, stmt, keys.dev_key(ctx.workspace))
     assert "the predicate names key aaaa" in reasons(verify(w.certificate, trusted(ctx)))

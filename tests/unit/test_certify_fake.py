@@ -35,7 +35,15 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     assert all(p["speed"]["decode_tok_s"]["n"] == 5 for p in staged)
     assert pred["figures"]["route_change"]["reference"] == pred["figures"]["route_change"]["switched"]
     gates_run = {r["name"] for r in pred["results"]}
-    assert {"parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"} <= gates_run
+    expected = {"staging-parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"}
+    assert expected <= gates_run
+    # The CPU lane is the reference: its certificate claims staging parity and says why nothing more.
+    assert pred["gates"]["staging_parity"]["status"] == "PASS"
+    assert pred["gates"]["backend_agreement"] == {
+        "applies": False, "status": "NOT_APPLICABLE",
+        "reason": "lane cpu is the reference every other lane is held to",
+    }
+    assert "Not applicable: lane cpu is the reference" in w.html.read_text()
     assert (
         w.certificate.parent.parent.name == "cpu" and w.certificate.parent.parent.parent.name == "tiny-fake"
     )
@@ -104,7 +112,9 @@ def test_scenarios_this_certifier_cannot_run_are_skipped_not_faked(tmp_path: Pat
     assert "SKIPPED" in w.html.read_text()
 
 
-def test_cross_lane_parity_uses_the_cpu_reference(tmp_path: Path) -> None:
+def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
+    """Staging parity against the lane's own monolithic run; backend agreement of that run against the
+    CPU reference, teacher-forced, as a section of its own in the predicate and the page."""
     import dataclasses
 
     from certify.run import run_certification
@@ -120,8 +130,20 @@ def test_cross_lane_parity_uses_the_cpu_reference(tmp_path: Path) -> None:
     ctx = fake_context(tmp_path)
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
     assert pred["recipe"]["hardware_class"] == "vulkan-software"
-    assert pred["figures"]["reference"] == {"placement": "mono", "lane": "cpu"}
+    assert pred["figures"]["reference"] == {"placement": "mono", "lane": "vulkan"}
     roles = {(p["name"], p["lane"], p["role"]) for p in pred["figures"]["placements"]}
-    assert ("mono", "cpu", "reference-cross-lane") in roles and ("mono", "vulkan", "under test") in roles
+    assert ("mono", "cpu", "backend-reference") in roles and ("mono", "vulkan", "reference") in roles
     names = {r["name"] for r in pred["results"]}
-    assert {"parity/mono", "speed/mono", "parity/two-middle"} <= names
+    assert {"backend-agreement/vulkan-vs-cpu", "speed/mono", "staging-parity/two-middle"} <= names
+    assert "staging-parity/mono" not in names
+    sections = pred["gates"]
+    assert sections["staging_parity"]["reference"] == {"lane": "vulkan", "placement": "mono"}
+    assert sections["staging_parity"]["status"] == "PASS"
+    agreement = sections["backend_agreement"]
+    assert agreement["applies"] and agreement["teacher_forced"] and agreement["status"] == "PASS"
+    assert agreement["reference"] == {"lane": "cpu", "placement": "mono"}
+    figures = pred["figures"]["backend_agreement"]
+    assert figures["clear_rows"] >= 1 and figures["logits_nmse"] == 0.0
+    html = w.html.read_text()
+    assert 'id="staging-parity"' in html and 'id="backend-agreement"' in html
+

@@ -165,3 +165,30 @@ def test_interrupt_mid_run_leaves_no_worker(stubs, tmp_path: Path) -> None:
             pids = p.pids
             signal.raise_signal(signal.SIGINT)
     assert pids and all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in pids)
+
+
+def test_teacher_forcing_feeds_the_given_tokens(stubs, tmp_path: Path, reference: drive.Trace) -> None:
+    # Fed its own greedy tokens, a run reproduces the free-running one row for row; fed others, each
+    # decode row is the logits after the forced token, not after the run's own argmax.
+    own = [list(t.tokens) for t in reference.prompts]
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    same = _run(stubs, tmp_path / "same", [(0, 12)], forced=own)
+    for ref, got in zip(reference.prompts, same.prompts, strict=True):
+        assert np.array_equal(ref.logits, got.logits) and got.tokens == ref.tokens
+    other = [[(tok + 1) % TOY["n_vocab"] for tok in t] for t in own]
+    forced = _run(stubs, tmp_path / "other", [(0, 12)], forced=other)
+    for prompt, ref, got, fed in zip(PROMPTS, reference.prompts, forced.prompts, other, strict=True):
+        assert got.tokens == tuple(fed)
+        n = len(prompt)
+        assert np.array_equal(ref.logits[:n], got.logits[:n])  # the prompt rows do not depend on it
+        assert not np.array_equal(ref.logits[n:], got.logits[n:])
+
+
+def test_teacher_forcing_needs_one_full_continuation_per_prompt(stubs, tmp_path: Path) -> None:
+    from certify.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="one continuation per prompt"):
+        _run(stubs, tmp_path, [(0, 12)], forced=[[1] * N_DECODE])
+    with pytest.raises(ConfigurationError, match=f"needs {N_DECODE} tokens"):
+        _run(stubs, tmp_path, [(0, 12)], forced=[[1]] * len(PROMPTS))

@@ -50,8 +50,8 @@ def test_ratio_check() -> None:
     )
 
 
-def test_parity_checks_cover_every_cut() -> None:
-    names = [c.name for c in gates.parity_checks(HC.parity, RECIPE.placements["four-even"])]
+def test_staging_parity_checks_cover_every_cut() -> None:
+    names = [c.name for c in gates.staging_parity_checks(HC.staging_parity, RECIPE.placements["four-even"])]
     assert [n for n in names if n.startswith("boundary")] == [
         f"boundary NMSE at layer {c}" for c in (3, 6, 9)
     ]
@@ -67,12 +67,13 @@ def test_speed_checks_ratio_only_for_staged() -> None:
 
 def test_evaluate_collects_every_failure() -> None:
     bad = dict(GOOD, top1_agreement=0.5, **{"boundary_nmse@6": 1.0})
-    result = gates.evaluate("parity", "two-middle", gates.parity_checks(HC.parity, TWO), bad)
+    checks = gates.staging_parity_checks(HC.staging_parity, TWO)
+    result = gates.evaluate("staging-parity", "two-middle", checks, bad)
     assert result.status is Status.FAIL
     assert "top-1 agreement 0.5" in result.reason and "boundary NMSE at layer 6 1" in result.reason
     rows = result.details["rows"]
     assert sum(not r["ok"] for r in rows) == 2 and len(rows) == 6
-    ok = gates.evaluate("parity", "two-middle", gates.parity_checks(HC.parity, TWO), GOOD)
+    ok = gates.evaluate("staging-parity", "two-middle", checks, GOOD)
     assert ok.status is Status.PASS and ok.reason == ""
 
 

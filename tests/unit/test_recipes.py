@@ -63,21 +63,20 @@ def test_digest_is_canonical_and_follows_thresholds(tmp_path: Path) -> None:
     pretty = tmp_path / "b" / "tiny-llama.json"
     pretty.write_text(json.dumps(dict(reversed(list(doc.items()))), indent=4))
     assert recipes.load_file(pretty).digest == a.digest
-    doc["hardware_classes"][0]["parity"]["kl_mean_max"] = 2e-9
+    doc["hardware_classes"][0]["staging_parity"]["kl_mean_max"] = 2e-9
     (tmp_path / "c").mkdir()
     assert recipes.load_file(_write(tmp_path / "c", doc)).digest != a.digest
 
 
 def test_unknown_key_names_key_and_typo(tmp_path: Path) -> None:
     doc = _doc()
-    doc["hardware_classes"][0]["parity"]["kl_mean_maxx"] = doc["hardware_classes"][0]["parity"].pop(
-        "kl_mean_max"
-    )
+    limits = doc["hardware_classes"][0]["staging_parity"]
+    limits["kl_mean_maxx"] = limits.pop("kl_mean_max")
     with pytest.raises(ConfigurationError) as err:
         recipes.load_file(_write(tmp_path, doc))
     text = err.value.message
     assert (
-        "/hardware_classes/0/parity" in text
+        "/hardware_classes/0/staging_parity" in text
         and "'kl_mean_maxx'" in text
         and "did you mean 'kl_mean_max'" in text
     )
@@ -137,8 +136,9 @@ def test_exactly_one_monolithic_reference(tmp_path: Path) -> None:
 
 def test_f16_placement_needs_f16_limits(tmp_path: Path) -> None:
     doc = copy.deepcopy(_doc())
-    del doc["hardware_classes"][0]["parity_f16_boundary"]
-    with pytest.raises(ConfigurationError, match=r"/hardware_classes/0: parity_f16_boundary is missing"):
+    del doc["hardware_classes"][0]["staging_parity_f16_boundary"]
+    missing = r"/hardware_classes/0: staging_parity_f16_boundary is missing"
+    with pytest.raises(ConfigurationError, match=missing):
         recipes.load_file(_write(tmp_path, doc))
 
 
