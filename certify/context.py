@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from certify import environment
 from certify.workspace import Workspace
 
 
@@ -17,4 +18,5 @@ class Context:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Context:
         env = dict(os.environ if env is None else env)
+        environment.check(env)
         return cls(env=env, workspace=Workspace.from_env(env))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,21 +113,11 @@ def dev_key(ws: Workspace) -> SigningKey:
     path = ws.keys / DEV_KEY_NAME
     pub_path = ws.keys / DEV_PUBLIC_NAME
     refuse_links_below(ws.root, path)
+    if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+        # left by an older dgr killed between creating and writing the key: it never signed anything
+        path.unlink(missing_ok=True)
     if not path.exists():
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        # O_EXCL: two concurrent first runs cannot both write; the loser reads the winner's key.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(pem)
-                fh.flush()
-                os.fsync(fh.fileno())
+        _create_dev_key(path)
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         raise IntegrityError(
@@ -139,6 +130,27 @@ def dev_key(ws: Workspace) -> SigningKey:
     return SigningKey(
         private=key, keyid=keyid(key.public_key()), dev_key=True, path=path, public_path=pub_path
     )
+
+
+def _create_dev_key(path: Path) -> None:
+    """Write a new key to a temp file, then link it into place: the key file is whole or absent, and of
+    two concurrent first runs the one whose link lands wins; the other reads the winner's key."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # never replaces: a key that may have signed certificates stays
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
 
 
 def trusted_keys(

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from certify.context import Context
+
+
+def seconds(text: str) -> float:
+    """A wait in seconds: finite and not negative (argparse turns the ValueError into exit 2)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+seconds.__name__ = "number of seconds (finite, >= 0)"  # what argparse names in its error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lock-wait",
-        type=float,
+        type=seconds,
         default=0.0,
         metavar="SECONDS",
         help="wait this long for another run holding a file's lock (default: fail at once)",

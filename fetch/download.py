@@ -7,9 +7,10 @@ HTTP(S) uses http.client directly (no third-party client) so that every rule bel
   zero"); it is never written at the requested offset.
 - 206: ``Content-Range`` must start where asked and report the manifest size, else the response is
   rejected.  A total or body longer than the manifest stops at the expected length: "unexpected size".
-- Connection closed early, resets, timeouts and 5xx are transient: retried with capped exponential
-  backoff while progress is being made; 4xx never.  Giving up says "incomplete N of M bytes" and the
-  verified chunks stay for the next run.
+- Connection closed early, resets, timeouts, 5xx, 408 and 429 are transient: retried with capped
+  exponential backoff while progress is being made, waiting at least what ``Retry-After`` asks (up to
+  ``max_retry_after_s``); other 4xx never (401/403 say they are about access, not the URL).  Giving
+  up says "incomplete N of M bytes" and the verified chunks stay for the next run.
 - A chunk whose digest is wrong is not written; only that chunk is asked for again, a bounded number
   of times, then an integrity error names its offset.
 - Redirects: at most ``max_redirects`` hops, same scheme, to the origin's host or a host the manifest
@@ -19,6 +20,7 @@ HTTP(S) uses http.client directly (no third-party client) so that every rule bel
 from __future__ import annotations
 
 import dataclasses
+import email.utils
 import http.client
 import logging
 import os
@@ -50,6 +52,7 @@ class RetryPolicy:
     chunk_attempts: int = 3  # a chunk failing its digest this often is an integrity error
     timeout_s: float = 60.0
     max_redirects: int = 5
+    max_retry_after_s: float = 300.0  # the longest Retry-After we wait for (a longer one is capped)
 
     def delay(self, failures: int) -> float:
         return min(self.backoff_s * (2 ** max(failures - 1, 0)), self.max_backoff_s)
@@ -65,7 +68,31 @@ class Stats:
 
 
 class Transient(Exception):
-    """A failure worth retrying: the next attempt may well succeed."""
+    """A failure worth retrying: the next attempt may well succeed (not before ``retry_after`` s)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+_TRANSIENT_STATUS = (408, 429)  # Request Timeout, Too Many Requests: the server asks us to come back
+_ACCESS_STATUS = (401, 403)
+
+
+def retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 
 _TRANSIENT_ERRORS = (
@@ -298,8 +325,9 @@ def _fetch_all(
                     f"failed attempts ({exc})",
                     hint="run the same command again to resume from the last verified chunk",
                 ) from None
-            log.warning("%s: %s; retrying in %.1f s", partial.entry.name, exc, policy.delay(failures))
-            sleep(policy.delay(failures))
+            wait = max(policy.delay(failures), min(exc.retry_after or 0.0, policy.max_retry_after_s))
+            log.warning("%s: %s; retrying in %.1f s", partial.entry.name, exc, wait)
+            sleep(wait)
             continue
         failures = 0
 
@@ -313,8 +341,15 @@ def _fetch_span(url: str, origin: Origin, feed: _ChunkFeed, first: int, last: in
         headers["If-Range"] = partial.validator.get("etag") or partial.validator.get("last_modified", "")
     conn, resp = open_url(url, origin, headers, feed.policy, stats)
     try:
-        if resp.status >= 500:
-            raise Transient(f"{url}: HTTP {resp.status} {resp.reason}")
+        if resp.status >= 500 or resp.status in _TRANSIENT_STATUS:
+            raise Transient(f"{url}: HTTP {resp.status} {resp.reason}",
+                            retry_after=retry_after(resp.getheader("Retry-After")))
+        if resp.status in _ACCESS_STATUS:
+            raise RuntimeFailure(
+                f"{url}: HTTP {resp.status} {resp.reason}: the origin refuses access (not retried)",
+                hint="the URL answered, so this is about credentials or access rights: check that this "
+                "machine may read that origin, or use another origin",
+            )
         if resp.status == 200:
             if "If-Range" in headers and _validator(resp) != partial.validator:
                 log.warning(

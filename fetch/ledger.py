@@ -238,8 +238,10 @@ def open_partial(
     fd = open_nofollow(part, os.O_RDWR | os.O_CREAT)
     try:
         st = os.fstat(fd)
-        if st.st_size < entry.size:
-            os.ftruncate(fd, entry.size)  # sparse; only ever grows, so a sharer's bytes stay valid
+        # Sparse at the manifest size.  A sharer under the same manifest has the same size; a larger
+        # leftover is from another seal of this name (its ledger is discarded, its tail must go too).
+        if st.st_size != entry.size:
+            os.ftruncate(fd, entry.size)
         claims, validator = _read_ledger(ledger, identity, entry)
         whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
         verified, whole_next = _recheck(fd, entry, chunk_size, claims, on_rehash, whole)

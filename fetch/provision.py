@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from certify.canonical import canonical_bytes, read_json, write_json
 from certify.context import Context
 from certify.errors import DgrError, IntegrityError, RuntimeFailure
+from certify.locks import pid_alive
 from certify.workspace import env_store, refuse_links_below
 from fetch import gguf_header, ledger
 from fetch.artifacts import (
@@ -38,7 +40,7 @@ from fetch.artifacts import (
 )
 from fetch.download import RetryPolicy, Stats, copy_local, fetch_http
 from fetch.progress import Progress, factory
-from fetch.store import check_policy, file_lock, free_bytes, preflight, prepare_dir, publish
+from fetch.store import check_policy, ensure_store, file_lock, free_bytes, preflight, prepare_dir, publish
 
 log = logging.getLogger("dgr.provision")
 PROVENANCE = "provenance.json"
@@ -87,7 +89,7 @@ def provision(
     policy = policy or RetryPolicy()
     root = env_store(ctx.env, os.fspath(store) if store is not None else None, ctx.workspace)
     check_policy(root, aset.storage, aset.name)
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_store(root)
     vdir = prepare_dir(root, root / aset.name / vname)
     run = _Run(
         ctx=ctx,
@@ -114,8 +116,10 @@ def provision(
     if not todo and records.set_checked:
         return run.result(dests, started)
 
-    remaining = sum(_remaining(spec.files[i], dests[i]) for i in todo)
-    preflight(vdir, remaining, free=free)
+    still = {i: _remaining(spec.files[i], dests[i]) for i in todo}
+    preflight(vdir, sum(still.values()), free=free)
+    run.free = free
+    run.later = {i: sum(still[j] for j in todo if j > i) for i in todo}
     records.set_checked = False  # until the headers below are held against the manifest together
     try:
         for i in todo:
@@ -149,10 +153,28 @@ def _drop_leftovers(dest: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _remaining(entry: ArtifactFile, dest: Path) -> int:
-    """Bytes still to land on disk: the partial is sparse, so its allocated blocks are already paid for."""
+_STAGED_BY = re.compile(r"-pid(\d+)-[^/]*$")
+
+
+def sweep_staging(staging: Path) -> list[Path]:
+    """Remove staging folders whose run is gone (kill -9, a crash): their pid is in their name."""
+    removed = []
+    for old in staging.iterdir() if staging.is_dir() else ():
+        m = _STAGED_BY.search(old.name)
+        if not m or old.is_symlink() or not old.is_dir():
+            continue
+        if int(m[1]) == os.getpid() or pid_alive(int(m[1])):
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed
+
+
+def _remaining(entry: ArtifactFile, dest: Path, *, existing: bool = True) -> int:
+    """Bytes still to land on disk: the partial is sparse, so its allocated blocks are already paid for.
+    ``existing``: a right-size file under the final name counts as present (it is hashed later)."""
     assert entry.size is not None
-    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == entry.size:
+    if existing and dest.is_file() and not dest.is_symlink() and dest.stat().st_size == entry.size:
         return 0
     part = dest.with_name(f".{dest.name}.part")
     try:
@@ -173,6 +195,8 @@ class _Run:
     policy: RetryPolicy
     make_bar: ProgressFactory
     lock_wait_s: float
+    free: Callable[[Path], int] = free_bytes
+    later: dict[int, int] = field(default_factory=dict)  # bytes still to fetch for the files after each
     reused: int = 0
     bytes_fetched: int = 0
     bytes_hashed: int = 0
@@ -191,6 +215,10 @@ class _Run:
                     _drop_leftovers(dest)
                     return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
                 log.warning("%s does not match the manifest; fetching it again", dest)
+                # The preflight counted a right-size file as present; it stays until the new one is
+                # published, so the whole file must fit beside it.
+                preflight(dest.parent, _remaining(entry, dest, existing=False) + self.later.get(index, 0),
+                          free=self.free)
             self._fill(index, entry, dest)
             return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
 
@@ -226,9 +254,11 @@ class _Run:
                         served = True
                     except ledger.DiskFull as exc:
                         need = entry.size - partial.bytes_verified
+                        total = need + self.later.get(index, 0)
                         raise RuntimeFailure(
                             f"disk full writing {dest.name}: {partial.bytes_verified} of {entry.size} bytes "
-                            f"verified and kept; need {need} more bytes (free {free_bytes(dest.parent)})",
+                            f"verified and kept; need {need} more bytes for this file, {total} bytes for the "
+                            f"whole set (free {free_bytes(dest.parent)})",
                             hint="free space (or use a larger --store) and run again to resume",
                         ) from exc
                     except DgrError as exc:
@@ -241,6 +271,10 @@ class _Run:
             if not served or partial.missing():  # an origin that misbehaved fails the run, even past the end
                 raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
             partial.maybe_sync(force=True)
+            size = os.fstat(partial.fd).st_size
+            if size != entry.size:  # the stream digest covers entry.size bytes only: never publish a tail
+                raise IntegrityError(f"{entry.name}: the partial holds {size} bytes, the manifest says "
+                                     f"{entry.size}; not published", hint="run again to refit the partial")
             actual = partial.whole_digest()
             if actual is None:  # chunks came out of order (resume, refetch): read the file once more
                 with self.make_bar(f"verify {entry.name}", entry.size) as bar:
@@ -288,10 +322,13 @@ class _Run:
             from fetch import source, tinymodel
 
             tree = source.ensure_pristine(self.ctx).path
-            staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
-            out = Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-", dir=staging))
+            out = self._staging_dir()
             params = {**dict(origin.parameters), **dict(self.spec.parameters)}
-            tinymodel.generate(out, params, self.vname, tree=tree)
+            try:
+                tinymodel.generate(out, params, self.vname, tree=tree)
+            except BaseException:
+                shutil.rmtree(out, ignore_errors=True)  # a failed generation leaves nothing behind
+                raise
             self._generated = out
         return self._generated
 
@@ -300,13 +337,21 @@ class _Run:
         if self._generated is None:
             from fetch import origin_index
 
-            staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
-            out = Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-", dir=staging))
+            out = self._staging_dir()
+            try:
+                origin_index.produce(origin, out / "split", out / "scratch", self.ctx.env,
+                                     split_tool=lambda: split_tool(self.ctx))
+            except BaseException:
+                shutil.rmtree(out, ignore_errors=True)
+                raise
             self._generated = out
-            origin_index.produce(
-                origin, out / "split", out / "scratch", self.ctx.env, split_tool=lambda: split_tool(self.ctx)
-            )
         return self._generated / "split"
+
+    def _staging_dir(self) -> Path:
+        """A fresh folder under staging named after this process; folders of dead runs are swept."""
+        staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
+        sweep_staging(staging)
+        return Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-pid{os.getpid()}-", dir=staging))
 
     def cleanup(self) -> None:
         if self._generated is not None:

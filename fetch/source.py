@@ -17,15 +17,14 @@ place; the provenance record is written before the rename, so a record without a
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +43,7 @@ from certify.errors import (
     RuntimeFailure,
     ToolchainMissing,
 )
+from certify.locks import hold
 from certify.workspace import MANIFESTS, refuse_links_below
 from fetch import archive, gittree
 from manifests.loader import build, load_json
@@ -384,21 +384,7 @@ def sweep_leftovers(parent: Path, pattern: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-@contextmanager
-def lock_file(path: Path) -> Iterator[None]:
-    """One writer per target at a time; correctness still comes from verify + atomic rename."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            print(f"dgr: waiting for {path.name} held by pid {holder}", file=sys.stderr)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
-
-
+def lock_file(path: Path) -> AbstractContextManager[Path]:
+    """One writer per target at a time (a second run waits, saying for whom); correctness still comes
+    from verify + atomic rename."""
+    return hold(path, what=path.name, say=lambda text: print(f"dgr: {text}", file=sys.stderr))

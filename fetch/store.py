@@ -4,26 +4,21 @@ Layout: ``<store>/<set>/<variant>/<file>`` plus, per variant directory, the side
 provenance record.  ``mounted`` sets (the 160 GiB real target) refuse a store that resolves under
 /home or sits on the root filesystem (same ``st_dev`` as ``/``); ``any`` is for synthetic sets.
 
-The per-file lock (``.<name>.lock``, ``flock``) only avoids duplicated work: the holder's pid and host
-are written into it so a second run can name who holds it.  Correctness never depends on it; see
+The per-file lock (``.<name>.lock``, ``certify.locks``) only avoids duplicated work: the holder's pid
+and host are written into it so a second run can name who holds it.  Correctness never depends on it; see
 ``fetch.ledger`` for why two runs sharing a partial still publish a verified file.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import socket
-import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from certify.errors import ConfigurationError, IntegrityError, RuntimeFailure
+from certify.errors import ConfigurationError, IntegrityError
+from certify.locks import hold
 from certify.workspace import refuse_links_below
-from fetch.ledger import open_nofollow
 from fetch.progress import human_bytes
 
 FORBIDDEN_PREFIXES = (Path("/home"),)
@@ -85,52 +80,42 @@ def preflight(store: Path, remaining: int, *, free: Callable[[Path], int] = free
         )
 
 
+def ensure_store(store: Path) -> Path:
+    """The store root, created if missing, and writable: else one line naming it (a file, a read-only
+    mount, /sys), never a traceback from deep inside a download."""
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        usable = store.is_dir() and os.access(store, os.W_OK | os.X_OK)
+        why = "" if usable else "not writable" if store.is_dir() else "not a directory"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    if why:
+        raise ConfigurationError(f"store {store} is not a writable directory ({why})",
+                                 hint="pass --store DIR")
+    return store
+
+
 def prepare_dir(store: Path, directory: Path) -> Path:
     """Create ``directory`` under ``store`` refusing any link planted below the store root."""
     store = Path(os.path.abspath(store))
     directory = Path(os.path.abspath(directory))
     refuse_links_below(store, directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create {directory} in store {store}: {exc.strerror}",
+                                 hint="pass --store DIR on a writable volume") from None
     refuse_links_below(store, directory)  # again: a link may have been planted while we created it
     return directory
 
 
-def holder_text(lock_path: Path) -> str:
-    try:
-        fd = open_nofollow(lock_path, os.O_RDONLY)
-    except (OSError, IntegrityError):
-        return "an unknown holder"
-    with os.fdopen(fd, "rb") as fh:
-        text = fh.read(512).decode("utf-8", "replace").strip()
-    return text or "an unknown holder"
-
-
-@contextmanager
 def file_lock(dest: Path, *, wait_s: float = 0.0, poll_s: float = 0.2):
-    """Hold ``.<name>.lock`` beside ``dest``; wait up to ``wait_s``, then fail naming the holder."""
-    lock_path = dest.with_name(f".{dest.name}.lock")
-    fd = open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    break  # a filesystem without working locks: go on, correctness does not need it
-                if time.monotonic() >= deadline:
-                    raise RuntimeFailure(
-                        f"{dest.name} is being provisioned by {holder_text(lock_path)}",
-                        hint="wait for it to finish, or stop it and run again",
-                    ) from None
-                time.sleep(poll_s)
-        # A fixed-width record overwritten in place: no truncate (a journalled metadata change) per run.
-        text = f"pid {os.getpid()} on host {socket.gethostname()} since {time.time():.0f}"
-        os.pwrite(fd, text.encode()[:255].ljust(255) + b"\n", 0)
-        yield lock_path
-    finally:
-        os.close(fd)  # releases the flock; the file stays so a waiter never locks an unlinked inode
+    """Hold ``.<name>.lock`` beside ``dest``; wait up to ``wait_s``, then fail naming the holder.
+
+    Two runs may share a partial safely (``fetch.ledger``), so where flock does nothing the holder
+    record does not exclude: both go on and the ledger keeps the result correct."""
+    return hold(dest.with_name(f".{dest.name}.lock"), what=dest.name, wait_s=wait_s, poll_s=poll_s,
+                held_by="is being provisioned by", record_excludes=False)
 
 
 def publish(partial: Path, dest: Path, fd: int) -> bool:

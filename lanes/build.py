@@ -9,12 +9,11 @@ An unchanged rebuild trusts build.json while every recorded binary keeps its siz
 
 from __future__ import annotations
 
-import fcntl
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from certify.canonical import canonical_digest, read_json, sha256_file, write_json
 from certify.context import Context
 from certify.errors import ConfigurationError, RuntimeFailure, ToolchainMissing
+from certify.locks import hold
 from certify.workspace import WORKER, refuse_links_below
 from lanes import base, cmake
 
@@ -333,21 +333,6 @@ def _as_build(where: Path, prov: Mapping[str, Any], *, reused: bool) -> Build:
     )
 
 
-@contextmanager
-def _locked(where: Path) -> Iterator[None]:
+def _locked(where: Path) -> AbstractContextManager[Path]:
     """One build per directory at a time; the second fails fast naming the holder."""
-    lock_path = where.parent / f"{where.name}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise RuntimeFailure(
-                f"another build is using {where} (pid {holder})", hint="wait for it to finish and run again"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+    return hold(where.parent / f"{where.name}.lock", what=f"the build directory {where}", wait_s=0)

@@ -14,7 +14,6 @@ files the manifest names (package + version) and rewrites their sizes and digest
 
 from __future__ import annotations
 
-import fcntl
 import os
 import platform
 import shutil
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from certify.errors import (
     IntegrityError,
     ToolchainMissing,
 )
+from certify.locks import hold
 from certify.workspace import MANIFESTS, Workspace, refuse_links_below
 
 TOOLCHAINS = MANIFESTS / "toolchains"
@@ -359,14 +359,9 @@ def ensure(
     return where / tc.root
 
 
-@contextmanager
-def _locked(where: Path) -> Iterator[None]:
-    fd = os.open(where.parent / f"{where.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a second run waits: provisioning takes seconds, not hours
-        yield
-    finally:
-        os.close(fd)
+def _locked(where: Path) -> AbstractContextManager[Path]:
+    # a second run waits: provisioning takes seconds, not hours
+    return hold(where.parent / f"{where.name}.lock", what=f"the toolchain install {where}")
 
 
 # --- regenerating a pin -----------------------------------------------------------------------------

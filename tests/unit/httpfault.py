@@ -33,6 +33,7 @@ class Faults:
     redirect: dict[str, str] = field(default_factory=dict)  # path -> Location
     status: int | None = None  # answer this status ...
     status_times: int = 0  # ... this many times
+    status_headers: dict[str, str] = field(default_factory=dict)  # ... with these headers (Retry-After)
     delay_per_block: float = 0.0  # seconds to sleep per 64 KiB block (slow origin)
     stall_s: float = 0.0  # seconds to sit silent after the headers (a stalled origin)
     pause_after: int | None = None  # once this many body bytes are out, sit silent for pause_s ...
@@ -142,6 +143,8 @@ class FaultServer:
         if f.status is not None and f.status_times > 0:
             f.status_times -= 1
             h.send_response(f.status)
+            for key, value in f.status_headers.items():
+                h.send_header(key, value)
             h.send_header("Content-Length", "0")
             h.end_headers()
             self._record(h, f.status, 0)

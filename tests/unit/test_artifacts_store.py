@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from certify import locks
 from certify.context import Context
 from certify.errors import ConfigurationError, IntegrityError, RuntimeFailure
 from certify.workspace import PROJECT_ROOT
-from fetch import store as store_mod
 from fetch.download import RetryPolicy
 from fetch.ledger import SIDECAR
 from fetch.provision import Provisioned, provision
@@ -217,7 +217,7 @@ def test_case12_correct_even_when_locks_do_nothing(
     tmp_path: Path, ctx: Context, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two concurrent runs sharing one partial (as on a filesystem whose locks are no-ops)."""
-    monkeypatch.setattr(store_mod.fcntl, "flock", lambda fd, op: None)
+    monkeypatch.setattr(locks.fcntl, "flock", lambda fd, op: None)
     blob = split_set(1, [(8 * CHUNK) // 4])[0]
     with FaultServer() as server:
         entries = write_set(
