@@ -10,7 +10,9 @@ Made here, off the device (docs/device.md)::
     <bundle>/sysroot/usr/       Debian 12's gRPC/protobuf, for a box without libgrpc++-dev (device.sysroot)
 
 Sets that the pinned tree's gguf-py regenerates from a seed (tiny-llama, tiny-v4) travel as their
-generator inputs, which are the tree and the manifests already in the bundle, not as files.  An
+generator inputs, which are the tree and the manifests already in the bundle, not as files (unless
+named in ``carry_generated``).  Recipes and artifact manifests are read from the snapshot, so what is
+carried is what the snapshot's manifests seal even when the checkout has uncommitted edits.  An
 optional archive (``--archive xz``) packs the folder into one file, cut into parts of at most
 ``--split-mib`` MiB for transports with a size limit.
 """
@@ -46,7 +48,7 @@ class Options:
     pythons: tuple[str, ...] = wheels.DEFAULT_PYTHONS
     recipes: tuple[str, ...] = RECIPES
     allow_dirty: bool = False
-    carry_generated: bool = False
+    carry_generated: tuple[str, ...] = ()  # generated sets whose files travel all the same
     omit_wheels: tuple[str, ...] = ()
     with_sysroot: bool = True
     archive: str = "none"
@@ -128,15 +130,19 @@ def _artifacts(
     from fetch.artifacts import load_set
     from fetch.provision import provision
 
-    recipe = recipes.load(recipe_name, ctx.env)
-    aset = load_set(recipe.artifacts)
+    manifests = root / "project" / "manifests"
+    recipe_file = manifests / "recipes" / f"{recipe_name}.json"
+    if not recipe_file.is_file():
+        raise ConfigurationError(f"the snapshot has no recipe {recipe_name!r} ({recipe_file.name})")
+    recipe = recipes.load_file(recipe_file)
+    aset = load_set(recipe.artifacts, root=manifests / "artifacts")
     kinds = sorted({o.kind for o in aset.origins})
     entry: dict[str, Any] = {"recipe": recipe.name, "set": aset.name, "variant": recipe.variant,
                              "origins": kinds}
-    if kinds == ["generated"] and not options.carry_generated:
+    if kinds == ["generated"] and aset.name not in options.carry_generated:
         log(f"device bundle: {aset.name}/{recipe.variant} is regenerated on the device from the carried tree")
         return {**entry, "carried": False}
-    done = provision(ctx, aset.name, variant=recipe.variant)
+    done = provision(ctx, aset.name, variant=recipe.variant, manifests=manifests / "artifacts")
     dest = root / "store" / aset.name / recipe.variant
     dest.mkdir(parents=True)
     for f in (*done.files, done.provenance_path):

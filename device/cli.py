@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    "gemma3-270m-q4)")
     b.add_argument("--allow-dirty", action="store_true",
                    help="bundle HEAD although tracked files have uncommitted changes (they are named)")
-    b.add_argument("--carry-generated", action="store_true",
-                   help="carry the files of generated sets too, instead of regenerating them on the device")
+    b.add_argument("--carry-generated", action="append", default=[], metavar="SET",
+                   help="carry this generated set's files instead of regenerating them on the device "
+                   "(repeatable)")
     b.add_argument("--omit-wheel", dest="omit_wheels", action="append", default=[], metavar="NAME",
                    help="leave this wheel out (the device's own Python must have it; repeatable)")
     b.add_argument("--no-sysroot", action="store_true", help="carry no gRPC/protobuf sysroot")
@@ -79,7 +80,7 @@ def _bundle(args: argparse.Namespace) -> int:
         pythons=tuple(args.pythons or wheels.DEFAULT_PYTHONS),
         recipes=tuple(args.recipes or bundle.RECIPES),
         allow_dirty=args.allow_dirty,
-        carry_generated=args.carry_generated,
+        carry_generated=tuple(args.carry_generated),
         omit_wheels=tuple(args.omit_wheels),
         with_sysroot=not args.no_sysroot,
         archive=args.archive,

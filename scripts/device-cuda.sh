@@ -110,8 +110,10 @@ python_env() {
   rm -rf "$WORK/venv"
   "$PY0" -m venv --without-pip "${site[@]}" "$WORK/venv" || return 6
   # pip runs from its own wheel: no ensurepip (Debian's python3 may lack python3-venv), no index
-  "$WORK/venv/bin/python" "$pipwhl/pip" install --no-index --no-cache-dir --find-links "$tagdir" \
-    --quiet -r "$BUNDLE/wheels/requirements.txt" || return 6
+  # (and no pip configuration of the box's own: its index, constraints or find-links do not apply)
+  env $(compgen -e | grep '^PIP_' | sed 's/^/-u /') PIP_CONFIG_FILE=/dev/null \
+    "$WORK/venv/bin/python" "$pipwhl/pip" install --no-index --no-cache-dir --no-compile \
+    --find-links "$tagdir" --quiet -r "$BUNDLE/wheels/requirements.txt" || return 6
   PY=$WORK/venv/bin/python
   say "venv $WORK/venv from $(ls "$tagdir"/*.whl | wc -l) bundled wheels"
   device python-check || return 6
@@ -130,15 +132,18 @@ sysroot_env() {
   export PKG_CONFIG_SYSROOT_DIR=$S PKG_CONFIG_LIBDIR=$L/pkgconfig:$S/usr/share/pkgconfig
   unset PKG_CONFIG_PATH
   export PATH=$S/usr/bin:$PATH
-  # At run time only the sysroot's libraries the system lacks: a newer system libssl/libz stays in use
+  # At run time only the sysroot's libraries whose soname the system lacks: a newer system libssl or
+  # libz stays in use (objdump reads the soname; without it every library is offered)
   known=$(ldconfig -p 2>/dev/null || true)
   rm -rf "$rt"; mkdir -p "$rt"
   for lib in "$L"/lib*.so.*; do
-    name=${lib##*/}
-    grep -qF -- $'\t'"$name (" <<<"$known" || ln -s "$lib" "$rt/$name"
+    [ -L "$lib" ] && continue
+    name=$(objdump -p "$lib" 2>/dev/null | awk '$1 == "SONAME" {print $2}')
+    name=${name:-${lib##*/}}
+    grep -qF -- $'\t'"$name (" <<<"$known" || ln -sfn "$lib" "$rt/$name"
   done
   export LD_LIBRARY_PATH=$rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  say "carried Debian 12 sysroot at $S: $(ls "$rt" | wc -l) libraries the system lacks in $rt"
+  say "carried Debian 12 sysroot at $S; sonames the system lacks, from it: $(ls "$rt" | tr '\n' ' ')"
   echo "pkg-config $(pkg-config --version): grpc++ $(pkg-config --modversion grpc++) protobuf" \
     "$(pkg-config --modversion protobuf)" || return 6
   pkg-config --cflags --libs grpc++ protobuf | tr ' ' '\n' | grep -E '^-[IL]' | sort -u
