@@ -30,8 +30,14 @@ SCHEMA_VERSION = 1
 RECORD = "build.json"
 SOURCE_LINK = "llama-src"
 WORKER_TARGET = "dgr-shard-worker"
-# What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker.
-TARGETS: tuple[str, ...] = ("llama", "llama-bench", "llama-gguf-split", "llama-quantize", WORKER_TARGET)
+# What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, and the
+# top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order).
+TOPK_PROBE_TARGET = "dgr-topk-probe"
+TOPK_TIES_TARGET = "dgr-topk-ties"
+TARGETS: tuple[str, ...] = (
+    "llama", "llama-bench", "llama-gguf-split", "llama-quantize",
+    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET,
+)
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi")
 
