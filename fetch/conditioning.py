@@ -1,0 +1,92 @@
+"""How well conditioned a model's top-k selections are: ``dgr-topk-probe`` run on given prompts.
+
+A selection (DeepSeek V4's lightning-indexer top-k over compressed KV blocks, a MoE router's top
+experts) is contested on a row when more finite candidates than k compete. There the gap between the
+k-th and (k+1)-th largest value is how far the row is from picking a different set: an exact tie (gap
+0) is decided by the kernel's tie rule alone, which ggml-cpu and ggml-cuda break differently
+(docs/upstream/topk-ties.md). The synthetic-model generator measures this on the recipe's prompts and
+refuses to seal a model with ties at a selection boundary.
+
+The probe (worker/tools/topk_probe.cpp, built by every lane build beside the worker) runs each prompt
+as the certifier's driver does, on the CPU: prefill in one batch, greedy decode until ``n_decode``
+tokens are chosen, fresh KV per prompt. Its report (kind ``dgr.topk_probe``, schema 1) has one entry per
+selection op under ``selections``: ``input`` (the tensor selected from, e.g. ``lid_score_masked-2``),
+``node``, ``op`` (TOP_K or ARGSORT), ``kind`` (indexer / router / other), ``layer`` (or None), ``k``,
+``rows``, ``contested_rows``, ``exact_ties``, ``near_ties`` (contested rows whose relative margin is
+below the report's ``near_tie_rel``, 1e-3), ``min_abs_margin`` and ``min_rel_margin`` (over contested
+rows, None when there were none; relative = margin / max(|k-th|, FLT_MIN)) with ``..._at`` = {sequence,
+position} where each occurred.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from certify import proc
+from certify.errors import ConfigurationError, RuntimeFailure
+
+PROBE = "dgr-topk-probe"
+REPORT_KIND = "dgr.topk_probe"
+REPORT_VERSION = 1
+# The probe runs a few hundred tiny passes; silence this long means it hangs.
+NO_OUTPUT_TIMEOUT_S = 600.0
+
+
+def probe_binary(build_dir: Path) -> Path:
+    """``<build dir>/bin/dgr-topk-probe``; ConfigurationError when that build lacks it."""
+    path = Path(build_dir) / "bin" / PROBE
+    if not os.access(path, os.X_OK):
+        raise ConfigurationError(
+            f"{path} is missing: the build predates the probe",
+            hint="rebuild the lane (`dgr build --lane cpu`)",
+        )
+    return path
+
+
+def measure_conditioning(
+    build_dir: Path,
+    model_path: Path,
+    prompts_token_ids: Sequence[Sequence[int]],
+    n_decode: int,
+    threads: int,
+) -> dict[str, Any]:
+    """The probe's report for ``model_path`` (a GGUF file, the first split of a split model)."""
+    if not prompts_token_ids or any(len(p) == 0 for p in prompts_token_ids):
+        raise ConfigurationError("measure_conditioning needs at least one prompt, each with tokens")
+    if n_decode < 1 or threads < 1:
+        raise ConfigurationError(f"n_decode ({n_decode}) and threads ({threads}) must be at least 1")
+    binary = probe_binary(build_dir)
+    n_ctx = max(256, -(-(max(len(p) for p in prompts_token_ids) + n_decode) // 256) * 256)
+    with tempfile.TemporaryDirectory(prefix="dgr-topk-probe-") as tmp:
+        prompts = Path(tmp) / "prompts.json"
+        prompts.write_text(json.dumps([[int(t) for t in p] for p in prompts_token_ids]))
+        out = Path(tmp) / "report.json"
+        proc.run(
+            [binary, "--model", model_path, "--threads", str(threads), "--n-decode", str(n_decode),
+             "--prompts-file", prompts, "--ctx", str(n_ctx), "--out", out],
+            no_output_timeout=NO_OUTPUT_TIMEOUT_S,
+        )
+        return parse_report(out.read_text())
+
+
+def parse_report(text: str) -> dict[str, Any]:
+    """The probe's JSON, checked for its kind and schema version."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RuntimeFailure(f"{PROBE} wrote no valid JSON: {e}") from None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind != REPORT_KIND:
+        raise RuntimeFailure(f"{PROBE} report has kind {kind!r}, expected {REPORT_KIND!r}")
+    if doc.get("schema_version") != REPORT_VERSION:
+        raise RuntimeFailure(
+            f"{PROBE} report has schema version {doc.get('schema_version')!r}, "
+            f"this code reads {REPORT_VERSION}",
+            hint="rebuild the lane so the probe matches this checkout",
+        )
+    return doc
