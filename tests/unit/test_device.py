@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -254,3 +255,30 @@ def test_script_stops_on_a_damaged_bundle(tmp_path: Path) -> None:
     assert "content changed: wheels/a.whl" in log
     assert (tmp_path / "o" / "results.tar.gz").is_file()
     assert '"step": "bundle-check"' in (tmp_path / "o" / "summary.json").read_text()
+
+
+def test_a_worker_only_build_is_the_one_certify_reuses(tmp_path: Path) -> None:
+    """The device builds WORKER_TARGETS only; `dgr certify` asks ensure_build for the default targets.
+    They meet in one build dir only while the targets stay out of the key and out of the reuse check
+    (else the device would build the tools after all, inside its 10 minutes)."""
+    from device.cli import WORKER_TARGETS
+    from lanes import build
+
+    inputs = build.key_inputs(tree_digest="t" * 64, lane="cuda", cmake_args=["-DGGML_CUDA=ON"],
+                              versions={"nvcc": "13.0.88"}, worker="w" * 64)
+    assert not any("target" in k for k in inputs)
+    key = build.build_key(inputs)
+    where = tmp_path / f"cuda-{key[:16]}"
+    (where / "bin").mkdir(parents=True)
+    binaries = {}
+    for name in ("dgr-shard-worker", "libllama.a"):
+        path = where / ("bin" if name == "dgr-shard-worker" else "") / name
+        path.write_bytes(name.encode())
+        st = path.stat()
+        binaries[name] = {"path": path.relative_to(where).as_posix(), "size": st.st_size,
+                          "mtime_ns": st.st_mtime_ns, "sha256": hashlib.sha256(name.encode()).hexdigest()}
+    (where / build.RECORD).write_text(json.dumps({"schema_version": build.SCHEMA_VERSION, "key": key,
+                                                  "lane": "cuda", "targets": list(WORKER_TARGETS),
+                                                  "binaries": binaries}))
+    reused = build._reuse(where, key, reverify=False)
+    assert reused is not None and reused.worker == where / "bin" / "dgr-shard-worker"
