@@ -64,6 +64,7 @@ RESULTS=$WORK/recipes.tsv
 export DGR_WORK=$WORK/work DGR_STORE=$WORK/store PYTHONPATH=$PROJ PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
+export LC_NUMERIC=C  # EPOCHREALTIME's decimal point
 [ -n "${EPOCHREALTIME:-}" ] || { echo "device-cuda.sh: needs bash >= 5" >&2; exit 2; }
 us() { echo "${EPOCHREALTIME/./}"; }
 T0=$(us)
@@ -99,16 +100,23 @@ probe() {
 }
 
 python_env() {
-  local mode=${DGR_DEVICE_VENV:-auto} tagdir pipwhl site=()
+  local mode=${DGR_DEVICE_VENV:-auto} tagdir pipwhl purelib
   if [ "$mode" != always ] && device python-check; then say "using $PY0 as it is"; return 0; fi
   [ "$mode" = never ] && { say "DGR_DEVICE_VENV=never but $PY0 lacks what the project needs"; return 6; }
   tagdir=$BUNDLE/wheels/cp$("$PY0" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
   [ -d "$tagdir" ] || { say "the bundle has no wheels for $("$PY0" --version) ($tagdir): make it with --python X.Y"; return 6; }
   pipwhl=$(ls "$tagdir"/pip-*.whl 2>/dev/null | head -1)
   [ -n "$pipwhl" ] || { say "the bundle's $tagdir has no pip wheel"; return 6; }
-  [ -n "$(bundle_field wheels.omitted)" ] && site=(--system-site-packages)  # the omitted ones come from the system
   rm -rf "$WORK/venv"
-  "$PY0" -m venv --without-pip "${site[@]}" "$WORK/venv" || return 6
+  "$PY0" -m venv --without-pip "$WORK/venv" || return 6
+  if [ -n "$(bundle_field wheels.omitted)" ]; then
+    # wheels left out of the bundle come from $PY0's own environment (a venv's too, which
+    # --system-site-packages would miss), found after the venv's own packages
+    purelib=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PY0" -c 'import sysconfig; p = sysconfig.get_paths(); print(p["purelib"]); print(p["platlib"])' \
+      >"$purelib/_dgr_omitted_wheels.pth" || return 6
+    say "omitted wheels ($(bundle_field wheels.omitted)) come from $PY0's environment"
+  fi
   # pip runs from its own wheel: no ensurepip (Debian's python3 may lack python3-venv), no index
   # (and no pip configuration of the box's own: its index, constraints or find-links do not apply)
   env $(compgen -e | grep '^PIP_' | sed 's/^/-u /') PIP_CONFIG_FILE=/dev/null \

@@ -1,7 +1,8 @@
 """The device bundle made for real, then the device script's CPU-side steps run from it (a dry run).
 
 The bundle is built into tmp from this checkout's HEAD with wheels for this interpreter's CPython
-only, tiny-llama's files carried and tiny-v4 left to be regenerated.  Then ``scripts/device-cuda.sh
+only, tiny-llama's files carried, tiny-v4 left to be regenerated and tqdm left out (the venv then finds it in
+the interpreter it was made from).  Then ``scripts/device-cuda.sh
 --dry-run --lane cpu`` runs from the bundle alone, forced onto the bundled wheels (a venv installed
 offline) and the carried Debian 12 sysroot: bundle check, Python, sysroot, fetch --reverify of the
 carried tree, patch, provision.  Wheels and .deb files are cached (``$DGR_CACHE``) after the first run,
@@ -40,6 +41,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> bundle.Bundle:
         pythons=(f"{sys.version_info.major}.{sys.version_info.minor}",),
         recipes=("tiny-llama", "tiny-v4"),
         carry_generated=("tiny-llama",),
+        omit_wheels=("tqdm",),  # then it comes from the interpreter the venv is made from
         allow_dirty=True,  # the bundle is HEAD either way; the dirty paths are recorded
     )
     return bundle.build(ctx, options, log=lambda line: print(line, flush=True))
@@ -61,7 +63,7 @@ def test_bundle_contents(made: bundle.Bundle) -> None:
 
     tag = wheels.tag(f"{sys.version_info.major}.{sys.version_info.minor}")
     carried = doc["wheels"]["sets"][tag]["wheels"]
-    assert COMPILED | PURE <= {w["name"] for w in carried}
+    assert COMPILED | PURE <= {w["name"] for w in carried} and "tqdm" not in {w["name"] for w in carried}
     for w in carried:
         python_tag, abi_tag, platform_tag = w["file"][: -len(".whl")].split("-")[-3:]
         assert python_tag in (tag, "py3", "py2.py3") or abi_tag == "abi3", w["file"]
@@ -86,7 +88,8 @@ def test_bundle_contents(made: bundle.Bundle) -> None:
 def test_dry_run_from_the_bundle(made: bundle.Bundle, tmp_path: Path) -> None:
     dropped = ("DGR_", "OUT", "PYTHONPATH", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
-    env.update(DGR_DEVICE_VENV="always", DGR_DEVICE_SYSROOT="always", HOME=str(tmp_path / "home"))
+    env.update(DGR_DEVICE_VENV="always", DGR_DEVICE_SYSROOT="always", HOME=str(tmp_path / "home"),
+               PYTHON=sys.executable)  # a venv's python, as on the GPU box (whose python3 is a venv's)
     out, work = tmp_path / "out", tmp_path / "work"
     script = made.path / "project" / "scripts" / "device-cuda.sh"
     done = subprocess.run(["bash", str(script), "--dry-run", "--lane", "cpu", "--out", str(out), "--work",
@@ -103,6 +106,7 @@ def test_dry_run_from_the_bundle(made: bundle.Bundle, tmp_path: Path) -> None:
           + f"; total {summary['seconds']} s")
 
     assert "has everything the project needs" in log
+    assert "omitted wheels (tqdm) come from" in log
     assert "pkg-config 1.8.1: grpc++ 1.51.1 protobuf 3.21.12" in log
     assert f"-L{made.path}/sysroot/usr/lib/{sysroot.MULTIARCH}" in log
     assert "protoc + grpc_cpp_plugin generated: shard.grpc.pb.cc" in log
