@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 # What the wheels must hold for the device: every compiled dependency and the resolver's pure ones.
 COMPILED = {"grpcio", "grpcio-tools", "protobuf", "cryptography", "cffi", "blake3", "numpy", "pandas",
             "rpds-py", "pyyaml", "markupsafe"}
-PURE = {"jsonschema", "jsonschema-specifications", "referencing", "attrs", "jinja2", "tqdm", "pip"}
+PURE = {"jsonschema", "jsonschema-specifications", "referencing", "attrs", "jinja2", "pip"}
 STEPS = ["probe", "bundle-check", "python", "sysroot", "fetch", "patch", "provision"]
 
 
