@@ -100,12 +100,13 @@ def ws(tmp_path: Path) -> Workspace:
 
 def test_every_pinned_toolchain_validates_and_names_real_digests() -> None:
     names = sorted(p.stem for p in toolchains.TOOLCHAINS.glob("*.json"))
-    assert names == ["cublas-cu13", "vulkan-headers-debian13"]
+    assert names == ["cublas-cu13", "grpc-debian12", "vulkan-headers-debian13"]
     for name in names:
         tc = toolchains.load(name)
         assert tc.files and all(len(f.sha256) == 64 and f.size > 0 for f in tc.files)
         assert len({f.sha256 for f in tc.files}) == len(tc.files)
     assert toolchains.load("vulkan-headers-debian13").suite == "trixie"
+    assert toolchains.load("grpc-debian12").suite == "bookworm"  # the device bundle's sysroot
     cublas = toolchains.load("cublas-cu13")
     assert cublas.files[0].package == "nvidia-cublas" and cublas.files[0].version == cublas.version
 
