@@ -218,9 +218,12 @@ builds() {
     timed "build-$l" prefixed "$l" timeout -k 15 "$budget" "$PY" -m device build --lane "$l" -j "$JOBS" &
     pids+=($!)
   done
-  timed provision prefixed provision provision &  # generates the tiny sets while the compilers run
-  pids+=($!)
+  # the tiny sets are generated while the compilers run; a set that fails here fails its own
+  # certification (which provisions again and says why), not the others
+  timed provision prefixed provision provision &
+  local prov=$!
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  wait "$prov" || say "provisioning failed for a recipe (above); its certification will say so"
   return "$rc"
 }
 
