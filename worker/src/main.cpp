@@ -53,6 +53,41 @@ static std::string read_file(const std::string & path) {
     return ss.str();
 }
 
+// A stop must end well inside a supervisor's grace before SIGKILL (the certifier's launcher waits 5 s):
+// calls still in flight get kCallGraceSeconds and are then cancelled; whatever gRPC still waits on after
+// kStopBoundSeconds, the process exits anyway.
+constexpr int kCallGraceSeconds = 2;
+constexpr int kStopBoundSeconds = 3;
+
+// Shut the server down, then end the process without running gRPC's global shutdown.
+//
+// Why not return from main: when a write meets a full socket buffer (a reply to a slow or stalled peer,
+// a shaped link), gRPC 1.51's TCP layer starts a backup poller on its executor thread that sits in
+// epoll_wait for up to 10 s.  grpc_shutdown(), run by the last gRPC object's destructor, joins that
+// thread (~ServerBuilder -> grpc_shutdown -> grpc_iomgr_shutdown -> Executor::ShutdownAll ->
+// pthread_join), and a send stuck on such a peer completes only when that poll ends, so even
+// Server::Shutdown's deadline does not bound it: the worker outlived the launcher's grace and was
+// SIGKILLed (seen as "ignored SIGTERM for 5.0 s").  Once the server is down (or the bound has passed)
+// nothing is left that needs an orderly teardown: the OS reclaims memory, sockets and devices.
+[[noreturn]] static void stop_within(grpc::Server & server, std::chrono::seconds call_grace, std::chrono::seconds bound) {
+    const auto signalled = std::chrono::steady_clock::now();
+    auto stopped = std::make_shared<std::promise<void>>();
+    std::future<void> done = stopped->get_future();
+    std::thread([&server, stopped, call_grace] {
+        server.Shutdown(std::chrono::system_clock::now() + call_grace);
+        server.Wait();
+        stopped->set_value();
+    }).detach();
+    if (done.wait_until(signalled + bound) == std::future_status::timeout) {
+        std::fprintf(stderr, "dgr-shard-worker: gRPC still cancelling calls %lld s after the signal; exiting anyway\n",
+                     (long long) bound.count());
+    } else {
+        std::fprintf(stderr, "dgr-shard-worker: stopped\n");
+    }
+    std::fflush(nullptr);
+    std::_Exit(0);
+}
+
 int main(int argc, char ** argv) {
     dgr::WorkerOptions opts;
     try {
@@ -126,10 +161,7 @@ int main(int argc, char ** argv) {
         serving = true;
         const int sig = stop_requested.get_future().get();
         std::fprintf(stderr, "dgr-shard-worker: signal %d, shutting down\n", sig);
-        // Calls still in flight get 2 s, then are cancelled: well inside a supervisor's grace before
-        // SIGKILL (the certifier's launcher waits 5 s), so a stop is always a clean exit.
-        server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-        server->Wait();
+        stop_within(*server, std::chrono::seconds(kCallGraceSeconds), std::chrono::seconds(kStopBoundSeconds));
     } catch (const std::exception & e) {
         std::fprintf(stderr, "dgr-shard-worker: %s\n", e.what());
         exit_code = 6;
