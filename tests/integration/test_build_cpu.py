@@ -90,9 +90,14 @@ def test_build_records_what_it_produced_and_a_rerun_is_a_noop(
     assert first.worker == first.dir / "bin" / "dgr-shard-worker"
     assert subprocess.run([str(first.worker)], check=False).returncode == 0
 
+    recorded = (first.dir / build.RECORD).stat().st_mtime_ns
     started = time.monotonic()
     again = build_standin(ctx, project, tree)
-    assert again.reused and again.key == first.key and time.monotonic() - started < 5
+    print(f"\nstand-in no-op rebuild: {time.monotonic() - started:.2f} s")
+    # A no-op by what it did, not by how long it took (a loaded box is slow): nothing configured,
+    # built or recorded again.
+    assert again.reused and again.key == first.key
+    assert (first.dir / build.RECORD).stat().st_mtime_ns == recorded
 
 
 def test_changed_worker_sources_or_tree_get_their_own_build(
@@ -180,8 +185,10 @@ def test_real_cpu_build_of_the_patched_tree_and_worker_then_noop(real_ctx: Conte
     bench = subprocess.run([str(first.binaries["llama-bench"]), "--help"], capture_output=True, timeout=60)
     assert bench.returncode == 0
 
+    recorded = (first.dir / build.RECORD).stat().st_mtime_ns
     started = time.monotonic()
     again = build.ensure_build(real_ctx, "cpu")
     seconds = time.monotonic() - started
     print(f"\nCPU lane no-op rebuild: {seconds:.2f} s ({again.dir})")
-    assert again.reused and again.key == first.key and seconds < 10
+    assert again.reused and again.key == first.key  # by what it did, not how long (see the stand-in)
+    assert (first.dir / build.RECORD).stat().st_mtime_ns == recorded
