@@ -194,7 +194,8 @@ def _privilege(env: Mapping[str, str]) -> list[str] | None:
     if sudo is None:
         return None
     ok = subprocess.run([sudo, "-n", "true"], env=dict(env), capture_output=True, check=False)
-    return [sudo, "-n"] if ok.returncode == 0 else None
+    # sudo drops the environment: say noninteractive on its command line
+    return [sudo, "-n", "env", "DEBIAN_FRONTEND=noninteractive"] if ok.returncode == 0 else None
 
 
 def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run) -> int:
