@@ -227,9 +227,14 @@ def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run)
     apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in ([*prefix, apt_get, "update", "-qq"],
                  [*prefix, apt_get, "install", "-y", "-qq", "--no-install-recommends", *packages]):
-        if run(argv, env=apt_env, check=False).returncode != 0:
-            print(f"dgr: toolchain not found: {label}: `{shlex.join(argv)}` failed; install them yourself: "
-                  f"{apt_line(lacking)}", file=sys.stderr, flush=True)
+        # apt's and dpkg's own chatter is shown only when they fail: the line above says what happens
+        done = run(argv, env=apt_env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                   text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout or "").splitlines()[-15:])
+            print(f"{tail}\ndgr: toolchain not found: {label}: `{shlex.join(argv)}` exited "
+                  f"{done.returncode}; install them yourself: {apt_line(lacking)}",
+                  file=sys.stderr, flush=True)
             return EXIT_TOOLCHAIN
     still = [p for p in missing(wanted, env) if not p.optional]
     if still:

@@ -163,13 +163,14 @@ class Apt:
     def __init__(self, bindir: Path, code: int = 0) -> None:
         self.bindir, self.code, self.calls = bindir, code, []
 
-    def __call__(self, argv, *, env, check):
+    def __call__(self, argv, *, env, check, **capture):
         self.calls.append(list(argv))
-        assert env["DEBIAN_FRONTEND"] == "noninteractive"
+        assert env["DEBIAN_FRONTEND"] == "noninteractive" and capture["stdout"] == subprocess.PIPE
         if "install" in argv:
             for name, banner in BANNERS.items():
                 tool(self.bindir, name, banner)
-        return subprocess.CompletedProcess(argv, self.code)
+        said = "E: Unable to locate package" if self.code else ""
+        return subprocess.CompletedProcess(argv, self.code, stdout=said)
 
 
 def test_deps_does_nothing_when_everything_is_there(host: dict[str, str], bindir: Path, capsys) -> None:
@@ -222,7 +223,9 @@ def test_deps_with_passwordless_sudo_and_a_failing_install(
     apt = Apt(bindir, code=100)
     assert packages.ensure(["cpu"], host, run=apt) == 4
     assert apt.calls[0][:2] == [str(sudo), "-n"] and len(apt.calls) == 1, "update failed: no install"
-    assert "sudo apt-get install -y protobuf-compiler" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("E: Unable to locate package")
+    assert "sudo apt-get install -y protobuf-compiler" in err
 
 
 def test_deps_only_notes_a_missing_optional_part(host: dict[str, str], bindir: Path, capsys) -> None:
