@@ -267,15 +267,22 @@ def run(plan: Plan) -> Outcome:
     _staged_placements(plan, ref, out)
     rc_placement = recipe.route_change.placement if recipe.route_change else recipe.staged[0].name
     if "route_change" not in out.figures:
-        out.results.append(
-            Result(
-                name=f"route-change/{rc_placement}",
-                status=Status.FAIL,
-                reason=f"the route-change check did not run (placement {rc_placement} was not run)",
-            )
-        )
+        out.results.append(_route_change_not_run(out.results, rc_placement))
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
+
+
+def _route_change_not_run(results: Sequence[Result], rc_placement: str) -> Result:
+    """The route change's result when it did not run: SKIPPED with its placement's reason where that
+    placement was SKIPPED (shaped seams this machine cannot make), otherwise FAIL (it should have run)."""
+    name = f"route-change/{rc_placement}"
+    skip = next((r for r in results if r.name == f"placement/{rc_placement}" and r.status is Status.SKIPPED),
+                None)
+    if skip is not None:
+        return Result(name=name, status=Status.SKIPPED,
+                      reason=f"placement {rc_placement} was SKIPPED ({skip.reason})")
+    return Result(name=name, status=Status.FAIL,
+                  reason=f"the route-change check did not run (placement {rc_placement} was not run)")
 
 
 @dataclass(kw_only=True)

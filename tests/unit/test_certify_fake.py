@@ -112,6 +112,32 @@ def test_scenarios_this_certifier_cannot_run_are_skipped_not_faked(tmp_path: Pat
     assert "SKIPPED" in w.html.read_text()
 
 
+def test_a_shaped_route_change_placement_that_cannot_run_is_skipped_not_failed(tmp_path: Path) -> None:
+    """Issue 20 item 14: the WAN recipe's route change sits on a shaped placement; where namespaces
+    cannot be made that placement is SKIPPED, and so is its route change (with the reason), while the
+    loopback placements still run and pass."""
+    doc = small_recipe_doc()
+    doc["placements"]["two-wan"] = {
+        "stages": [[0, 6], [6, 12]],
+        "seams": [{"delay_ms": 20, "rate_mbit": 1000}],
+    }
+    doc["route_change"] = {"placement": "two-wan", "after_tokens": 3}
+    for hc in doc["hardware_classes"]:
+        hc["speed"].update(seam_bound_factor_max=3, bound_efficiency_min=0.3)
+    w = certify_fake(tmp_path, doc, ctx=fake_context(tmp_path, DGR_SEAMS="off"))
+    assert w.verdict.passed, w.verdict.reasons
+    pred = verify(w.certificate, keys.trusted_keys(ws=fake_context(tmp_path).workspace)).predicate
+    by_name = {r["name"]: r for r in pred["results"]}
+    assert by_name["placement/two-wan"]["status"] == "SKIPPED"
+    route = by_name["route-change/two-wan"]
+    assert route["status"] == "SKIPPED"
+    assert route["reason"] == (
+        "placement two-wan was SKIPPED (shaped seams need network namespaces: seam fabrics are turned off "
+        "(DGR_SEAMS=off); not run)"
+    )
+    assert by_name["staging-parity/two-middle"]["status"] == "PASS"
+
+
 def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     """Staging parity against the lane's own monolithic run; backend agreement of that run against the
     CPU reference, teacher-forced, as a section of its own in the predicate and the page."""
