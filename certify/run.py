@@ -263,21 +263,22 @@ def run_certification(
         call_deadline=call_deadline,
     )
     attached, skipped = None, []
-    if placement_file is not None:
-        from certify import placement as attach
-
-        plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, context)
     try:
+        if placement_file is not None:
+            from certify import placement as attach
+
+            plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, context)
         if attached is not None:
             attached.preflight()  # every listed worker checked before any measurement
         outcome = measure.run(plan)
         outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
         device = lane_device(lane, outcome.figures.get("placements", []))
-    except DgrError as exc:
-        _run_record(evidence, run_id, recipe, lane, Status.ERROR, error=exc.one_line(), started=_utc(started),
-                    finished=_utc(time.time()))
-        exc.hint = f"nothing was signed; worker logs and the run record are kept in {evidence}"
+    except BaseException as exc:
+        _unfinished(evidence, run_id, recipe, lane, exc, started)
+        if isinstance(exc, DgrError):
+            kept = f"nothing was signed; worker logs and the run record are kept in {evidence}"
+            exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept  # the error's own advice first
         raise
     finished = time.time()
     if device is not None:
@@ -286,25 +287,48 @@ def run_certification(
     if attached is not None:
         identity = {**prepared.identity, "attached": attached.record()}
         prepared = dataclasses.replace(prepared, identity=identity)
-    written = publish(
-        ctx,
-        recipe=recipe,
-        lane=lane,
-        hc=hc,
-        run_id=run_id,
-        started=started,
-        finished=finished,
-        results=outcome.results,
-        figures=outcome.figures,
-        fingerprint=fp,
-        prepared=prepared,
-        key=key,
-        verdict=verdict,
-        evidence=evidence,
-    )
+    try:
+        written = publish(
+            ctx,
+            recipe=recipe,
+            lane=lane,
+            hc=hc,
+            run_id=run_id,
+            started=started,
+            finished=finished,
+            results=outcome.results,
+            figures=outcome.figures,
+            fingerprint=fp,
+            prepared=prepared,
+            key=key,
+            verdict=verdict,
+            evidence=evidence,
+        )
+    except BaseException as exc:
+        _unfinished(evidence, run_id, recipe, lane, exc, started, unsigned_verdict=verdict.status.value)
+        raise
     _run_record(evidence, run_id, recipe, lane, verdict.status, certificate=str(written.certificate),
                 html=str(written.html), seconds=written.seconds)
     return written
+
+
+def _unfinished(
+    evidence: Path, run_id: str, recipe: Recipe, lane: str, exc: BaseException, started: float, **more: Any
+) -> None:
+    """``run.json`` for a run that did not finish, whatever ended it: a DgrError, SIGTERM (cli.Terminated),
+    ^C or a bug; the exception then goes on to the caller."""
+    from certify.cli import Terminated
+
+    if isinstance(exc, DgrError):
+        error = exc.one_line()
+    elif isinstance(exc, Terminated):
+        error = "terminated by SIGTERM before the run finished"
+    elif isinstance(exc, KeyboardInterrupt):
+        error = "interrupted (SIGINT) before the run finished"
+    else:
+        error = f"unexpected {type(exc).__name__}: {exc}"
+    _run_record(evidence, run_id, recipe, lane, Status.ERROR, error=error, started=_utc(started),
+                finished=_utc(time.time()), **more)
 
 
 def _run_record(evidence: Path, run_id: str, recipe: Recipe, lane: str, status: Status, **more: Any) -> None:

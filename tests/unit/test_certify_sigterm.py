@@ -3,6 +3,7 @@ stopped, nothing is signed, and the process exits 143 (RELIABILITY 20: no worker
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,3 +69,7 @@ def test_sigterm_stops_every_worker_and_signs_nothing(tmp_path: Path) -> None:
     assert not any(running(p) for p in workers)
     assert not _workers_of(tmp_path)
     assert not list((tmp_path / "work" / "reports").rglob("certificate.json"))
+    # The evidence says how the run ended (issue 20 item 15), as it does for a DgrError.
+    (run_json,) = (tmp_path / "work" / "runs").glob("*/run.json")
+    record = json.loads(run_json.read_text())
+    assert record["status"] == "ERROR" and record["error"] == "terminated by SIGTERM before the run finished"
