@@ -44,8 +44,35 @@ def file_digests(path: Path) -> dict[str, str]:
     return {"sha256": sha.hexdigest(), "blake3": b3.hexdigest()}
 
 
-def subject(name: str, digests: Mapping[str, str]) -> dict[str, Any]:
-    return {"name": name, "digest": {k: digests[k] for k in ("sha256", "blake3") if k in digests}}
+# How a subject's digest was established (in-toto ResourceDescriptor annotations, signed with the digest):
+# a certificate never states a digest without saying whether it was computed over that file.
+ESTABLISHED = "digest_established"
+HASHED_NOW = "hashed over this file when the certificate was made"
+PROVISIONING_BLAKE3 = (
+    "checked over this file by provisioning against the sealed manifest (chunk digests as it landed, then "
+    "the whole-file blake3), or trusted from the store's record of that check while the file's size, mtime "
+    "and inode are unchanged"
+)
+MANIFEST_SHA256 = (
+    "the sealed manifest's sha256 for this file (sealed from the same bytes as its blake3), not recomputed "
+    "by this run; `dgr verify` recomputes it"
+)
+
+
+def subject(
+    name: str, digests: Mapping[str, str], *, established: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A statement subject; ``established``: per digest, how it was established (default: hashed now)."""
+    digest = {k: digests[k] for k in ("sha256", "blake3") if k in digests}
+    how = {k: (established or {}).get(k, HASHED_NOW) for k in digest}
+    return {"name": name, "digest": digest, "annotations": {ESTABLISHED: how}}
+
+
+def established(s: Mapping[str, Any]) -> dict[str, str]:
+    """How a subject says its digests were established ({} in certificates made before they said it)."""
+    notes = s.get("annotations")
+    how = notes.get(ESTABLISHED) if isinstance(notes, Mapping) else None
+    return {k: v for k, v in how.items() if isinstance(v, str)} if isinstance(how, Mapping) else {}
 
 
 def statement(subjects: Sequence[Mapping[str, Any]], predicate: Mapping[str, Any]) -> dict[str, Any]:

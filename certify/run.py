@@ -108,9 +108,12 @@ def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Veri
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
     for entry, path in zip(entries, provisioned.files, strict=True):
-        # Provisioning verified every file against these manifest digests: no need to hash again.
+        # Provisioning checked every file's blake3 against the manifest: no need to hash again.  Its
+        # sha256 is the manifest's, never computed here, and the subject says so.
         name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
-        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3}))
+        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3},
+                                     established={"blake3": cert.PROVISIONING_BLAKE3,
+                                                  "sha256": cert.MANIFEST_SHA256}))
         paths[name] = str(Path(path).resolve())
     identity = {
         "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
@@ -124,7 +127,8 @@ def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Veri
     }
     line = (
         f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
-        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning"
+        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning (blake3; the sha256 stated "
+        "is the manifest's)"
     )
     return Verified(model=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
                     artifacts_line=line)

@@ -168,8 +168,8 @@ def prepare_attached(ctx: Any, recipe: Recipe, lane: str, *, store: Path | None)
     """The identity chain and subjects without a local build: the workers' binaries live on their hosts.
 
     The artifacts are provisioned (verified) here, so the certificate's subjects are files this machine
-    hashed; source and patch stack come from this checkout's own verified trees, since those digests are
-    what every worker's identity is held to.
+    verified (each subject says how); source and patch stack come from this checkout's own verified
+    trees, since those digests are what every worker's identity is held to.
     """
     from certify.run import Prepared, verified_inputs
 
