@@ -33,11 +33,11 @@ add_library(llama STATIC ${DGR_LLAMA_SOURCE_DIR}/llama.c)
 execute_process(COMMAND git rev-parse HEAD WORKING_DIRECTORY ${DGR_LLAMA_SOURCE_DIR}
                 OUTPUT_VARIABLE tree_commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 file(WRITE ${CMAKE_BINARY_DIR}/tree-commit.txt "${tree_commit}")
-foreach(t llama-bench llama-gguf-split llama-quantize dgr-shard-worker)
+foreach(t @EXECUTABLES@)
   add_executable(${t} main.c)
   target_link_libraries(${t} llama)
 endforeach()
-"""
+""".replace("@EXECUTABLES@", " ".join(t for t in build.TARGETS if t != "llama"))  # every target a lane builds
 
 
 @pytest.fixture
