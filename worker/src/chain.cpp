@@ -1,25 +1,61 @@
 #include "chain.h"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 
 namespace pb = dgr::shard::v1;
 
 namespace dgr {
 
+int message_limit(const StageInfo & in) {
+    const int64_t rows  = std::max<int64_t>(1, in.n_batch);
+    const int64_t width = std::max<int64_t>(in.boundary_width, in.n_embd);
+    const int64_t row_bytes = 4 * ((int64_t) in.n_vocab + ((int64_t) in.n_layer + 1) * width) + 16;
+    const int64_t bytes = rows * row_bytes + ((int64_t) in.n_layer + 1) * 1024 + (1 << 20);
+    return (int) std::min<int64_t>(bytes, INT_MAX);
+}
+
+std::string Chain::refusal(const std::string & address) const {
+    if (policy_.peers.empty()) {
+        return "";
+    }
+    std::string host, port;
+    if (split_host_port(address, host, port, false)) {
+        for (const std::string & peer : policy_.peers) {
+            if (peer == address || peer == host + ":*") {
+                return "";
+            }
+        }
+    }
+    std::string listed;
+    for (const std::string & peer : policy_.peers) {
+        listed += (listed.empty() ? "" : ",") + peer;
+    }
+    return "address '" + address + "' is not in this worker's --peers (" + listed +
+           "); start every worker with the placement's addresses and the driver's host";
+}
+
 std::shared_ptr<grpc::Channel> Chain::channel(const std::string & address) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = channels_.find(address);
     if (it != channels_.end()) {
-        return it->second;
+        lru_.splice(lru_.begin(), lru_, it->second);  // most recently used to the front
+        return it->second->second;
     }
     grpc::ChannelArguments args;
-    // a prefill's boundary or logits exceed the 4 MiB default; a proxy in the environment must
-    // never capture a seam
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetMaxSendMessageSize(-1);
+    // a prefill's boundary or logits exceed the 4 MiB default (the model's own bound instead); a
+    // proxy in the environment must never capture a seam
+    args.SetMaxReceiveMessageSize(policy_.max_message_bytes);
+    args.SetMaxSendMessageSize(policy_.max_message_bytes);
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
     auto ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    channels_.emplace(address, ch);
+    lru_.emplace_front(address, ch);
+    channels_[address] = lru_.begin();
+    if (lru_.size() > kMaxChannels) {  // a call still using the dropped channel keeps its own reference
+        channels_.erase(lru_.back().first);
+        lru_.pop_back();
+    }
     return ch;
 }
 

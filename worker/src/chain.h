@@ -1,19 +1,26 @@
 // The client side of chained forwarding: a stage hands its boundary straight to the next stage's
 // Forward, and the last stage hands its logits to the driver's PipelineSink.
 //
-// One channel per address, created on first use and kept for the life of the process (a decode
-// loop calls the same neighbour once per token). Calls take their deadline and cancellation from
-// the incoming call, so a driver giving up (or a worker shutting down) ends the whole chain.
+// What a worker dials is bounded: with --peers only the listed addresses (HOST:PORT, or HOST:* for
+// any port of a host: the driver's sink), every address of a chained request checked before the stage
+// computes; without it any address, but at most kMaxChannels channels are kept (least recently used
+// first out; a decode loop calls the same neighbour once per token). Messages are capped at a size
+// derived from the model (message_limit). Calls take their deadline and cancellation from the
+// incoming call, so a driver giving up (or a worker shutting down) ends the whole chain.
 #pragma once
 
 #include "shard.grpc.pb.h"
+#include "stage.h"
 
 #include <grpcpp/grpcpp.h>
 
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dgr {
 
@@ -25,8 +32,26 @@ struct ChainResult {
     std::string  failed_stage;  // the kFailedStageKey trailer of a failed reply; empty when absent
 };
 
+// The largest message a stage of this model sends or takes, in bytes: n_batch rows of logits plus a
+// boundary (or residual) row per layer and one more (all_logits replies, captures, chained traces that
+// keep every hop's boundary), with room for ids, positions and hop records; clamped to gRPC's int.
+int message_limit(const StageInfo & in);
+
+// Whom a worker may dial for chained forwarding.
+struct ChainPolicy {
+    std::vector<std::string> peers;  // --peers entries (HOST:PORT or HOST:*); empty: any address
+    int max_message_bytes = -1;      // -1: gRPC's unlimited
+};
+
 class Chain {
 public:
+    static constexpr size_t kMaxChannels = 16;
+
+    explicit Chain(ChainPolicy policy = {}) : policy_(std::move(policy)) {}
+
+    // Why this worker will not dial ``address`` ("" when it will).
+    std::string refusal(const std::string & address) const;
+
     ChainResult forward(const grpc::ServerContext & parent, const std::string & address,
                         const dgr::shard::v1::ForwardRequest & request);
     ChainResult deliver(const grpc::ServerContext & parent, const std::string & address,
@@ -35,8 +60,10 @@ public:
 private:
     std::shared_ptr<grpc::Channel> channel(const std::string & address);
 
+    ChainPolicy policy_;
     std::mutex mu_;
-    std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+    std::list<std::pair<std::string, std::shared_ptr<grpc::Channel>>> lru_;  // most recently used first
+    std::map<std::string, decltype(lru_)::iterator> channels_;
 };
 
 // "UNAVAILABLE", "INVALID_ARGUMENT", ... as the Python client names status codes.

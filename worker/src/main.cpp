@@ -138,15 +138,18 @@ int main(int argc, char ** argv) {
         }
 
         dgr::Stage stage(opts);
-        dgr::ShardService service(stage, id);
+        dgr::ChainPolicy chain;
+        chain.peers             = opts.peers;
+        chain.max_message_bytes = dgr::message_limit(stage.info());
+        dgr::ShardService service(stage, id, chain);
 
         int port = 0;
         grpc::ServerBuilder builder;
         builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &port);
         builder.RegisterService(&service);
-        // logits of a long all_logits prefill are large; the defaults (4 MiB) would refuse them
-        builder.SetMaxReceiveMessageSize(-1);
-        builder.SetMaxSendMessageSize(-1);
+        // logits of a long all_logits prefill exceed the defaults (4 MiB); the model's own bound instead
+        builder.SetMaxReceiveMessageSize(chain.max_message_bytes);
+        builder.SetMaxSendMessageSize(chain.max_message_bytes);
         std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
         if (!server || port == 0) {
             throw std::runtime_error("cannot listen on '" + opts.listen + "'");

@@ -14,11 +14,14 @@ const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
         "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N]\n"
-        "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME] [--verbose]\n"
+        "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
+        "                        [--peers HOST:PORT,HOST:*,...] [--verbose]\n"
         "\n"
         "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
         "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
-        "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n";
+        "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n"
+        "--peers: the only addresses a chained Forward may make this worker connect to (the next stages;\n"
+        "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -43,6 +46,46 @@ static void parse_layers(const std::string & text, WorkerOptions & out) {
     out.layer_end   = (e == "end" || e == "-1") ? -1 : parse_int("--layers", e, 1, INT32_MAX);
     if (out.layer_end >= 0 && out.layer_end <= out.layer_begin) {
         throw UsageError("--layers: empty range '" + text + "' (END must be greater than BEGIN)");
+    }
+}
+
+bool split_host_port(const std::string & address, std::string & host, std::string & port, bool wildcard) {
+    const auto colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+        return false;
+    }
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find_first_of("/ \t") != std::string::npos) {
+        return false;  // a gRPC target with a scheme or path (dns:///, unix:, ...) is not HOST:PORT
+    }
+    if (host.find(':') != std::string::npos && (host.front() != '[' || host.back() != ']')) {
+        return false;  // an IPv6 host is written in brackets; "ipv4:1.2.3.4" is a scheme
+    }
+    if (port == "*") {
+        return wildcard;
+    }
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return false;
+    }
+    const int value = std::stoi(port);
+    return value >= 1 && value <= 65535;
+}
+
+static void parse_peers(const std::string & text, WorkerOptions & out) {
+    size_t start = 0;
+    while (true) {
+        const size_t comma = text.find(',', start);
+        const std::string entry = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        std::string host, port;
+        if (!split_host_port(entry, host, port, true)) {
+            throw UsageError("--peers: expected HOST:PORT or HOST:* entries separated by commas, got '" + entry + "'");
+        }
+        out.peers.push_back(entry);
+        if (comma == std::string::npos) {
+            return;
+        }
+        start = comma + 1;
     }
 }
 
@@ -72,6 +115,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--n-gpu-layers") { out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20); }
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }
+        else if (arg == "--peers")        { parse_peers(val, out); }
         else {
             throw UsageError("unknown argument '" + arg + "'");
         }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dgr {
 
@@ -23,8 +24,13 @@ struct WorkerOptions {
     int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in
+    std::vector<std::string> peers;  // --peers: HOST:PORT / HOST:* a chained call may make us dial; empty: any
     bool        verbose       = false;
 };
+
+// Splits "HOST:PORT" at its last colon; false unless both parts are there and PORT is "*" (when
+// ``wildcard``) or a decimal port 1..65535. "[::1]:7001" gives host "[::1]".
+bool split_host_port(const std::string & address, std::string & host, std::string & port, bool wildcard);
 
 // Parses argv; throws UsageError with a message naming the bad argument.
 // Returns false when --help was asked (usage already printed).

@@ -15,6 +15,7 @@ static grpc::Status to_status(const StageError & e) {
         case K::FailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
         case K::NotFound:           code = grpc::StatusCode::NOT_FOUND;           break;
         case K::ResourceExhausted:  code = grpc::StatusCode::RESOURCE_EXHAUSTED;  break;
+        case K::PermissionDenied:   code = grpc::StatusCode::PERMISSION_DENIED;   break;
         case K::Internal:           code = grpc::StatusCode::INTERNAL;            break;
     }
     return grpc::Status(code, e.what());
@@ -167,6 +168,16 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         if (!in.last_stage && req->downstream_size() == 0) {
             throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this stage (layers " + range + " of " +
                              std::to_string(in.n_layer) + ") is not the last but no downstream address was given");
+        }
+        // every address of the chain, not only the one this stage dials: a refused chain changes no stage
+        for (const std::string & address : req->downstream()) {
+            const std::string why = chain_.refusal(address);
+            if (!why.empty()) {
+                throw StageError(StageError::Kind::PermissionDenied, "chained Forward: downstream " + why);
+            }
+        }
+        if (const std::string why = chain_.refusal(req->deliver_to()); !why.empty()) {
+            throw StageError(StageError::Kind::PermissionDenied, "chained Forward: deliver_to " + why);
         }
         r = stage_.forward(read_args(*req));
     });

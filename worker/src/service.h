@@ -19,7 +19,8 @@ struct BuildIdentity {
 
 class ShardService final : public dgr::shard::v1::ShardWorker::Service {
 public:
-    ShardService(Stage & stage, BuildIdentity id) : stage_(stage), id_(std::move(id)) {}
+    ShardService(Stage & stage, BuildIdentity id, ChainPolicy chain = {})
+        : stage_(stage), id_(std::move(id)), chain_(std::move(chain)) {}
 
     grpc::Status Info(grpc::ServerContext *, const dgr::shard::v1::InfoRequest *, dgr::shard::v1::InfoReply *) override;
     grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *, dgr::shard::v1::ForwardReply *) override;

@@ -219,8 +219,17 @@ void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
     }
 }
 
-Stage::Session & Stage::session_for(const ForwardArgs & a) {
+// Every check a Forward must pass, against the session as it is, before anything changes: a rejected
+// request (from any client: the worker has no authentication) never takes a session slot, wipes a live
+// session's KV on a higher epoch, nor leaves anything behind.
+Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) const {
     const int32_t p0 = a.positions.front();
+    for (int32_t i = 1; i < n_tokens; ++i) {
+        if (a.positions[i] != p0 + i) {
+            throw StageError(Kind::FailedPrecondition, "positions are not contiguous at index " + std::to_string(i));
+        }
+    }
+    SessionPlan plan;
     auto it = sessions_.find(a.session_id);
     if (it == sessions_.end()) {
         if (p0 != 0) {
@@ -231,20 +240,43 @@ Stage::Session & Stage::session_for(const ForwardArgs & a) {
             throw StageError(Kind::ResourceExhausted, "too many sessions (" + std::to_string(sessions_.size()) +
                              "); Reset one or start the worker with a larger --max-sessions");
         }
+        plan.is_new = true;
+    } else {
+        const Session & s = it->second;
+        if (a.epoch < s.epoch) {
+            throw StageError(Kind::FailedPrecondition, "stale epoch " + std::to_string(a.epoch) + " for session '" +
+                             a.session_id + "' (current epoch " + std::to_string(s.epoch) + ")");
+        }
+        // a higher epoch is a route change: this stage's KV belongs to the old route and goes once the
+        // request is accepted; the caller re-prefills from 0
+        plan.new_epoch = a.epoch > s.epoch;
+        plan.n_past    = plan.new_epoch ? 0 : s.n_past;
+    }
+    if (p0 != plan.n_past) {
+        throw StageError(Kind::FailedPrecondition, "positions must continue session '" + a.session_id + "' epoch " +
+                         std::to_string(a.epoch) + " at " + std::to_string(plan.n_past) + ", got " + std::to_string(p0) +
+                         (p0 > plan.n_past ? " (gap)" : " (out of order)"));
+    }
+    if ((int64_t) plan.n_past + n_tokens > info_.n_ctx) {
+        throw StageError(Kind::ResourceExhausted, "context overflow: session '" + a.session_id + "' holds " +
+                         std::to_string(plan.n_past) + " positions, +" + std::to_string(n_tokens) + " > n_ctx " +
+                         std::to_string(info_.n_ctx));
+    }
+    return plan;
+}
+
+// The accepted request's state change: a new session's slot and context, or a route change's KV wipe.
+Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & plan) {
+    if (plan.is_new) {
         Session s;
         s.epoch = a.epoch;
-        s.ctx   = acquire_context();
-        it = sessions_.emplace(a.session_id, s).first;
+        s.ctx   = acquire_context();  // may throw (no memory): nothing inserted yet
+        auto it = sessions_.emplace(a.session_id, s).first;
         n_sessions_ = sessions_.size();
         return it->second;
     }
-    Session & s = it->second;
-    if (a.epoch < s.epoch) {
-        throw StageError(Kind::FailedPrecondition, "stale epoch " + std::to_string(a.epoch) + " for session '" + a.session_id +
-                         "' (current epoch " + std::to_string(s.epoch) + ")");
-    }
-    if (a.epoch > s.epoch) {
-        // route change: this stage's KV belongs to the old route; drop it, the caller re-prefills from 0
+    Session & s = sessions_.at(a.session_id);
+    if (plan.new_epoch) {
         llama_memory_clear(llama_get_memory(s.ctx), true);
         s.epoch  = a.epoch;
         s.n_past = 0;
@@ -252,28 +284,33 @@ Stage::Session & Stage::session_for(const ForwardArgs & a) {
     return s;
 }
 
+// Capture flags live on the (pooled) context: set for one decode, cleared on every way out, throws included.
+namespace {
+struct CaptureFlags {
+    llama_context *              ctx;
+    const std::vector<int32_t> & layers;
+    CaptureFlags(llama_context * c, const std::vector<int32_t> & l) : ctx(c), layers(l) {
+        for (int32_t layer : layers) {
+            llama_set_embeddings_layer_inp(ctx, (uint32_t) layer, true);
+        }
+    }
+    ~CaptureFlags() {
+        for (int32_t layer : layers) {
+            llama_set_embeddings_layer_inp(ctx, (uint32_t) layer, false);
+        }
+    }
+    CaptureFlags(const CaptureFlags &) = delete;
+    CaptureFlags & operator=(const CaptureFlags &) = delete;
+};
+}  // namespace
+
 ForwardResult Stage::forward(const ForwardArgs & a) {
     std::lock_guard<std::mutex> lock(mu_);
     const StageInfo & in = info_;
     const int32_t n_tokens = (int32_t) a.positions.size();
     check_request(a, n_tokens);
-
-    Session & s = session_for(a);
-    if (a.positions.front() != s.n_past) {
-        throw StageError(Kind::FailedPrecondition, "positions must continue session '" + a.session_id + "' epoch " +
-                         std::to_string(s.epoch) + " at " + std::to_string(s.n_past) + ", got " +
-                         std::to_string(a.positions.front()) + (a.positions.front() > s.n_past ? " (gap)" : " (out of order)"));
-    }
-    for (int32_t i = 1; i < n_tokens; ++i) {
-        if (a.positions[i] != a.positions[0] + i) {
-            throw StageError(Kind::FailedPrecondition, "positions are not contiguous at index " + std::to_string(i));
-        }
-    }
-    if (s.n_past + n_tokens > in.n_ctx) {
-        throw StageError(Kind::ResourceExhausted, "context overflow: session '" + a.session_id + "' holds " +
-                         std::to_string(s.n_past) + " positions, +" + std::to_string(n_tokens) + " > n_ctx " +
-                         std::to_string(in.n_ctx));
-    }
+    const SessionPlan plan = plan_session(a, n_tokens);  // validate first ...
+    Session & s = session_for(a, plan);                  // ... then mutate
 
     const bool want_all = a.all_logits;
     llama_batch batch = llama_batch_init(n_tokens, in.first_stage ? 0 : in.boundary_width, 1);
@@ -300,15 +337,12 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
         }
     }
 
-    for (int32_t l : a.capture_layers) {
-        llama_set_embeddings_layer_inp(s.ctx, (uint32_t) l, true);
-    }
-
     const auto t0 = std::chrono::steady_clock::now();
+    ForwardResult r;
+    CaptureFlags capture(s.ctx, a.capture_layers);
     const int32_t rc = llama_decode(s.ctx, batch);
     llama_batch_free(batch);
 
-    ForwardResult r;
     if (rc == 0) {
         s.n_past += n_tokens;
         if (in.last_stage) {
@@ -332,13 +366,13 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
         }
         for (int32_t l : a.capture_layers) {
             const float * c = llama_get_embeddings_layer_inp(s.ctx, (uint32_t) l);
+            if (c == nullptr) {
+                throw StageError(Kind::Internal, "llama captured no residual for layer " + std::to_string(l));
+            }
             r.captures.emplace_back(l, make_tensor(c, n_tokens, in.n_embd, DType::F32));
         }
     }
     r.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (int32_t l : a.capture_layers) {
-        llama_set_embeddings_layer_inp(s.ctx, (uint32_t) l, false);
-    }
 
     if (rc == 1) {
         throw StageError(Kind::ResourceExhausted, "no KV slot for " + std::to_string(n_tokens) + " positions");

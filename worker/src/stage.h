@@ -25,7 +25,7 @@ namespace dgr {
 
 // Request errors, each mapped to one gRPC status code by the service.
 struct StageError : std::runtime_error {
-    enum class Kind { InvalidArgument, FailedPrecondition, NotFound, ResourceExhausted, Internal };
+    enum class Kind { InvalidArgument, FailedPrecondition, NotFound, ResourceExhausted, PermissionDenied, Internal };
     Kind kind;
     StageError(Kind k, const std::string & msg) : std::runtime_error(msg), kind(k) {}
 };
@@ -106,9 +106,16 @@ private:
         int32_t         n_past = 0;
     };
 
+    struct SessionPlan {          // what an accepted Forward will do to its session
+        bool    is_new    = false;  // takes a slot and a context
+        bool    new_epoch = false;  // route change: the session's KV is wiped
+        int32_t n_past    = 0;      // positions the session holds before this request
+    };
+
     llama_context * acquire_context();           // from the idle pool, or a new one
     void            release_context(llama_context * ctx);
-    Session &       session_for(const ForwardArgs & args);
+    SessionPlan     plan_session(const ForwardArgs & args, int32_t n_tokens) const;  // throws; changes nothing
+    Session &       session_for(const ForwardArgs & args, const SessionPlan & plan);
     void            check_request(const ForwardArgs & args, int32_t n_tokens) const;
 
     WorkerOptions               opts_;
