@@ -159,6 +159,9 @@ class Variant:
     files: tuple[ArtifactFile, ...]
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    # What sealing measured of a generated model's top-k selections (fetch.conditioning): a record
+    # for readers; provisioning never needs it.
+    conditioning: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def sealed(self) -> bool:

@@ -51,7 +51,7 @@ def probe_binary(build_dir: Path) -> Path:
 def measure_conditioning(
     build_dir: Path,
     model_path: Path,
-    prompts_token_ids: Sequence[Sequence[int]],
+    prompts_token_ids: Sequence[Sequence[int] | str],
     n_decode: int,
     threads: int,
 ) -> dict[str, Any]:
@@ -61,10 +61,13 @@ def measure_conditioning(
     if n_decode < 1 or threads < 1:
         raise ConfigurationError(f"n_decode ({n_decode}) and threads ({threads}) must be at least 1")
     binary = probe_binary(build_dir)
-    n_ctx = max(256, -(-(max(len(p) for p in prompts_token_ids) + n_decode) // 256) * 256)
+    # a text tokenizes to at most one token per byte plus BOS
+    longest = max(len(p.encode()) + 2 if isinstance(p, str) else len(p) for p in prompts_token_ids)
+    n_ctx = max(256, -(-(longest + n_decode) // 256) * 256)
     with tempfile.TemporaryDirectory(prefix="dgr-topk-probe-") as tmp:
         prompts = Path(tmp) / "prompts.json"
-        prompts.write_text(json.dumps([[int(t) for t in p] for p in prompts_token_ids]))
+        prompts.write_text(json.dumps([p if isinstance(p, str) else [int(t) for t in p]
+                                       for p in prompts_token_ids]))
         out = Path(tmp) / "report.json"
         proc.run(
             [binary, "--model", model_path, "--threads", str(threads), "--n-decode", str(n_decode),
@@ -90,3 +93,71 @@ def parse_report(text: str) -> dict[str, Any]:
             hint="rebuild the lane so the probe matches this checkout",
         )
     return doc
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Per kind of selection (indexer, router, other): rows seen, contested rows, exact and near ties
+    at the selection boundary, and the smallest absolute and relative margins with the op they
+    occurred in; what a manifest records and ``dgr seal`` prints."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for sel in report.get("selections", []):
+        k = kinds.setdefault(sel["kind"], {"ops": 0, "rows": 0, "contested_rows": 0, "exact_ties": 0,
+                                           "near_ties": 0, "min_abs_margin": None, "min_rel_margin": None})
+        k["ops"] += 1
+        for key in ("rows", "contested_rows", "exact_ties", "near_ties"):
+            k[key] += int(sel[key])
+        for key in ("min_abs_margin", "min_rel_margin"):
+            if sel[key] is not None and (k[key] is None or sel[key] < k[key]):
+                k[key] = float(sel[key])
+                k[f"{key}_in"] = sel["input"]
+    return {"near_tie_rel": report.get("near_tie_rel"), "kinds": kinds}
+
+
+def tied(report: dict[str, Any]) -> list[str]:
+    """The selections with an exact tie at their boundary, as "INPUT (KIND): N of M contested rows"."""
+    return [f"{s['input']} ({s['kind']}): {s['exact_ties']} of {s['contested_rows']} contested rows"
+            for s in report.get("selections", []) if int(s["exact_ties"]) > 0]
+
+
+def describe(summ: dict[str, Any]) -> list[str]:
+    """One line per kind, for the terminal."""
+    lines = []
+    for kind, k in sorted(summ["kinds"].items()):
+        rel = ("n/a" if k["min_rel_margin"] is None
+               else f"{k['min_rel_margin']:.3g} ({k['min_rel_margin_in']})")
+        absm = "n/a" if k["min_abs_margin"] is None else f"{k['min_abs_margin']:.3g}"
+        lines.append(f"{kind}: {k['ops']} selections, {k['contested_rows']} of {k['rows']} rows contested, "
+                     f"{k['exact_ties']} exact ties, {k['near_ties']} near ties; smallest margin {absm} "
+                     f"absolute, {rel} relative")
+    return lines
+
+
+def check_generated(ctx: Any, set_name: str, vname: str, model: Path) -> dict[str, Any]:
+    """Measure a freshly generated model's selections on the prompts of every recipe that certifies
+    this set and variant, with the CPU lane's probe; refuse (exit 2) a model with an exact tie at a
+    selection boundary: a backend's tie rule, not the model, would decide what it attends or routes
+    to.  Returns the summary the manifest records."""
+    from certify import recipes
+    from lanes.build import ensure_build
+
+    users = [r for r in (recipes.load(n, ctx.env) for n in recipes.available(ctx.env))
+             if r.artifacts == set_name and r.variant == vname]
+    if not users:
+        return {"measured": False, "reason": f"no recipe certifies {set_name}/{vname}"}
+    texts = list(dict.fromkeys(t for r in users for t in r.prompts.texts))
+    n_decode = max(r.n_decode for r in users)
+    build = ensure_build(ctx, "cpu")
+    report = measure_conditioning(build.dir, model, texts, n_decode, threads=2)
+    summ = {"measured": True, "recipes": sorted(r.name for r in users), "prompts": len(texts),
+            "n_decode": n_decode, "probe": PROBE, **summary(report)}
+    for line in describe(summ):
+        print(f"conditioning {set_name}/{vname}: {line}", flush=True)
+    ties = tied(report)
+    if ties:
+        raise ConfigurationError(
+            f"{set_name}/{vname}: exact ties at a top-k selection boundary on the recipes' prompts: "
+            + "; ".join(ties[:3]) + (f" (+{len(ties) - 3} more)" if len(ties) > 3 else ""),
+            hint="the generator's parameters give a model whose selections a backend's tie rule decides; "
+                 "change them (seed, indexer shape) and seal again",
+        )
+    return summ

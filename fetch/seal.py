@@ -96,6 +96,7 @@ def seal(
                     continue
                 _generate(ctx, generated, vdata, vname, Path(tmp))
                 _seal_variant(vdata, vname, Path(tmp), make_bar)
+                _record_conditioning(ctx, set_name, generated, vdata, vname, Path(tmp))
         else:
             _seal_variant(vdata, vname, source, make_bar)
     parse_set(data, source=f"{path} (sealed)")  # what we write must load
@@ -112,6 +113,19 @@ def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out:
 
     tree = source.ensure_pristine(ctx).path
     tinymodel.generate(out, {**dict(origin.parameters), **vdata.get("parameters", {})}, vname, tree=tree)
+
+
+def _record_conditioning(
+    ctx: Context, set_name: str, origin: Any, vdata: dict[str, Any], vname: str, out: Path
+) -> None:
+    """A generated model that selects by top-k (the synthetic DeepSeek V4) is measured before its
+    digests are written: sealing refuses exact ties at a selection boundary (fetch.conditioning)."""
+    from fetch import conditioning, tinymodel
+
+    if not tinymodel.selects_top_k({**dict(origin.parameters), **vdata.get("parameters", {})}):
+        return
+    first = out / vdata["files"][0]["name"]
+    vdata["conditioning"] = conditioning.check_generated(ctx, set_name, vname, first)
 
 
 def _from_index(ctx: Context, origin: Any, odata: dict[str, Any], tmp: Path) -> None:

@@ -124,6 +124,12 @@ def _copy_tokenizer(gguf: Any, writer: Any, vocab: Path) -> int:
     return n_vocab
 
 
+def selects_top_k(params: Mapping[str, Any]) -> bool:
+    """Whether the generated model's graph selects by top-k (DeepSeek V4's indexer and router), whose
+    conditioning sealing measures."""
+    return params.get("architecture", "llama") == "deepseek4"
+
+
 def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
     """Write the variant's split files into ``out_dir`` (which must exist and be empty of them)."""
     if params.get("architecture", "llama") == "deepseek4":

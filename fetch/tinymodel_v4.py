@@ -29,11 +29,13 @@ ARCH = "deepseek4"
 HC_MULT = 4  # the pinned graph asserts hc == 4 (build_hc_pre)
 DEFAULTS: dict[str, Any] = {
     "architecture": ARCH,
-    "seed": 20260407,
+    "seed": 20260408,
     "n_layer": 12,
     "n_embd": 64,
     "n_head": 4,
-    "head_dim": 128,  # != indexer_head_dim, as in V4 (512 vs 128): only the indexer cache is Hadamard-rotated
+    # != indexer_head_dim, as in V4 (512 vs 128): the pinned KV cache Hadamard-rotates a deepseek4 cache
+    # whose head size equals the indexer's, so equal sizes would rotate the main attention cache too
+    "head_dim": 256,
     "rope_dim": 64,
     "q_lora_rank": 32,
     "o_groups": 2,
@@ -45,8 +47,10 @@ DEFAULTS: dict[str, Any] = {
     "hash_layer_count": 3,
     # per layer: 0 = sliding window only, 4 = compressed KV + lightning indexer, 128 = heavy compression
     "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0],
-    "indexer_n_head": 2,
-    "indexer_head_dim": 64,
+    # 32 x 128: the smallest shape ggml-cuda's fused lightning indexer runs (V4 Flash: 64 x 128); fewer,
+    # narrower heads give exact ties in the top-k (relu of negative dot products is exactly 0)
+    "indexer_n_head": 32,
+    "indexer_head_dim": 128,
     "indexer_top_k": 4,
     "sliding_window": 16,
     "hc_sinkhorn_iters": 20,
@@ -56,6 +60,11 @@ DEFAULTS: dict[str, Any] = {
     "n_ctx": 512,
     "splits": 3,
     "init_std": 0.05,
+    # Score-routed layers: the selection bias (exp_probs_b) of n_expert_used experts per layer, drawn at
+    # random, is raised by this much, so the router's top-k margin (last chosen vs first left out) is
+    # about this minus the spread of the scores (~0.4), not the razor-thin gap of random scores: an f16
+    # seam's rounding (2^-11) or another backend's reduction order cannot flip a selection.
+    "router_bias_boost": 1.0,
     "rms_eps": 1e-6,
     "rope_freq_base": 10000.0,
     "compress_rope_freq_base": 160000.0,
@@ -201,7 +210,8 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         if i < hash_layers:
             w.add_tensor(f"{b}.ffn_gate_tid2eid.weight", _hash_table(rng, n_vocab, n_expert, n_used))
         else:
-            add(f"{b}.exp_probs_b.bias", (n_expert,))
+            w.add_tensor(f"{b}.exp_probs_b.bias", _selection_bias(rng, n_expert, n_used, std,
+                                                                  float(p["router_bias_boost"])))
         add(f"{b}.ffn_norm.weight", (n_embd,), norm=True)
         add(f"{b}.ffn_gate_exps.weight", (n_expert, n_ff, n_embd))
         add(f"{b}.ffn_down_exps.weight", (n_expert, n_embd, n_ff))
@@ -211,6 +221,15 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         add(f"{b}.ffn_up_shexp.weight", (n_ff * n_shared, n_embd))
 
     return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
+
+
+def _selection_bias(rng: _Weights, n_expert: int, n_used: int, std: float, boost: float) -> np.ndarray:
+    """F32 [n_expert]: small random biases, ``boost`` added to ``n_used`` experts drawn at random."""
+    bias = rng.uniform((n_expert,), std)
+    keys = rng.bits.random_raw(n_expert).astype(np.uint64)
+    favoured = np.argsort(keys, kind="stable")[:n_used]
+    bias[favoured] += np.float32(boost)
+    return bias
 
 
 def _hash_table(rng: _Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:

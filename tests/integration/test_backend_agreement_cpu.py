@@ -2,10 +2,11 @@
 count.  ggml-cpu splits each reduction across threads, so 1 and 2 threads round differently from layer
 to layer: the same kind of difference another backend makes, only smaller.
 
-- the tie-free tiny-v4 (indexer 32 x 128) run with 1 thread passes the recipe's backend-agreement gate
-  against the 2-thread reference;
-- the model it replaced (indexer 2 x 64, exact zeros in the indexer's top-k) is regenerated here and
-  measured the same way: its figures are printed next to the new model's (``-s`` shows them).
+The tie-free tiny-v4 (indexer 32 x 128) run with 1 thread passes the recipe's backend-agreement gate
+against the 2-thread reference (``-s`` prints the figures).  The model it replaced (indexer 2 x 64)
+passes this comparison too: its exact ties are exact zeros, which every thread count computes alike
+and ggml-cpu breaks alike; what breaks them differently is another backend's top-k (see
+docs/upstream/topk-ties.md), and the generator now refuses to seal a model that has them.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ import pytest
 
 from certify import drive, gates, measure, recipes
 from certify.verdict import Status
-from fetch.artifacts import ARTIFACTS
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 RECIPE = "tiny-v4"
-OLD_INDEXER = {"indexer_n_head": 2, "indexer_head_dim": 64}  # the shape sealed before the re-seal
 
 
 def _agreement(cpu_build, model: Path, stubs, tmp: Path, recipe: recipes.Recipe) -> dict:
@@ -60,13 +59,3 @@ def test_the_tie_free_model_agrees_across_thread_counts(cpu_build, real_ctx, stu
     assert got["result"].status is Status.PASS, got["result"].reason
     assert got["figures"]["clear_rows"] > 0.8 * got["figures"]["rows_compared"]
 
-
-def test_the_old_model_measured_the_same_way(cpu_build, real_ctx, stubs, tmp_path: Path) -> None:
-    from fetch import source, tinymodel
-
-    doc = json.loads((ARTIFACTS / f"{RECIPE}.json").read_text())
-    params = {**doc["origins"][0]["parameters"], **doc["variants"]["f32"]["parameters"], **OLD_INDEXER}
-    paths = tinymodel.generate(tmp_path / "old", params, "f32", tree=source.ensure_pristine(real_ctx).path)
-    got = _agreement(cpu_build, paths[0], stubs, tmp_path, recipes.load(RECIPE))
-    # Measured, not asserted to fail: whether 1-thread rounding reaches a tie depends on the prompts.
-    assert got["figures"]["rows_compared"] > 0
