@@ -241,6 +241,9 @@ def _strip_p1(path: str, name: str) -> str:
     return path.split("/", 1)[1]
 
 
+_OCTAL_ESCAPE = re.compile(r"[0-3][0-7][0-7]")
+
+
 def _take_quoted(s: str) -> tuple[str, str]:
     out = bytearray()
     i = 1
@@ -255,10 +258,12 @@ def _take_quoted(s: str) -> tuple[str, str]:
                 out.append(escapes[n])
                 i += 2
                 continue
-            if n.isdigit() and i + 3 < len(s):
-                out.append(int(s[i + 1:i + 4], 8) & 0xFF)
-                i += 4
-                continue
+            # git's unquote_c_style: three octal digits, the first 0-3; any other escape is bad quoting
+            if not _OCTAL_ESCAPE.fullmatch(s[i + 1:i + 4]):
+                raise IntegrityError(f"bad quoting (\\{s[i + 1:i + 4]!s}) in patch header: {s[:80]!r}")
+            out.append(int(s[i + 1:i + 4], 8))
+            i += 4
+            continue
         out += c.encode("utf-8", "surrogateescape")
         i += 1
     raise IntegrityError(f"unterminated quoted path in patch header: {s[:80]!r}")
