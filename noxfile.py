@@ -138,6 +138,14 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """atheris on each untrusted-input parser (`-- --seconds S [TARGET ...]`): inputs, findings per target."""
+    _install(session, "test")
+    session.install("atheris")
+    session.run("python", "-m", "tests.fuzz.run", *_posargs(session))
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks that report figures (hashing, download, re-verify, decode speed)."""
     _install(session, "test")

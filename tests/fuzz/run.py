@@ -1,0 +1,68 @@
+"""`nox -s fuzz`: each target under atheris for a time budget, then one line per target.
+
+``python -m tests.fuzz.run [--seconds S] [--runs N] [--out DIR] [TARGET ...]`` starts one libFuzzer
+process per target (seeded with the valid inputs of tests.fuzz.seeds, corpus kept in DIR), reads how
+many inputs it tried, and lists any finding (an input that raised something other than a DgrError,
+saved under DIR/<target>/findings/).  Exit 1 when a target has a finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from certify.workspace import PROJECT_ROOT
+from tests.fuzz import seeds, targets
+
+DONE = re.compile(r"Done (\d+) runs in (\d+) second")
+STATS = re.compile(r"^#(\d+)\s", re.M)
+
+
+def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]:
+    corpus, findings = out / name / "corpus", out / name / "findings"
+    corpus.mkdir(parents=True, exist_ok=True)
+    findings.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(seeds.seeds(name)):
+        (corpus / f"seed-{i}").write_bytes(seed)
+    argv = [sys.executable, "-m", "tests.fuzz.atheris_target", name, f"-max_total_time={seconds}",
+            f"-artifact_prefix={findings}/", "-max_len=65536", "-rss_limit_mb=2048", "-timeout=10",
+            "-print_final_stats=1"]
+    if runs:
+        argv.append(f"-runs={runs}")
+    started = time.monotonic()
+    done = subprocess.run([*argv, str(corpus)], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          errors="replace", timeout=seconds + 600)
+    log = done.stdout + done.stderr
+    (out / name / "libfuzzer.log").write_text(log)
+    m = DONE.search(log)
+    tried = int(m[1]) if m else max((int(x) for x in STATS.findall(log)), default=0)
+    found = sorted(p.name for p in findings.iterdir())
+    return {"target": name, "inputs": tried, "seconds": round(time.monotonic() - started, 1),
+            "findings": found, "exit": done.returncode}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.fuzz.run", description=__doc__)
+    ap.add_argument("targets", nargs="*", choices=[[], *targets.TARGETS], default=[], metavar="TARGET")
+    ap.add_argument("--seconds", type=int, default=60, help="time budget per target (default 60)")
+    ap.add_argument("--runs", type=int, default=0, help="stop a target after N inputs (0: time only)")
+    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".work" / "fuzz")
+    args = ap.parse_args(argv)
+    bad = 0
+    for name in args.targets or list(targets.TARGETS):
+        r = fuzz_one(name, args.seconds, args.runs, args.out)
+        ok = not r["findings"] and r["exit"] == 0
+        bad += not ok
+        found = ": " + ", ".join(r["findings"]) if r["findings"] else ""
+        tail = "" if ok else f" (exit {r['exit']}; log {args.out / name / 'libfuzzer.log'})"
+        print(f"fuzz {name}: {r['inputs']} inputs in {r['seconds']} s, "
+              f"{len(r['findings'])} finding(s){found}{tail}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

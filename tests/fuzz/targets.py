@@ -1,0 +1,114 @@
+"""One function per parser of untrusted input: bytes in, the parser's answer or its typed error out.
+
+Each target returns normally when the input parses or is refused with a ``certify.errors.DgrError``
+(the project's typed errors, each with its exit code); any other exception escapes, and that is a
+finding.  Inputs are what an attacker controls: a file's bytes.  Scratch files live in one private
+folder per process (tmpfs where there is one), emptied after each input.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from certify.canonical import parse_json
+from certify.errors import DgrError  # noqa: F401  (re-exported for the fuzz drivers)
+
+_SCRATCH: Path | None = None
+
+
+def scratch() -> Path:
+    global _SCRATCH
+    if _SCRATCH is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        _SCRATCH = Path(tempfile.mkdtemp(prefix="dgr-fuzz-", dir=base))
+    return _SCRATCH
+
+
+def _empty(folder: Path) -> Path:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return folder
+
+
+def gguf_header(data: bytes) -> None:
+    """fetch.gguf_header.read_header over a file holding ``data`` (through an open descriptor)."""
+    from fetch import gguf_header as gh
+
+    fd = os.memfd_create("fuzz.gguf")
+    try:
+        os.write(fd, data)
+        gh.read_header(Path("fuzz.gguf"), fd=fd)
+    finally:
+        os.close(fd)
+
+
+ARCHIVE_PREFIX = "llama-cpp-python-0.3.35/vendor/llama.cpp"
+
+
+def archive(data: bytes) -> None:
+    """fetch.archive.extract_subtree over ``data`` as the tar inside a .tar.gz (the fuzzer shapes the
+    tar headers; gzip is the stdlib's), into a fresh folder."""
+    from fetch import archive as ar
+
+    dest = _empty(scratch())
+    blob = io.BytesIO(gzip.compress(data, compresslevel=1, mtime=0))
+    ar.extract_subtree(Path("fuzz.tar.gz"), ARCHIVE_PREFIX, dest, ar.Caps(max_members=64, max_bytes=1 << 20),
+                       where="fuzz", fileobj=blob)
+    _empty(dest)
+
+
+def patch(data: bytes) -> None:
+    """patches.stack.touched_paths: the patch judge (paths, modes, headers) over a patch's bytes."""
+    from patches import stack
+
+    stack.touched_paths(data, "fuzz.patch")
+    stack.git_mode(data.decode("utf-8", "surrogateescape"))
+
+
+def json_reader(data: bytes) -> None:
+    """certify.canonical.parse_json, the bounded reader (plain and signed)."""
+    parse_json(data, source="fuzz.json")
+
+
+def recipe(data: bytes) -> None:
+    """certify.recipes.load_file over a recipe file holding ``data``."""
+    from certify import recipes
+
+    path = scratch() / "fuzz-recipe.json"
+    path.write_bytes(data)
+    recipes.load_file(path)
+
+
+def artifact_set(data: bytes) -> None:
+    """fetch.artifacts: the manifest reader load_set runs on a file's bytes (parse_json, parse_set)."""
+    from fetch import artifacts
+
+    artifacts.parse_set(parse_json(data, source="fuzz-set.json"), source="fuzz-set.json")
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "gguf_header": gguf_header,
+    "archive": archive,
+    "patch": patch,
+    "json": json_reader,
+    "recipe": recipe,
+    "artifact_set": artifact_set,
+}
+
+
+def run_one(name: str, data: bytes) -> bool:
+    """Feed one input; True when it parsed, False when refused with a typed error."""
+    try:
+        TARGETS[name](data)
+    except DgrError:
+        return False
+    return True
