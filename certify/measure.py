@@ -317,15 +317,17 @@ def _lane_reference(
     rc = recipe.route_change
     rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
     t0 = time.perf_counter()
+    capture = cuts if plan.lane in CAPTURING_LANES else ()
+    continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
         prompts = cpu_ref.prompts if cpu_ref else [pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
         forced, forced_seconds = None, 0.0
-        if cpu_ref is not None:
+        if continuations is not None:
             t1 = time.perf_counter()
-            forced = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts,
-                                         forced=[list(p.tokens) for p in cpu_ref.trace.prompts])
+            forced = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture,
+                                         forced=continuations)
             forced_seconds = time.perf_counter() - t1
-        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
+        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture)
         speed = speed_figures(_measure(pipe.clients, prompts, recipe, "f32"))
         # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
         # token by token (accumulation order), so on real weights a near-tie can flip even on one
@@ -334,6 +336,9 @@ def _lane_reference(
         route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
         record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
     record["speed"] = speed
+    if cuts and not capture:
+        trace, forced = _residuals_from_seams(plan, cuts, prompts, trace, forced, continuations)
+        record["residuals_from"] = "the lane's run with a seam at every cut (layer captures are CPU-only)"
     out.figures.update(
         {
             "reference": {"placement": mono.name, "lane": plan.lane},
@@ -352,6 +357,40 @@ def _lane_reference(
     )
     return _Reference(trace=trace, prompts=prompts, speed=speed, route=route, forced=forced,
                       forced_seconds=forced_seconds)
+
+
+# Lanes whose monolithic worker captures the residual entering a layer (llama's layer-input capture).
+# On Vulkan (lavapipe) a capture pass corrupts the worker's heap (SIGABRT "corrupted size vs.
+# prev_size", or SIGSEGV, reproducibly from a 13-token prefill on); GPU lanes take the residuals from
+# their own staged run instead, whose boundary at a cut is the residual entering that layer.
+CAPTURING_LANES = ("cpu",)
+
+
+def _residuals_from_seams(
+    plan: Plan, cuts: Sequence[int], prompts: Sequence[Sequence[int]], trace: drive.Trace,
+    forced: drive.Trace | None, continuations: Sequence[Sequence[int]] | None,
+) -> tuple[drive.Trace, drive.Trace | None]:
+    """``trace`` and ``forced`` with the residual at every cut, taken from a relayed run of the lane with
+    a seam at every cut (same prompts, same forcing).  Staging parity holds that run's logits to the
+    monolithic run's, so its boundaries stand for the monolithic run's residuals."""
+    recipe = plan.recipe
+    bounds = [0, *sorted(cuts), recipe.n_layer]
+    seams = Placement(name="residuals", stages=tuple(zip(bounds, bounds[1:], strict=False)))
+    with plan.where().start(plan.worker, seams, f"residuals-{plan.lane}") as pipe:
+        free = drive.run_placement(pipe.clients, prompts, recipe.n_decode)
+        teacher = (drive.run_placement(pipe.clients, prompts, recipe.n_decode, forced=continuations)
+                   if forced is not None else None)
+    width = trace.infos[0].n_embd
+    return _with_captures(trace, free, width), (_with_captures(forced, teacher, width)
+                                                if forced is not None and teacher is not None else None)
+
+
+def _with_captures(trace: drive.Trace, seams: drive.Trace, width: int) -> drive.Trace:
+    prompts = tuple(
+        dataclasses.replace(p, captures={c: boundary_residual(b, width) for c, b in s.boundaries.items()})
+        for p, s in zip(trace.prompts, seams.prompts, strict=True)
+    )
+    return dataclasses.replace(trace, prompts=prompts)
 
 
 def _backend_agreement(

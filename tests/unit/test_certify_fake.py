@@ -159,6 +159,10 @@ def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     assert pred["figures"]["reference"] == {"placement": "mono", "lane": "vulkan"}
     roles = {(p["name"], p["lane"], p["role"]) for p in pred["figures"]["placements"]}
     assert ("mono", "cpu", "backend-reference") in roles and ("mono", "vulkan", "reference") in roles
+    # Layer captures are CPU-only: the lane's residuals come from its run with a seam at every cut.
+    lane_mono = next(p for p in pred["figures"]["placements"] if p["role"] == "reference")
+    assert lane_mono["residuals_from"].startswith("the lane's run with a seam at every cut")
+    assert (w.evidence / "residuals-vulkan").is_dir()
     names = {r["name"] for r in pred["results"]}
     assert {"backend-agreement/vulkan-vs-cpu", "speed/mono", "staging-parity/two-middle"} <= names
     assert "staging-parity/mono" not in names
