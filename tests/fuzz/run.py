@@ -9,9 +9,12 @@ saved under DIR/<target>/findings/).  Exit 1 when a target has a finding.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,8 +37,13 @@ def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]
     if runs:
         argv.append(f"-runs={runs}")
     started = time.monotonic()
-    done = subprocess.run([*argv, str(corpus)], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          errors="replace", timeout=seconds + 600)
+    work = Path(tempfile.mkdtemp(prefix=f"dgr-fuzz-{name}-"))  # the target's scratch files (libFuzzer's
+    try:                                                        # exit skips Python's atexit)
+        done = subprocess.run([*argv, str(corpus)], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              errors="replace", timeout=seconds + 600,
+                              env={**os.environ, "DGR_FUZZ_SCRATCH": str(work)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     log = done.stdout + done.stderr
     (out / name / "libfuzzer.log").write_text(log)
     m = DONE.search(log)

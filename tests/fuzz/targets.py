@@ -8,6 +8,7 @@ folder per process (tmpfs where there is one), emptied after each input.
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import io
 import os
@@ -23,10 +24,17 @@ _SCRATCH: Path | None = None
 
 
 def scratch() -> Path:
+    """``DGR_FUZZ_SCRATCH`` (the fuzz runner's, removed by it), else a private folder removed at exit."""
     global _SCRATCH
     if _SCRATCH is None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        _SCRATCH = Path(tempfile.mkdtemp(prefix="dgr-fuzz-", dir=base))
+        given = os.environ.get("DGR_FUZZ_SCRATCH")
+        if given:
+            _SCRATCH = Path(given)
+            _SCRATCH.mkdir(parents=True, exist_ok=True)
+        else:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            _SCRATCH = Path(tempfile.mkdtemp(prefix="dgr-fuzz-", dir=base))
+            atexit.register(shutil.rmtree, _SCRATCH, True)
     return _SCRATCH
 
 
