@@ -359,8 +359,8 @@ def _greedy_passes(
     if forced is not None and len(forced) != n_decode:
         raise ConfigurationError(f"teacher forcing needs {n_decode} tokens, got {len(forced)}")
 
-    def pick(logits: np.ndarray) -> int:
-        return int(forced[len(chosen)]) if forced is not None else int(np.argmax(logits[-1]))
+    def pick(step: int, logits: np.ndarray) -> int:
+        return int(forced[step]) if forced is not None else int(np.argmax(logits[-1]))
 
     kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries, route=route)
     batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
@@ -370,12 +370,11 @@ def _greedy_passes(
         chunks.append(_forward_all(stages, infos, session, epoch, list(range(first, first + len(part))), part,
                                    all_logits=all_logits, **kw))
     passes = [_merge(chunks, all_logits=all_logits)]
-    chosen: list[int] = []
-    chosen.append(pick(passes[-1].logits))
+    chosen = [pick(0, passes[-1].logits)]
     while len(chosen) < n_decode:
         pos = len(prompt) + len(chosen) - 1
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
-        chosen.append(pick(passes[-1].logits))
+        chosen.append(pick(len(chosen), passes[-1].logits))
     return chosen, passes
 
 

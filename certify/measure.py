@@ -2,8 +2,9 @@
 
 One launch per placement.  On a lane other than the CPU: the CPU monolithic reference first, free-running
 with the residual captured at every cut any placement uses.  Then the lane's monolithic run (teacher-forced
-on the CPU reference's tokens for the backend-agreement gate, then free-running with every cut captured:
-the staging-parity reference, its speed and route change), then each staged placement: parity trace,
+on the CPU reference's tokens for the backend-agreement gate, then free-running: the staging-parity
+reference, its speed and route change), with the residual at every cut captured on the CPU lane and taken
+from a run with a seam at every cut elsewhere (CAPTURING_LANES); then each staged placement: parity trace,
 speed samples and, on the recipe's route-change placement, the epoch switch.  Workers are always
 stopped by the launcher; a worker that dies, hangs or answers with the wrong shape raises StageFailed
 ("stage K (layers a:b) failed: ...").
@@ -265,11 +266,20 @@ def run(plan: Plan) -> Outcome:
             "reason": f"lane {plan.lane} is the reference every other lane is held to",
         }
     _staged_placements(plan, ref, out)
-    rc_placement = recipe.route_change.placement if recipe.route_change else recipe.staged[0].name
+    rc_placement, _ = _route_change_at(recipe)
     if "route_change" not in out.figures:
         out.results.append(_route_change_not_run(out.results, rc_placement))
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
+
+
+def _route_change_at(recipe: Recipe) -> tuple[str, int]:
+    """Where the route change runs and after how many tokens (the recipe's, else the first staged
+    placement halfway through the decode)."""
+    rc = recipe.route_change
+    if rc is not None:
+        return rc.placement, rc.after_tokens
+    return recipe.staged[0].name, max(1, recipe.n_decode // 2)
 
 
 def _route_change_not_run(results: Sequence[Result], rc_placement: str) -> Result:
@@ -289,7 +299,6 @@ def _route_change_not_run(results: Sequence[Result], rc_placement: str) -> Resul
 class _CpuReference:
     trace: drive.Trace
     prompts: list[list[int]]
-    record: dict[str, Any]
     seconds: float
 
 
@@ -304,7 +313,7 @@ def _cpu_reference(plan: Plan, cuts: Sequence[int], out: Outcome) -> _CpuReferen
         trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
         record = _placement_record(mono, "cpu", "f32", "backend-reference", trace.infos)
     out.figures.setdefault("placements", []).append(record)
-    return _CpuReference(trace=trace, prompts=prompts, record=record, seconds=time.perf_counter() - t0)
+    return _CpuReference(trace=trace, prompts=prompts, seconds=time.perf_counter() - t0)
 
 
 def _lane_reference(
@@ -314,8 +323,7 @@ def _lane_reference(
     its speed (the staged/monolithic reference) and its own route change (bitwise comparable); with a
     CPU reference, also teacher-forced on the reference's tokens (the backend-agreement figures)."""
     recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
-    rc = recipe.route_change
-    rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
+    _, rc_after = _route_change_at(recipe)
     t0 = time.perf_counter()
     capture = cuts if plan.lane in CAPTURING_LANES else ()
     continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
@@ -376,13 +384,13 @@ def _residuals_from_seams(
     recipe = plan.recipe
     bounds = [0, *sorted(cuts), recipe.n_layer]
     seams = Placement(name="residuals", stages=tuple(zip(bounds, bounds[1:], strict=False)))
-    with plan.where().start(plan.worker, seams, f"residuals-{plan.lane}") as pipe:
-        free = drive.run_placement(pipe.clients, prompts, recipe.n_decode)
-        teacher = (drive.run_placement(pipe.clients, prompts, recipe.n_decode, forced=continuations)
-                   if forced is not None else None)
     width = trace.infos[0].n_embd
-    return _with_captures(trace, free, width), (_with_captures(forced, teacher, width)
-                                                if forced is not None and teacher is not None else None)
+    with plan.where().start(plan.worker, seams, f"residuals-{plan.lane}") as pipe:
+        trace = _with_captures(trace, drive.run_placement(pipe.clients, prompts, recipe.n_decode), width)
+        if forced is not None:
+            teacher = drive.run_placement(pipe.clients, prompts, recipe.n_decode, forced=continuations)
+            forced = _with_captures(forced, teacher, width)
+    return trace, forced
 
 
 def _with_captures(trace: drive.Trace, seams: drive.Trace, width: int) -> drive.Trace:
@@ -431,9 +439,7 @@ def _staged_placements(plan: Plan, ref: _Reference, out: Outcome) -> None:
 
 def _staged_placement(plan: Plan, p: Placement, where: Pipelines, ref: _Reference, out: Outcome) -> None:
     recipe, hc = plan.recipe, plan.hardware_class
-    rc = recipe.route_change
-    rc_placement = rc.placement if rc else recipe.staged[0].name
-    rc_after = rc.after_tokens if rc else max(1, recipe.n_decode // 2)
+    rc_placement, rc_after = _route_change_at(recipe)
     t0 = time.perf_counter()
     dtype = recipe.dtype_of(p)
     with where.start(plan.worker, p, p.name) as pipe:
