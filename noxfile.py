@@ -132,9 +132,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff over the project."""
-    session.install("ruff")
+    """Ruff over the project, then the import contracts (one-way layers, no cycles; pyproject.toml)."""
+    session.install("ruff", "import-linter>=2.1")
     session.run("ruff", "check", ".")
+    session.run("lint-imports", env={"PYTHONPATH": str(Path(__file__).parent)})
 
 
 @nox.session

@@ -1,1 +1,2 @@
-"""dgr-certify: the certification stage and the `dgr` command line."""
+"""The certification stage: inputs, measuring, metrics, gates, verdict, hardware, certificate, keys,
+verification, and the run that ties them together."""

@@ -1,3 +1,3 @@
-from certify.cli import entry
+from cli.main import entry
 
 entry()

@@ -15,9 +15,9 @@ from typing import Any
 
 import blake3
 
-from certify.canonical import HASH_BLOCK, canonical_bytes, read_json, write_json
-from certify.errors import IntegrityError
 from certify.keys import SigningKey
+from core.canonical import HASH_BLOCK, canonical_bytes, read_json, write_json
+from core.errors import IntegrityError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from certify.recipes import BackendAgreement, Placement, Speed, StagingParity
 from certify.verdict import Result, Status
+from manifests.recipe_model import BackendAgreement, Placement, Speed, StagingParity
 
 Figures = Mapping[str, float]
 
@@ -210,7 +210,7 @@ SEAM_BOUND_FLOOR = 0.95
 def speed_checks(speed: Speed, placement: Placement) -> list[Check]:
     if placement.seams:
         # Shaped seams: the monolithic reference runs on loopback, so an absolute floor or a ratio to
-        # it says nothing; what the links allow (certify.physics) is the reference instead.
+        # it says nothing; what the links allow (pipeline.physics) is the reference instead.
         assert speed.seam_bound_factor_max is not None and speed.bound_efficiency_min is not None
         return [
             AtMost(name="slowest seam / its physical bound", metric="seam_ratio_max",

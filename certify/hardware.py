@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from certify import proc
-from certify.errors import DgrError
+from core import proc
+from core.errors import DgrError
 
 
 def _cpu_model() -> str:

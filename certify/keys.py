@@ -19,9 +19,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from certify.canonical import atomic_write_bytes
-from certify.errors import ConfigurationError, IntegrityError
-from certify.workspace import MANIFESTS, Workspace, refuse_links_below
+from core.canonical import atomic_write_bytes
+from core.errors import ConfigurationError, IntegrityError
+from core.workspace import MANIFESTS, Workspace, refuse_links_below
 
 TRUSTED_KEYS = MANIFESTS / "keys"
 DEV_KEY_NAME = "dev-ed25519.pem"

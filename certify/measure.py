@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from certify import drive, gates, metrics, physics
-from certify.recipes import BackendAgreement, HardwareClass, Placement, Recipe
+from certify import gates, metrics
 from certify.verdict import Result, Status
+from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
+from pipeline import drive, physics
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
 
@@ -34,7 +35,7 @@ TOKEN_ID_BYTES = 4  # one int32 token id per position: the hash-routing sideband
 
 class Pipelines(Protocol):
     """Where a placement's stages run.  The default starts workers on loopback (worker.launcher);
-    certify.seams starts them in network namespaces behind shaped links, certify.placement attaches to
+    pipeline.seams starts them in network namespaces behind shaped links, pipeline.attached attaches to
     workers an operator already runs.  The context manager yields an object with ``clients`` (one
     StageClient per stage, in order) and stops (or, for attached workers, releases) them on exit."""
 
@@ -522,12 +523,12 @@ def route_change_gate(
 
 def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
     """Where placements with shaped seams run: each stage in its own network namespace behind its
-    link (certify.seams), or None and why they cannot run here.  Probed once per run: the probe makes
+    link (pipeline.seams), or None and why they cannot run here.  Probed once per run: the probe makes
     and removes a namespace."""
     if plan.pipelines is not None:
         return None, ("shaped seams are simulated on one machine (network namespaces); these workers run "
                       "elsewhere and cross real links, so the placement is not run")
-    from certify import seams
+    from pipeline import seams
 
     support = seams.probe(plan.env)
     if not support.available:

@@ -10,38 +10,29 @@ the error names the stage, every worker is stopped by the launcher, and the evid
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
 from certify import gates, hardware
-from certify.canonical import atomic_write_bytes, sha256_bytes, write_json
-from certify.context import Context
-from certify.errors import ConfigurationError, DgrError, GateFailed, IntegrityError
+from certify.inputs import Prepared, ctx_size, prepare, worker_threads
 from certify.keys import SigningKey, signing_key
-from certify.recipes import HardwareClass, Recipe
 from certify.verdict import Result, Status, Verdict, decide
+from core.canonical import atomic_write_bytes, sha256_bytes, write_json
+from core.context import Context
+from core.errors import DgrError, GateFailed, Terminated
+from manifests.recipe_model import HardwareClass, Recipe
 
 REPORT_FILE = "report.html"
 CERTIFICATE_FILE = "certificate.json"
 
-
-@dataclass(frozen=True, kw_only=True)
-class Prepared:
-    """Everything the measurement needs, each piece already verified by its own stage."""
-
-    model: Path  # the first split file; the worker finds the others beside it
-    worker: tuple[str, ...]  # the lane's worker program (argv prefix)
-    reference_worker: tuple[str, ...] | None = None  # the CPU build, for the backend-agreement gate
-    identity: Mapping[str, Any] = field(default_factory=dict)
-    subjects: Sequence[Mapping[str, Any]] = ()
-    local_paths: Mapping[str, str] = field(default_factory=dict)
-    verified: Sequence[str] = ()
+Render = Callable[..., str]
+"""``render(statement, signer=...) -> html``: the report page of a statement about to be signed. The CLI
+passes ``reports.render.render`` down; certify never imports the renderer, which sits above it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,144 +53,6 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-# Preparation: the real stages (each verifies its own output) ---------------------------------------
-def _binary_subjects(
-    lane: str, binaries: Mapping[str, Path], recorded: Mapping[str, Any]
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    subjects, paths = [], {}
-    for name, path in sorted(binaries.items()):
-        digests = cert.file_digests(Path(path))
-        record = recorded.get(name)
-        want = record.get("sha256") if isinstance(record, Mapping) else None
-        if want and want != digests["sha256"]:
-            raise IntegrityError(
-                f"{lane} build: {path} changed since it was built (sha256 {digests['sha256']}, "
-                f"build provenance says {want})",
-                hint=f"run `dgr build --lane {lane}` again",
-            )
-        subject_name = f"build/{lane}/{Path(path).name}"
-        subjects.append(cert.subject(subject_name, digests))
-        paths[subject_name] = str(Path(path).resolve())
-    return subjects, paths
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verified:
-    """What a certification holds true of this machine's inputs, whoever runs the workers."""
-
-    model: Path
-    subjects: list[dict[str, Any]]
-    paths: dict[str, str]
-    identity: dict[str, Any]  # source, patches, artifacts (the build is the caller's)
-    artifacts_line: str
-
-
-def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
-    """Provision (verify) the recipe's artifacts and the source/patch trees: the identity chain's
-    machine-independent part, and the artifact subjects."""
-    from fetch.artifacts import load_set
-    from fetch.provision import provision
-    from patches.stack import ensure_patched
-
-    provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant)
-    patched = ensure_patched(ctx)
-    pristine = patched.pristine  # verified by ensure_patched
-    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
-    subjects, paths = [], {}
-    store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
-    for entry, path in zip(entries, provisioned.files, strict=True):
-        # Provisioning checked every file's blake3 against the manifest: no need to hash again.  Its
-        # sha256 is the manifest's, never computed here, and the subject says so.
-        name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
-        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3},
-                                     established={"blake3": cert.PROVISIONING_BLAKE3,
-                                                  "sha256": cert.MANIFEST_SHA256}))
-        paths[name] = str(Path(path).resolve())
-    identity = {
-        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
-        "patches": {**dict(patched.provenance), "digest": patched.digest},
-        "artifacts": {
-            "set": recipe.artifacts,
-            "variant": recipe.variant,
-            "manifest_digest": provisioned.manifest_digest,
-            **dict(provisioned.provenance),
-        },
-    }
-    line = (
-        f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
-        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning (blake3; the sha256 stated "
-        "is the manifest's)"
-    )
-    return Verified(model=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
-                    artifacts_line=line)
-
-
-def prepare(
-    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None, need_cpu_reference: bool
-) -> Prepared:
-    from lanes.build import ensure_build
-
-    inputs = verified_inputs(ctx, recipe, store=store)
-    build = ensure_build(ctx, lane)
-    if build.worker is None:
-        raise ConfigurationError(
-            f"the {lane} build at {build.dir} has no dgr-shard-worker", hint=f"run `dgr build --lane {lane}`"
-        )
-    ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
-    subjects, paths = list(inputs.subjects), dict(inputs.paths)
-    for b in (build, ref_build):
-        if b is None:
-            continue
-        s, p = _binary_subjects(b.lane, b.binaries, b.provenance.get("binaries", {}))
-        subjects += s
-        paths.update(p)
-    identity = {
-        **inputs.identity,
-        "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
-        "reference_build": (
-            {**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
-            if ref_build
-            else None
-        ),
-    }
-    verified = [
-        inputs.artifacts_line,
-        f"build: {lane} binaries hashed and matched to the build's provenance (key {build.key[:16]}…)",
-    ]
-    if ref_build is not None:
-        verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
-    return Prepared(
-        model=inputs.model,
-        worker=(str(build.worker),),
-        reference_worker=(str(ref_build.worker),) if ref_build else None,
-        identity=identity,
-        subjects=subjects,
-        local_paths=paths,
-        verified=verified,
-    )
-
-
-# The run -------------------------------------------------------------------------------------------
-def ctx_size(recipe: Recipe) -> int:
-    """Context for the workers: room for the longest prompt (tokens <= bytes + BOS) plus decode."""
-    prompt_chars = max(len(t.encode()) for t in recipe.prompts.texts)
-    need = max(
-        prompt_chars + 2 + recipe.n_decode, recipe.measure.prompt_tokens + recipe.measure.decode_tokens
-    )
-    return max(256, -(-need // 256) * 256)
-
-
-def worker_threads(env: Mapping[str, str], cores: int) -> int:
-    """Threads per worker: every core by default (stages of one box compute one at a time);
-    ``DGR_WORKER_THREADS`` overrides (a shared or oversubscribed machine)."""
-    raw = env.get("DGR_WORKER_THREADS", "").strip()
-    if not raw:
-        return cores
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigurationError(f"DGR_WORKER_THREADS={raw!r} is not a positive integer")
-    return int(raw)
-
-
 def run_certification(
     ctx: Context,
     recipe: Recipe,
@@ -212,10 +65,11 @@ def run_certification(
     call_deadline: float = 120.0,
     placement_file: Any = None,
     fingerprint: Mapping[str, Any] | None = None,
+    render: Render,
 ) -> Written:
     """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL.
 
-    ``placement_file`` (certify.placement.PlacementFile): attach to workers the operator runs instead
+    ``placement_file`` (manifests.placement_file.PlacementFile): attach to workers the operator runs instead
     of starting our own; each is checked through Info before it is trusted.  ``fingerprint``: this
     machine's, when the caller has just taken it (``certify`` does, to pick the hardware class).
     """
@@ -269,7 +123,7 @@ def run_certification(
     attached, skipped = None, []
     try:
         if placement_file is not None:
-            from certify import placement as attach
+            from certify import attach
 
             plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, context)
         if attached is not None:
@@ -307,6 +161,7 @@ def run_certification(
             key=key,
             verdict=verdict,
             evidence=evidence,
+            render=render,
         )
     except BaseException as exc:
         _unfinished(evidence, run_id, recipe, lane, exc, started, unsigned_verdict=verdict.status.value)
@@ -319,10 +174,8 @@ def run_certification(
 def _unfinished(
     evidence: Path, run_id: str, recipe: Recipe, lane: str, exc: BaseException, started: float, **more: Any
 ) -> None:
-    """``run.json`` for a run that did not finish, whatever ended it: a DgrError, SIGTERM (cli.Terminated),
+    """``run.json`` for a run that did not finish, whatever ended it: a DgrError, SIGTERM (Terminated),
     ^C or a bug; the exception then goes on to the caller."""
-    from certify.cli import Terminated
-
     if isinstance(exc, DgrError):
         error = exc.one_line()
     elif isinstance(exc, Terminated):
@@ -357,10 +210,9 @@ def publish(
     key: SigningKey,
     verdict: Verdict,
     evidence: Path,
+    render: Render,
 ) -> Written:
     """Render the page, put its digest in the predicate, sign, write both; never sign an ERROR."""
-    from reports.render import render
-
     if verdict.status is Status.ERROR:
         raise ValueError("an incomplete run is never signed")
     signer = {
@@ -415,11 +267,17 @@ def publish(
 
 
 def certify(
-    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None = None, placement_file: Path | None = None
+    ctx: Context,
+    recipe: Recipe,
+    lane: str,
+    *,
+    render: Render,
+    store: Path | None = None,
+    placement_file: Path | None = None,
 ) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5."""
     recipe.require_lane(lane)
-    from fetch.artifacts import load_set, require_sealed
+    from manifests.artifact_sets import load_set, require_sealed
 
     # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.
     require_sealed(load_set(recipe.artifacts), recipe.variant)
@@ -427,15 +285,17 @@ def certify(
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
     if placement_file is not None:
-        from certify import placement as attach
-        from certify import worker_identity
+        from certify import attach
+        from certify.inputs import prepare_attached
+        from manifests.placement_file import load_file
 
-        pf = attach.load_file(placement_file)
+        pf = load_file(placement_file)
         attach.restrict(pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None)
-        prepared = worker_identity.prepare_attached(ctx, recipe, lane, store=store)
-        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp)
+        prepared = prepare_attached(ctx, recipe, lane, store=store)
+        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp,
+                                 render=render)
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.agreement_for(lane) is not None)
-    return run_certification(ctx, recipe, lane, prepared, key=key, fingerprint=fp)
+    return run_certification(ctx, recipe, lane, prepared, key=key, fingerprint=fp, render=render)
 
 
 def gate_failed(written: Written) -> GateFailed:

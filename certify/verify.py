@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
-from certify.canonical import BadSignedJson, parse_json, sha256_file
-from certify.errors import ConfigurationError
 from certify.keys import TrustedKey
+from core.canonical import BadSignedJson, parse_json, sha256_file
+from core.errors import ConfigurationError
 
 OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"
 

@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from certify import proc
-from certify.canonical import sha256_file
-from certify.context import Context
-from certify.errors import ConfigurationError
-from certify.workspace import PROJECT_ROOT
+from core import proc
+from core.canonical import sha256_file
+from core.context import Context
+from core.errors import ConfigurationError
+from core.workspace import PROJECT_ROOT
 from device import manifest, snapshot, sysroot, wheels
 
 RECIPES: tuple[str, ...] = ("tiny-llama", "tiny-v4", "gemma3-270m-q4")
@@ -126,9 +126,10 @@ def _tree(ctx: Context, root: Path, log: Callable[[str], None]) -> dict[str, Any
 def _artifacts(
     ctx: Context, recipe_name: str, root: Path, options: Options, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    from certify import recipes
-    from fetch.artifacts import load_set
     from fetch.provision import provision
+    from lanes.build import fetch_tools
+    from manifests import recipe_model as recipes
+    from manifests.artifact_sets import load_set
 
     manifests = root / "project" / "manifests"
     recipe_file = manifests / "recipes" / f"{recipe_name}.json"
@@ -142,7 +143,8 @@ def _artifacts(
     if kinds == ["generated"] and aset.name not in options.carry_generated:
         log(f"device bundle: {aset.name}/{recipe.variant} is regenerated on the device from the carried tree")
         return {**entry, "carried": False}
-    done = provision(ctx, aset.name, variant=recipe.variant, manifests=manifests / "artifacts")
+    done = provision(ctx, aset.name, variant=recipe.variant, manifests=manifests / "artifacts",
+                     tools=fetch_tools(ctx))
     dest = root / "store" / aset.name / recipe.variant
     dest.mkdir(parents=True)
     for f in (*done.files, done.provenance_path):

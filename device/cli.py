@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from certify.errors import DgrError
+from core.errors import DgrError
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 # What a device run needs from a lane build: the shard worker and libllama it links.  The tools in
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    from certify.context import Context
+    from core.context import Context
     from device import bundle, wheels
 
     ctx = Context.from_env()
@@ -118,7 +118,7 @@ def _python_check(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from certify.context import Context
+    from core.context import Context
     from lanes.base import BuildOptions
     from lanes.build import ensure_build
 

@@ -2,7 +2,7 @@
 
 Written last by ``device.bundle``, checked first on the device (``python -m device verify``) before
 anything in the bundle is trusted, so a truncated or altered copy stops the run with one line per
-problem.  Standard library only (plus certify.canonical, itself standard library only): on the device
+problem.  Standard library only (plus core.canonical, itself standard library only): on the device
 it runs before any wheel is installed.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import read_json, sha256_file, write_json
-from certify.errors import ConfigurationError, IntegrityError
+from core.canonical import read_json, sha256_file, write_json
+from core.errors import ConfigurationError, IntegrityError
 
 MANIFEST = "BUNDLE.json"
 KIND = "dgr.device-bundle"

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from certify import proc
-from certify.errors import ConfigurationError
+from core import proc
+from core.errors import ConfigurationError
 
 
 @dataclass(frozen=True, kw_only=True)

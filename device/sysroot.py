@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from certify import proc
-from certify.canonical import read_json, sha256_file, write_json
-from certify.context import Context
-from certify.errors import IntegrityError
+from core import proc
+from core.canonical import read_json, sha256_file, write_json
+from core.context import Context
+from core.errors import IntegrityError
 
 TOOLCHAIN = "grpc-debian12"
 MULTIARCH = "x86_64-linux-gnu"

@@ -21,8 +21,8 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from certify.canonical import canonical_digest, read_json, sha256_file, write_json
-from certify.errors import ConfigurationError
+from core.canonical import canonical_digest, read_json, sha256_file, write_json
+from core.errors import ConfigurationError
 
 # glibc 2.17 (manylinux2014) up to 2.35 (Ubuntu 22.04; Debian 12 has 2.36): what a target box runs.
 PLATFORMS: tuple[str, ...] = (
@@ -147,7 +147,7 @@ def cached(
     log: Callable[[str], None] = print,
 ) -> Path:
     """The cache folder holding every wheel ``reqs`` needs on CPython ``version`` (downloaded once)."""
-    from certify import proc
+    from core import proc
 
     key = canonical_digest({"requirements": list(reqs), "platforms": list(PLATFORMS), "python": version})
     where = cache / "device-wheels" / f"{tag(version)}-{key[:16]}"

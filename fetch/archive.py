@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from certify.errors import IntegrityError
+from core.errors import IntegrityError
 
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from certify import proc
-from certify.errors import ConfigurationError, RuntimeFailure
+from core import proc
+from core.errors import ConfigurationError, RuntimeFailure
 
 PROBE = "dgr-topk-probe"
 REPORT_KIND = "dgr.topk_probe"
@@ -132,13 +132,15 @@ def describe(summ: dict[str, Any]) -> list[str]:
     return lines
 
 
-def check_generated(ctx: Any, set_name: str, vname: str, model: Path) -> dict[str, Any]:
+def check_generated(
+    ctx: Any, set_name: str, vname: str, model: Path, probe_build: Callable[[], Path]
+) -> dict[str, Any]:
     """Measure a freshly generated model's selections on the prompts of every recipe that certifies
     this set and variant, with the CPU lane's probe; refuse (exit 2) a model with an exact tie at a
     selection boundary: a backend's tie rule, not the model, would decide what it attends or routes
-    to.  Returns the summary the manifest records."""
-    from certify import recipes
-    from lanes.build import ensure_build
+    to.  ``probe_build`` gives the CPU build folder holding the probe.  Returns the summary the
+    manifest records."""
+    from manifests import recipe_model as recipes
 
     users = [r for r in (recipes.load(n, ctx.env) for n in recipes.available(ctx.env))
              if r.artifacts == set_name and r.variant == vname]
@@ -146,8 +148,7 @@ def check_generated(ctx: Any, set_name: str, vname: str, model: Path) -> dict[st
         return {"measured": False, "reason": f"no recipe certifies {set_name}/{vname}"}
     texts = list(dict.fromkeys(t for r in users for t in r.prompts.texts))
     n_decode = max(r.n_decode for r in users)
-    build = ensure_build(ctx, "cpu")
-    report = measure_conditioning(build.dir, model, texts, n_decode, threads=2)
+    report = measure_conditioning(probe_build(), model, texts, n_decode, threads=2)
     summ = {"measured": True, "recipes": sorted(r.name for r in users), "prompts": len(texts),
             "n_decode": n_decode, "probe": PROBE, **summary(report)}
     for line in describe(summ):

@@ -34,9 +34,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from certify.errors import IntegrityError, RuntimeFailure
-from fetch.artifacts import Origin
+from core.errors import IntegrityError, RuntimeFailure
 from fetch.ledger import Partial, open_nofollow
+from manifests.artifact_sets import Origin
 
 log = logging.getLogger("dgr.fetch")
 

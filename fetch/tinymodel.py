@@ -17,16 +17,14 @@ Layout follows llama-gguf-split: ``<name>-0000k-of-0000n.gguf``, ``split.no``/``
 
 from __future__ import annotations
 
-import importlib
-import math
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from certify.errors import ConfigurationError, IntegrityError
+from core.errors import ConfigurationError
+from fetch.tinygguf import Weights, copy_tokenizer, import_gguf, split_names, write_splits
 
 DEFAULTS: dict[str, Any] = {
     "architecture": "llama",
@@ -48,80 +46,8 @@ DEFAULTS: dict[str, Any] = {
 FTYPES = {"f32": 0, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_Q8_0
 
 
-def import_gguf(tree: Path) -> Any:
-    """The pinned tree's gguf-py (not whatever the environment may have installed)."""
-    where = (tree / "gguf-py").resolve()
-    if not (where / "gguf" / "__init__.py").is_file():
-        raise ConfigurationError(f"{where} has no gguf package; is {tree} a llama.cpp tree?")
-    loaded = sys.modules.get("gguf")
-    if loaded is not None:
-        if Path(loaded.__file__ or "").resolve().is_relative_to(where):
-            return loaded
-        raise ConfigurationError(
-            f"another gguf package is already imported from {loaded.__file__}", hint="run in a fresh process"
-        )
-    sys.path.insert(0, str(where))
-    try:
-        module = importlib.import_module("gguf")
-    finally:
-        sys.path.remove(str(where))
-    return module
-
-
-def split_names(stem: str, n: int) -> list[str]:
-    """The names the writer gives ``n`` split files of ``stem`` (one file keeps the bare stem)."""
-    return [f"{stem}-{i + 1:05d}-of-{n:05d}.gguf" for i in range(n)] if n > 1 else [f"{stem}.gguf"]
-
-
 def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
     return split_names(f"tiny-llama-{variant}", int({**DEFAULTS, **params}["splits"]))
-
-
-def write_splits(writer: Any, out_dir: Path, names: list[str], who: str) -> list[Path]:
-    """Write the header, KV pairs and tensors, close, and check every named split file is there."""
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    paths = [out_dir / n for n in names]
-    for path in paths:
-        if not path.is_file():
-            raise IntegrityError(f"{who}: the writer did not produce {path.name}")
-    return paths
-
-
-class _Weights:
-    """Uniform weights in [-a, a) from PCG64's raw stream (stable across numpy versions)."""
-
-    def __init__(self, seed: int) -> None:
-        self.bits = np.random.PCG64(seed)
-
-    def uniform(self, shape: tuple[int, ...], std: float) -> np.ndarray:
-        n = math.prod(shape)
-        raw = self.bits.random_raw(n).astype(np.uint64)
-        unit = (raw >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))  # [0, 1), exact
-        a = std * math.sqrt(3.0)
-        return ((unit * 2.0 - 1.0) * a).astype(np.float32).reshape(shape)
-
-
-def _copy_tokenizer(gguf: Any, writer: Any, vocab: Path) -> int:
-    reader = gguf.GGUFReader(vocab)
-    n_vocab = 0
-    for name, field in reader.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[1]
-            value = field.contents()
-            writer.add_key_value(name, value, vtype, sub_type=sub)
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(value)
-        else:
-            writer.add_key_value(name, field.contents(), vtype)
-    if not n_vocab:
-        raise IntegrityError(f"{vocab} has no tokenizer.ggml.tokens")
-    return n_vocab
 
 
 def selects_top_k(params: Mapping[str, Any]) -> bool:
@@ -167,10 +93,10 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     writer.add_file_type(FTYPES[ftype])
     if ftype != "f32":
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    n_vocab = _copy_tokenizer(gguf, writer, tree / str(p["vocab"]))
+    n_vocab = copy_tokenizer(gguf, writer, tree / str(p["vocab"]))
     writer.add_vocab_size(n_vocab)
 
-    rng = _Weights(int(p["seed"]))
+    rng = Weights(int(p["seed"]))
     std = float(p["init_std"])
     q8 = gguf.GGMLQuantizationType.Q8_0
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from certify.errors import ConfigurationError
-from fetch.tinymodel import _copy_tokenizer, _Weights, import_gguf, split_names, write_splits
+from core.errors import ConfigurationError
+from fetch.tinygguf import Weights, copy_tokenizer, import_gguf, split_names, write_splits
 
 ARCH = "deepseek4"
 HC_MULT = 4  # the pinned graph asserts hc == 4 (build_hc_pre)
@@ -159,10 +159,10 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     w.add_hyper_connection_epsilon(float(p["hc_eps"]))
     w.add_hash_layer_count(hash_layers)
     w.add_file_type(FTYPES[str(p["ftype"])])
-    n_vocab = _copy_tokenizer(gguf, w, tree / str(p["vocab"]))
+    n_vocab = copy_tokenizer(gguf, w, tree / str(p["vocab"]))
     w.add_vocab_size(n_vocab)
 
-    rng = _Weights(int(p["seed"]))
+    rng = Weights(int(p["seed"]))
     std = float(p["init_std"])
 
     def add(name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
@@ -223,7 +223,7 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
 
 
-def _selection_bias(rng: _Weights, n_expert: int, n_used: int, std: float, boost: float) -> np.ndarray:
+def _selection_bias(rng: Weights, n_expert: int, n_used: int, std: float, boost: float) -> np.ndarray:
     """F32 [n_expert]: small random biases, ``boost`` added to ``n_used`` experts drawn at random."""
     bias = rng.uniform((n_expert,), std)
     keys = rng.bits.random_raw(n_expert).astype(np.uint64)
@@ -232,7 +232,7 @@ def _selection_bias(rng: _Weights, n_expert: int, n_used: int, std: float, boost
     return bias
 
 
-def _hash_table(rng: _Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:
+def _hash_table(rng: Weights, n_vocab: int, n_expert: int, n_used: int) -> np.ndarray:
     """token id -> ``n_used`` distinct experts (I32 [n_vocab, n_used]): a random permutation's head."""
     keys = rng.bits.random_raw(n_vocab * n_expert).astype(np.uint64).reshape(n_vocab, n_expert)
     order = np.argsort(keys, axis=1, kind="stable")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from certify.errors import CommandFailed, CommandTimeout, ConfigurationError, ToolchainMissing
+from core.errors import CommandFailed, CommandTimeout, ConfigurationError, ToolchainMissing
 
 LANE_NAMES: tuple[str, ...] = ("cpu", "cuda", "rocm", "vulkan", "metal")
 
@@ -197,7 +197,7 @@ def which(program: str, env: Mapping[str, str]) -> str | None:
 
 def tool_output(path: str, args: list[str], env: Mapping[str, str]) -> str | None:
     """Combined output of ``path args`` (a version query); None when it fails or hangs."""
-    from certify import proc
+    from core import proc
 
     try:
         return proc.run([path, *args], env=env, no_output_timeout=VERSION_TIMEOUT_S).output

@@ -19,11 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import canonical_digest, read_json, sha256_file, write_json
-from certify.context import Context
-from certify.errors import ConfigurationError, RuntimeFailure, ToolchainMissing
-from certify.locks import hold
-from certify.workspace import WORKER, refuse_links_below
+from core.canonical import canonical_digest, read_json, sha256_file, write_json
+from core.context import Context
+from core.errors import ConfigurationError, RuntimeFailure, ToolchainMissing
+from core.locks import hold
+from core.workspace import WORKER, refuse_links_below
+from fetch.tools import Tools
 from lanes import base, cmake
 
 SCHEMA_VERSION = 1
@@ -169,8 +170,8 @@ def build_tree(
     with _locked(where):
         started = time.monotonic()
         (where / RECORD).unlink(missing_ok=True)  # a half-finished dir must never be trusted
-        env = _environment(ctx, lane, probe, tree)
-        source = _source_link(where, tree.path)
+        env = build_environment(ctx, lane, probe, tree)
+        source = source_link(where, tree.path)
         located = [*args, *cmake.location_args(host, llama_source=source)]
         lane_locations = getattr(lane, "location_args", None)
         if lane_locations is not None:
@@ -225,7 +226,7 @@ def build_tree(
     return _as_build(where, prov, reused=False)
 
 
-def _source_link(where: Path, tree: Path) -> Path:
+def source_link(where: Path, tree: Path) -> Path:
     """``<build dir>/llama-src`` -> the patched tree, the path CMake and the compilers see.
 
     The patched tree's own path names its patch stack, so a changed patch would give every
@@ -242,7 +243,9 @@ def _source_link(where: Path, tree: Path) -> Path:
     return link
 
 
-def _environment(ctx: Context, lane: base.Lane, probe: base.ToolchainProbe, tree: Tree) -> dict[str, str]:
+def build_environment(
+    ctx: Context, lane: base.Lane, probe: base.ToolchainProbe, tree: Tree
+) -> dict[str, str]:
     env = dict(ctx.env)
     env.update(lane.environment(ctx.env, probe))
     # ggml's CMakeLists asks `git rev-parse HEAD` inside the tree and compiles the answer into
@@ -342,3 +345,10 @@ def _as_build(where: Path, prov: Mapping[str, Any], *, reused: bool) -> Build:
 def _locked(where: Path) -> AbstractContextManager[Path]:
     """One build per directory at a time; the second fails fast naming the holder."""
     return hold(where.parent / f"{where.name}.lock", what=f"the build directory {where}", wait_s=0)
+
+
+def fetch_tools(ctx: Context) -> Tools:
+    """The programs provisioning and sealing run (the split tool, the top-k probe), from the CPU lane's
+    build, built on first use and a no-op when current. fetch cannot import lanes; callers pass this."""
+    return Tools(split=lambda: ensure_build(ctx, "cpu").binaries["llama-gguf-split"],
+                 probe_build=lambda: ensure_build(ctx, "cpu").dir)

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from certify import proc
-from certify.errors import CommandFailed, ToolchainMissing
+from core import proc
+from core.errors import CommandFailed, ToolchainMissing
 from lanes import packages
 from lanes.base import (
     BuildOptions,

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from certify.errors import ConfigurationError
-from certify.workspace import Workspace
+from core.errors import ConfigurationError
+from core.workspace import Workspace
 from lanes import cmake, toolchains
 from lanes.base import (
     BuildOptions,

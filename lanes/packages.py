@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-# certify.errors.ToolchainMissing.exit_code (this module may not import the project: see above).
+# core.errors.ToolchainMissing.exit_code (this module may not import the project: see above).
 EXIT_TOOLCHAIN = 4
 PKG_CONFIG_TIMEOUT_S = 30.0
 

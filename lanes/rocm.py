@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from certify.errors import ConfigurationError
+from core.errors import ConfigurationError
 from lanes import cmake
 from lanes.base import (
     BuildOptions,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from certify.errors import RuntimeFailure
+from core.errors import RuntimeFailure
 
 # The ggml device name prefix each lane's backend reports (ggml_backend_dev_name: "Vulkan0", "CUDA0").
 DEVICE_PREFIX: dict[str, str] = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "MTL"}

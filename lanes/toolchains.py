@@ -27,17 +27,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from certify import proc
-from certify.canonical import canonical_digest, read_json, sha256_file, write_json
-from certify.errors import (
+from core import proc
+from core.canonical import canonical_digest, read_json, sha256_file, write_json
+from core.errors import (
     CommandFailed,
     CommandTimeout,
     ConfigurationError,
     IntegrityError,
     ToolchainMissing,
 )
-from certify.locks import hold
-from certify.workspace import MANIFESTS, Workspace, refuse_links_below
+from core.locks import hold
+from core.workspace import MANIFESTS, Workspace, refuse_links_below
 
 TOOLCHAINS = MANIFESTS / "toolchains"
 STAMP = ".dgr-toolchain.json"

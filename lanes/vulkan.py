@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from certify.workspace import Workspace
+from core.workspace import Workspace
 from lanes import cmake, toolchains
 from lanes.base import BuildOptions, Status, ToolchainProbe, first_line, tool_output, which
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import jsonschema
 
-from certify.canonical import read_json
-from certify.errors import ConfigurationError
-from certify.workspace import MANIFESTS
+from core.canonical import read_json
+from core.errors import ConfigurationError
+from core.workspace import MANIFESTS
 
 SCHEMAS = MANIFESTS / "schemas"
 

@@ -14,10 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from certify.canonical import atomic_write_bytes, sha256_bytes
-from certify.context import Context
-from certify.errors import CommandFailed, ConfigurationError, IntegrityError
-from certify.workspace import PATCHES
+from core.canonical import atomic_write_bytes, sha256_bytes
+from core.context import Context
+from core.errors import CommandFailed, ConfigurationError, IntegrityError
+from core.workspace import PATCHES
 from fetch import gittree
 from fetch.source import Pin, ensure_pristine
 from patches.stack import NAME, load_stack, read_series, write_series

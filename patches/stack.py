@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from certify.canonical import atomic_write_bytes, canonical_digest, read_json, sha256_bytes, write_json
-from certify.context import Context
-from certify.errors import CommandFailed, ConfigurationError, IntegrityError
-from certify.workspace import PATCHES, refuse_links_below
+from core.canonical import atomic_write_bytes, canonical_digest, read_json, sha256_bytes, write_json
+from core.clock import utc_now
+from core.context import Context
+from core.errors import CommandFailed, ConfigurationError, IntegrityError
+from core.locks import lock_file
+from core.workspace import PATCHES, refuse_links_below, sweep_leftovers
 from fetch import gittree
-from fetch.source import Pin, Pristine, ensure_pristine, lock_file, sweep_leftovers, utc_now
+from fetch.source import Pin, Pristine, ensure_pristine
 
 PROVENANCE_VERSION = 1
 NAME = re.compile(r"^(?P<num>[0-9]{4})-[a-z0-9][a-z0-9._-]*\.patch$")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from certify.context import Context
-from certify.errors import DgrError
+from core.context import Context
+from core.errors import DgrError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,10 +133,10 @@ def build_exists(ctx: Context, lane: str) -> bool:
 
 
 def render_index(ctx: Context, reports: Path) -> Path:
-    from certify import recipes
-    from certify.canonical import atomic_write_bytes
     from certify.keys import trusted_keys
+    from core.canonical import atomic_write_bytes
     from lanes.base import LANE_NAMES
+    from manifests import recipe_model as recipes
     from reports.render import environment
 
     entries = scan(reports, trusted_keys(ws=ctx.workspace))

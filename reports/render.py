@@ -281,7 +281,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         steps=table(result_frame(results)),
         hardware=table(kv_frame(pred.get("hardware", {}))),
         charts=_charts(figures, results),
-        identity=_identity_rows(pred),
+        identity=identity_rows(pred),
         ref={
             "placement": figures.get("reference", {}).get("placement", "—"),
             "lane": figures.get("reference", {}).get("lane", "—"),
@@ -295,7 +295,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
     )
 
 
-def _identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(link in the chain, its digest or id, a short description) for the identity table."""
     ident = pred.get("identity", {})
     src = ident.get("source") or {}

@@ -1,7 +1,7 @@
 """The report's seam section: each seam against its physical bound, and scaling with the stage count.
 
 Reads the ``seam_model`` that certify.measure stores on every staged placement record (built by
-certify.physics.model); placements without one (older certificates) are simply left out.
+pipeline.physics.model); placements without one (older certificates) are simply left out.
 """
 
 from __future__ import annotations

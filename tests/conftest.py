@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
+from core.context import Context
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from types import ModuleType
 import grpc
 import numpy as np
 
-from certify.errors import RuntimeFailure
+from core.errors import RuntimeFailure
 
 # Logits of a long prompt over a large vocabulary exceed gRPC's 4 MiB default by far.
 MAX_MESSAGE_BYTES = (1 << 31) - 1

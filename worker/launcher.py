@@ -9,10 +9,10 @@ every worker gets SIGTERM, then SIGKILL after a grace period.
 
 ``placed`` (optional, one ``Placed`` per stage) runs a stage elsewhere on this machine: behind a command
 prefix that execs the worker (``ip netns exec NS``: the pid we hold and signal is still the worker's)
-and listening on a given host (a network namespace's address; certify.seams uses it).  Without it the
+and listening on a given host (a network namespace's address; pipeline.seams uses it).  Without it the
 command line and the loopback address are exactly as before.
 
-Long-running workers are the one place where we do not use ``certify.proc.run`` (which runs a command
+Long-running workers are the one place where we do not use ``core.proc.run`` (which runs a command
 to completion); the program is still resolved through ``proc.resolve`` so a missing binary fails early.
 """
 
@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from certify import proc
-from certify.canonical import write_json
-from certify.errors import ConfigurationError
+from core import proc
+from core.canonical import write_json
+from core.errors import ConfigurationError
 from worker.client import StageClient, StageFailed
 from worker.stubs import Stubs
 

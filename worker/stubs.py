@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from certify import proc
-from certify.canonical import read_json, sha256_bytes, write_json
-from certify.errors import ToolchainMissing
-from certify.workspace import WORKER, Workspace
+from core import proc
+from core.canonical import read_json, sha256_bytes, write_json
+from core.errors import ToolchainMissing
+from core.workspace import WORKER, Workspace
 
 PROTO = WORKER / "proto" / "shard.proto"
 PACKAGE = "dgr_shard_pb"

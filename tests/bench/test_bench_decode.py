@@ -17,7 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from certify import drive, proc
+from core import proc
+from pipeline import drive
 from tests.integration import conftest as shared
 from worker.launcher import launch
 

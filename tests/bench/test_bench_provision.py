@@ -26,7 +26,7 @@ import blake3
 import numpy as np
 import pytest
 
-from certify.context import Context
+from core.context import Context
 from fetch.download import RetryPolicy
 from fetch.provision import Provisioned, provision
 from tests.unit.ggufmaker import ALIGN, I32, STRING, U16, U32, kv, tensor_info, write_set

@@ -14,10 +14,10 @@ import os
 import numpy as np
 import pytest
 
-from certify import drive, physics, seams
-from certify.recipes import Placement, Seam
+from manifests.recipe_model import Placement, Seam
+from pipeline import drive, physics, seams
 from tests.integration import conftest as shared
-from tests.integration.test_seams import _left_over, _support
+from tests.integration.test_seams import left_over, seam_support
 
 real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
 stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
@@ -36,7 +36,7 @@ def test_chained_beats_relayed_on_the_same_seams(benchmark, stages, worker_comma
                                                   tmp_path) -> None:
     """Decode tokens/s of both forwarding modes on one fabric (same workers, same 5 ms / 100 Mbit links),
     each no faster than its physical bound, and chained (n+1 crossings) ahead of relayed (2n)."""
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     cmd = dataclasses.replace(worker_command, threads=1)  # n workers on 2 cores: measure the seams
     placement = Placement(name=f"wan-{len(stages)}", stages=stages, seams=(WAN,))
     where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
@@ -66,7 +66,7 @@ def test_chained_beats_relayed_on_the_same_seams(benchmark, stages, worker_comma
             assert 1 / tok_s >= bound, "faster than physics allows"
             assert 1 / tok_s <= bound * TRANSFER_FACTOR + len(stages) * 0.005  # stated: 1.5x + 5 ms a stage
     benchmark.extra_info.update(figures)
-    assert _left_over(tag) == []
+    assert left_over(tag) == []
     assert figures["chained"]["crossings"] == len(stages) + 1
     assert figures["relayed"]["crossings"] == 2 * len(stages)
     assert figures["chained"]["decode_tok_s"] > figures["relayed"]["decode_tok_s"]

@@ -11,7 +11,7 @@ import sys
 
 import atheris
 
-with atheris.instrument_imports(include=["certify", "fetch", "patches"]):
+with atheris.instrument_imports(include=["core", "manifests", "fetch", "patches", "pipeline", "certify"]):
     from certify import canonical, recipes  # noqa: F401
     from fetch import archive, artifacts, gguf_header  # noqa: F401
     from patches import stack  # noqa: F401

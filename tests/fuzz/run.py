@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from certify.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT
 from tests.fuzz import seeds, targets
 
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")

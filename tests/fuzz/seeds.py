@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from certify.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT
 from tests.fuzz.targets import ARCHIVE_PREFIX
 
 MANIFESTS = PROJECT_ROOT / "manifests"

@@ -1,6 +1,6 @@
 """One function per parser of untrusted input: bytes in, the parser's answer or its typed error out.
 
-Each target returns normally when the input parses or is refused with a ``certify.errors.DgrError``
+Each target returns normally when the input parses or is refused with a ``core.errors.DgrError``
 (the project's typed errors, each with its exit code); any other exception escapes, and that is a
 finding.  Inputs are what an attacker controls: a file's bytes.  Scratch files live in one private
 folder per process (tmpfs where there is one), emptied after each input.
@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from certify.canonical import parse_json
-from certify.errors import DgrError  # noqa: F401  (re-exported for the fuzz drivers)
+from core.canonical import parse_json
+from core.errors import DgrError  # noqa: F401  (re-exported for the fuzz drivers)
 
 _SCRATCH: Path | None = None
 
@@ -83,13 +83,13 @@ def patch(data: bytes) -> None:
 
 
 def json_reader(data: bytes) -> None:
-    """certify.canonical.parse_json, the bounded reader (plain and signed)."""
+    """core.canonical.parse_json, the bounded reader (plain and signed)."""
     parse_json(data, source="fuzz.json")
 
 
 def recipe(data: bytes) -> None:
-    """certify.recipes.load_file over a recipe file holding ``data``."""
-    from certify import recipes
+    """manifests.recipe_model.load_file over a recipe file holding ``data``."""
+    from manifests import recipe_model as recipes
 
     path = scratch() / "fuzz-recipe.json"
     path.write_bytes(data)
@@ -97,8 +97,8 @@ def recipe(data: bytes) -> None:
 
 
 def artifact_set(data: bytes) -> None:
-    """fetch.artifacts: the manifest reader load_set runs on a file's bytes (parse_json, parse_set)."""
-    from fetch import artifacts
+    """manifests.artifact_sets: the manifest reader load_set runs on bytes (parse_json, parse_set)."""
+    from manifests import artifact_sets as artifacts
 
     artifacts.parse_set(parse_json(data, source="fuzz-set.json"), source="fuzz-set.json")
 

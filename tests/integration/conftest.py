@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
+from core.context import Context
 from tests.unit.fake_stages import running
 from worker import stubs as stubs_mod
 from worker.launcher import WorkerCommand

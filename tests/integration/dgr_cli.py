@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from certify.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT
 
 
 def user_env(*also_drop: str) -> dict[str, str]:

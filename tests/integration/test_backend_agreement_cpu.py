@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from certify import drive, gates, measure, recipes
+from certify import gates, measure
 from certify.verdict import Status
+from manifests import recipe_model as recipes
+from pipeline import drive
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.canonical import read_json, sha256_file
-from certify.context import Context
-from certify.errors import CommandFailed
+from core.canonical import read_json, sha256_file
+from core.context import Context
+from core.errors import CommandFailed
 from lanes import build, cpu
 from lanes.base import BuildOptions
 

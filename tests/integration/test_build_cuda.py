@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from certify import proc
-from certify.context import Context
+from core import proc
+from core.context import Context
 from lanes import cmake, cuda
 from lanes.base import BuildOptions, Status
-from lanes.build import _environment, _source_link
+from lanes.build import build_environment, source_link
 
 pytestmark = pytest.mark.slow
 
@@ -77,12 +77,12 @@ def test_cuda_proof_configure_compile_and_link(real_ctx: Context, probe, tmp_pat
     options = BuildOptions.from_env(ctx.env, cuda_architectures=ARCH, jobs=2)
     where = ctx.workspace.builds / "cuda-ci-proof"
     ctx.workspace.ensure(where)
-    env = _environment(ctx, cuda, probe, tree)
+    env = build_environment(ctx, cuda, probe, tree)
     commit = (tree.provenance.get("pristine") or {}).get("commit") or tree.provenance.get("commit")
     args = [
         *cuda.cmake_args(options, probe),
         *cmake.identity_args(lane="cuda", commit=str(commit)),
-        *cmake.location_args(host, llama_source=_source_link(where, tree.path)),
+        *cmake.location_args(host, llama_source=source_link(where, tree.path)),
         *cuda.location_args(probe, host),
     ]
     assert f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}" in args

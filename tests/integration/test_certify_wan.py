@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from certify import recipes
+from manifests import recipe_model as recipes
 from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -49,13 +49,13 @@ def _workers() -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"dgr-shard-worker" in cmdline or b"certify.shaper" in cmdline:
+            if b"dgr-shard-worker" in cmdline or b"pipeline.shaper" in cmdline:
                 found.append(int(entry))
     return found
 
 
 def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
-    from certify import seams
+    from pipeline import seams
 
     support = seams.probe(ENV)
     if not support.available:

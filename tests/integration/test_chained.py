@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from certify import drive
 from certify.metrics import median_iqr
-from certify.sink import chain_route
+from pipeline import drive
+from pipeline.sink import chain_route
 from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageFailed
 from worker.launcher import launch

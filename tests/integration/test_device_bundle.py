@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.workspace import PROJECT_ROOT
+from core.context import Context
+from core.workspace import PROJECT_ROOT
 from device import bundle, manifest, sysroot, wheels
 from fetch.source import load_pin
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.canonical import read_json
+from core.canonical import read_json
 from fetch import gittree
 from fetch.source import load_pin
 

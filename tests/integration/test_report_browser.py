@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from certify import proc
-from certify.workspace import Workspace
+from core import proc
+from core.workspace import Workspace
 from tests.unit.certify_fixtures import certify_fake, small_recipe_doc
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import ConfigurationError
-from fetch.artifacts import ARTIFACTS
+from core.errors import ConfigurationError
 from fetch.seal import seal
+from lanes.build import fetch_tools
+from manifests.artifact_sets import ARTIFACTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -29,7 +30,7 @@ def test_a_model_with_exact_ties_is_not_sealed(real_ctx, cpu_build, tmp_path: Pa
     (root / "tiny-v4.json").write_text(json.dumps(doc, indent=2))
     before = (root / "tiny-v4.json").read_bytes()
     with pytest.raises(ConfigurationError) as err:
-        seal("tiny-v4", None, ctx=real_ctx, root=root)
+        seal("tiny-v4", None, ctx=real_ctx, root=root, tools=fetch_tools(real_ctx))
     assert err.value.exit_code == 2
     assert "exact ties at a top-k selection boundary" in err.value.message
     assert "lid_score_masked-2 (indexer)" in err.value.message

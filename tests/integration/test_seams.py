@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from certify import drive, physics, seam_model, seams
-from certify.recipes import Placement, Seam
-from certify.shaper import Link
+from manifests.recipe_model import Placement, Seam
+from pipeline import drive, physics, seam_model, seams
+from pipeline.shaper import Link
 from tests.integration.conftest import proc_alive
 from worker.launcher import launch
 
@@ -68,14 +68,14 @@ ECHO = textwrap.dedent("""
 """)
 
 
-def _support(env) -> seams.SeamSupport:
+def seam_support(env) -> seams.SeamSupport:
     support = seams.probe({**env, "DGR_SEAMS_BACKEND": "shaper"})
     if not support.available:
         pytest.skip(f"no seam fabric on this machine: {support.reason}")
     return support
 
 
-def _left_over(tag: str) -> list[str]:
+def left_over(tag: str) -> list[str]:
     """Anything of fabric ``tag`` still on the machine."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     found = [f"netns {line.split()[0]}" for line in out.splitlines() if line.startswith(f"dgr{tag}")]
@@ -86,7 +86,7 @@ def _left_over(tag: str) -> list[str]:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"certify.shaper" in cmd and f"dgr{tag}".encode() in cmd and proc_alive(int(entry.name)):
+            if b"pipeline.shaper" in cmd and f"dgr{tag}".encode() in cmd and proc_alive(int(entry.name)):
                 found.append(f"shaper pid {entry.name}")
     if (seams.MARKERS / f"{tag}.json").exists():
         found.append("marker")
@@ -128,7 +128,7 @@ FAST = Link(delay_s=0.005, rate_bps=100e6)  # 1 MiB takes >= 0.089 s
 
 
 def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) -> None:
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     fabric = seams.Fabric(links=seam_model.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support,
                           env=worker_env)
     figures = {}
@@ -157,11 +157,11 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
             assert one_way <= seam_model.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
             assert rtt >= 0.95 * rtt_bound
             assert 0.95 * bound <= transfer <= bound * TRANSFER_FACTOR + SLACK_S
-    assert _left_over(tag) == []
+    assert left_over(tag) == []
 
 
 def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     shaky = Link(delay_s=0.010, jitter_s=0.004, rate_bps=50e6)
     with seams.Fabric(links=seam_model.Profiles(driver=Link(), stages=(shaky,)), support=support,
                       env=worker_env) as fabric:
@@ -187,7 +187,7 @@ def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
     assert p90 <= shaky.delay_s + shaky.jitter_s + SLACK_S
     assert spread > 0.003, "the jitter must really be applied"
     assert transfer >= 0.95 * seam_model.crossing_bound_s(len(payload), shaky)
-    assert _left_over(tag) == []
+    assert left_over(tag) == []
 
 
 def _child(code: str) -> subprocess.Popen[str]:
@@ -197,9 +197,9 @@ def _child(code: str) -> subprocess.Popen[str]:
 
 FABRIC_CHILD = """
     import os, signal, subprocess, sys, time
-    from certify import seam_model, seams
-    from certify.cli import _terminate
-    from certify.shaper import Link
+    from pipeline import seam_model, seams
+    from cli.main import _terminate
+    from pipeline.shaper import Link
     signal.signal(signal.SIGTERM, _terminate)
     link = Link(delay_s=0.002)
     support = seams.probe(dict(os.environ, DGR_SEAMS_BACKEND="shaper"))
@@ -214,33 +214,33 @@ FABRIC_CHILD = """
 
 
 def test_sigterm_unwinds_the_fabric(worker_env) -> None:
-    _support(worker_env)
+    seam_support(worker_env)
     child = _child(FABRIC_CHILD)
     tag = child.stdout.readline().strip()
-    assert tag and _left_over(tag), "the fabric is up"
+    assert tag and left_over(tag), "the fabric is up"
     child.send_signal(signal.SIGTERM)
     child.wait(timeout=60)
     child.stdout.close()
-    assert _left_over(tag) == []
+    assert left_over(tag) == []
 
 
 def test_a_killed_run_is_swept_by_the_next(worker_env) -> None:
-    _support(worker_env)
+    seam_support(worker_env)
     child = _child(FABRIC_CHILD)
     tag = child.stdout.readline().strip()
     child.kill()
     child.wait(timeout=30)
     child.stdout.close()
-    assert any(x.startswith("shaper") for x in _left_over(tag)), "SIGKILL leaves the fabric behind"
+    assert any(x.startswith("shaper") for x in left_over(tag)), "SIGKILL leaves the fabric behind"
     assert tag in seams.sweep_stale(worker_env)
-    assert _left_over(tag) == []
+    assert left_over(tag) == []
 
 
 def test_an_exception_inside_stops_workers_and_removes_the_fabric(worker_env, tmp_path) -> None:
     """With the Python fake worker (no build needed): a failure in the body leaves nothing behind."""
     from tests.unit.fake_stages import fake_command, fake_env, load_stubs
 
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     stubs = load_stubs(tmp_path / "stubs")
     where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs), support=support)
     placement = Placement(name="p", stages=((0, 4), (4, 8), (8, 12)), seams=(Seam(delay_ms=2),))
@@ -249,12 +249,12 @@ def test_an_exception_inside_stops_workers_and_removes_the_fabric(worker_env, tm
             tag, pids = pipe.fabric.tag, pipe.pids
             assert [c.info().layer_begin for c in pipe.clients] == [0, 4, 8]
             raise KeyboardInterrupt
-    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     assert (tmp_path / "ev" / "interrupted" / "stages.json").is_file()
     assert (tmp_path / "ev" / "interrupted" / "fabric.json").is_file()
 
 
-PROBE = ("import os; from certify.seams import probe; s = probe(dict(os.environ)); "
+PROBE = ("import os; from pipeline.seams import probe; s = probe(dict(os.environ)); "
          "print(s.backend); print(s.reason)")
 
 
@@ -306,7 +306,7 @@ def _decode_steps(trace: drive.Trace) -> list[drive.Step]:
 def test_real_worker_relayed_over_a_shaped_fabric(
     loopback, worker_command, stubs, worker_env, tmp_path
 ) -> None:
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     prompts, ref = loopback
     placement = Placement(name="wan-2", stages=TWO, seams=(WAN,))
     where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
@@ -320,13 +320,13 @@ def test_real_worker_relayed_over_a_shaped_fabric(
         assert [os.readlink(f"/proc/{p}/ns/net") for p in pids] == [
             f"net:[{os.stat(seams.NETNS_DIR / ns).st_ino}]" for ns in pipe.fabric.namespaces]
         trace = drive.run_placement(pipe.clients, prompts, N_DECODE)
-    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     assert [s.process.returncode for s in pipe.stages] == [0, 0], "SIGTERM reached the workers: clean exits"
     for got, want in zip(trace.prompts, ref["two"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "the seams must not change a single bit"
         assert got.tokens == want.tokens
     # Relayed seam 0 as the driver times it: the boundary into stage 1, then its logits row into the driver
-    # (certify.physics counts the same).
+    # (pipeline.physics counts the same).
     link = seam_model.link_of(WAN)
     logits_bytes = trace.infos[-1].n_vocab * 4
     steps = _decode_steps(trace)
@@ -348,7 +348,7 @@ def test_real_worker_chained_over_a_shaped_fabric(
 ) -> None:
     """4 stages, each boundary forwarded stage to stage and the logits to the driver's sink, all through
     the shaped links (the sink is bound on the driver's fabric address, behind the driver's link)."""
-    support = _support(worker_env)
+    support = seam_support(worker_env)
     prompts, ref = loopback
     placement = Placement(name="wan-4-chained", stages=FOUR, seams=(WAN,), forwarding="chained")
     where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
@@ -357,7 +357,7 @@ def test_real_worker_chained_over_a_shaped_fabric(
         pids = pipe.pids
         trace = drive.run_placement(pipe.clients, prompts, N_DECODE, forwarding="chained",
                                     addresses=pipe.addresses, sink_host=pipe.sink_host)
-    assert _left_over(tag) == [] and not any(proc_alive(p) for p in pids)
+    assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     for got, want in zip(trace.prompts, ref["four"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "chained over shaped seams: the same bits"
         assert got.tokens == want.tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from certify import drive
+from pipeline import drive
 from tests.integration.conftest import our_workers, proc_alive
 from worker.launcher import launch
 

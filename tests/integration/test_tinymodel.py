@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from certify import proc
-from certify.context import Context
-from certify.workspace import PROJECT_ROOT
+from core import proc
+from core.context import Context
+from core.workspace import PROJECT_ROOT
 from fetch import source, tinymodel
-from fetch.artifacts import load_set
 from fetch.gguf_header import read_header
 from fetch.provision import provision
 from fetch.seal import hash_file
+from manifests.artifact_sets import load_set
 
 pytestmark = pytest.mark.slow
 

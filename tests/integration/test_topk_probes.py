@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from certify import proc, recipes
-from fetch.artifacts import ARTIFACTS
+from core import proc
 from fetch.conditioning import measure_conditioning
 from fetch.provision import provision
 from lanes.build import TOPK_PROBE_TARGET, TOPK_TIES_TARGET
+from manifests import recipe_model as recipes
+from manifests.artifact_sets import ARTIFACTS
 from tests.integration.conftest import THREADS
 from worker.launcher import WorkerCommand, launch
 

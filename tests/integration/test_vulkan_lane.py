@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
+from core.context import Context
 from lanes import vulkan
 from lanes.base import Status
 
@@ -47,10 +47,11 @@ def lavapipe_ctx(real_ctx: Context) -> Context:
 
 @pytest.mark.timeout(2400)
 def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Context) -> None:
-    from certify import hardware, measure, recipes
+    from certify import hardware, measure
     from certify.run import ctx_size, prepare
     from certify.verdict import Status as Verdict
     from lanes.runtime import lane_device, worker_environment
+    from manifests import recipe_model as recipes
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
 

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from certify.workspace import Workspace
+from core.workspace import Workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("certify", "fetch", "patches", "lanes", "reports", "manifests", "worker")
+PACKAGES = ("core", "manifests", "fetch", "patches", "lanes", "worker", "pipeline", "certify", "reports",
+            "cli")
 EVIDENCE = REPO / "evidence" / "tiny-llama-wan-cpu"
 SKIP = shutil.ignore_patterns(".git", ".work", ".nox", "__pycache__", "build", "dist", "*.egg-info",
                               ".pytest_cache", ".benchmarks", "tests", "evidence", "docs")
@@ -89,7 +90,7 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
     env.update(HOME=str(home), PATH=f"{venv / 'bin'}:{env.get('PATH', os.defpath)}",
                # the pinned sdist from the cache this checkout's tests already share; git stays unused
                DGR_CACHE=str(Workspace.from_env(os.environ).cache), DGR_FETCH_SOURCES="sdist")
-    where = run([str(python), "-c", "import certify.workspace as w, lanes.packages; "
+    where = run([str(python), "-c", "import core.workspace as w, lanes.packages; "
                  "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({'HOME': '/h'}).root)"],
                 cwd=outside, env=env).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where[:2]), where

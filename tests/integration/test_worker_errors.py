@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from certify import drive
+from pipeline import drive
 from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageClient, StageFailed
 from worker.launcher import launch

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from certify import drive
+from pipeline import drive
 from tests.integration.conftest import our_workers
 from worker.client import StageFailed
 from worker.launcher import launch

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
-from certify import recipes
-from certify.context import Context
 from certify.run import Prepared, Written, run_certification
+from core.context import Context
+from manifests import recipe_model as recipes
+from reports.render import render
 from tests.unit.fake_stages import FAKE, TOY, load_stubs
 
 
@@ -71,4 +72,5 @@ def fake_prepared(root: Path) -> Prepared:
 def certify_fake(root: Path, doc: dict[str, Any] | None = None, **kw: Any) -> Written:
     ctx = kw.pop("ctx", None) or fake_context(root)
     recipe = recipe_from(root, doc or small_recipe_doc())
+    kw.setdefault("render", render)
     return run_certification(ctx, recipe, "cpu", fake_prepared(root), **kw)

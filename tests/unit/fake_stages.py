@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from certify.context import Context
+from core.context import Context
 from worker import stubs as stubs_mod
 from worker.launcher import WorkerCommand
 

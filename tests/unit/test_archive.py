@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import IntegrityError
+from core.errors import IntegrityError
 from fetch.archive import Caps, extract_subtree
 
 PREFIX = "pkg-1.0/vendor/lib"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from certify.cli import main
-from certify.context import Context
-from certify.errors import ConfigurationError, IntegrityError
-from fetch.artifacts import check_file_name, load_set, parse_set
+from cli.main import main
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError
 from fetch.provision import provision
 from fetch.seal import hash_file, seal
+from manifests.artifact_sets import check_file_name, load_set, parse_set
 from tests.unit.ggufmaker import split_set, write_set
 
 

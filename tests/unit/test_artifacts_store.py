@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from certify import locks
-from certify.context import Context
-from certify.errors import ConfigurationError, IntegrityError, RuntimeFailure
-from certify.workspace import PROJECT_ROOT
+from core import locks
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError, RuntimeFailure
+from core.workspace import PROJECT_ROOT
 from fetch.download import RetryPolicy
 from fetch.ledger import SIDECAR
 from fetch.provision import Provisioned, provision
@@ -142,8 +142,8 @@ def test_case11_preflight_refuses_when_free_space_is_short(local: LocalSet) -> N
 DISK_FULL_CHILD = """
 import json, sys
 from pathlib import Path
-from certify.context import Context
-from certify.errors import DgrError
+from core.context import Context
+from core.errors import DgrError
 from fetch.provision import provision
 store, manifests = Path(sys.argv[1]), Path(sys.argv[2])
 out = {}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.canonical import sha256_file, write_json
-from certify.context import Context
-from certify.errors import RuntimeFailure
+from core.canonical import sha256_file, write_json
+from core.context import Context
+from core.errors import RuntimeFailure
 from lanes import build
 from lanes.build import build_key, key_inputs
 

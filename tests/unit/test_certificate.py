@@ -20,14 +20,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from certify import certificate as cert
 from certify import gates, hardware, keys
-from certify.canonical import canonical_bytes
-from certify.context import Context
-from certify.errors import ConfigurationError, IntegrityError
-from certify.recipes import load
 from certify.run import Prepared, Written, publish
 from certify.verdict import decide
 from certify.verify import verify
-from certify.workspace import PROJECT_ROOT
+from core.canonical import canonical_bytes
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError
+from core.workspace import PROJECT_ROOT
+from manifests.recipe_model import load
+from reports.render import render
 
 RECIPE = load("tiny-llama", {})
 HC = RECIPE.hardware_class("cpu", 2)
@@ -91,6 +92,7 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
         key=keys.signing_key(ctx.env, ctx.workspace),
         verdict=decide(results),
         evidence=ctx.workspace.runs / "x",
+        render=render,
     )
 
 

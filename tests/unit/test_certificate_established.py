@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from certify import certificate as cert
-from certify import keys, recipes
-from certify import run as run_mod
-from certify.context import Context
+from certify import inputs as inputs_mod
+from certify import keys
 from certify.verify import verify
-from fetch import artifacts
+from core.context import Context
 from fetch import provision as provision_mod
+from manifests import artifact_sets as artifacts
+from manifests import recipe_model as recipes
 from patches import stack
 from tests.unit.test_certificate import make_certificate, payload_of, reasons, resign, trusted
 
@@ -33,7 +34,7 @@ def test_artifact_subjects_say_which_digest_provisioning_checked(
     patched = types.SimpleNamespace(pristine=types.SimpleNamespace(provenance={}), provenance={}, digest="p")
     monkeypatch.setattr(provision_mod, "provision", lambda *a, **k: provisioned)
     monkeypatch.setattr(stack, "ensure_patched", lambda *a, **k: patched)
-    inputs = run_mod.verified_inputs(ctx, RECIPE, store=tmp_path / "store")
+    inputs = inputs_mod.verified_inputs(ctx, RECIPE, store=tmp_path / "store")
     assert len(inputs.subjects) == len(entries)
     for s, e in zip(inputs.subjects, entries, strict=True):
         assert s["digest"] == {"sha256": e.sha256, "blake3": e.blake3}
@@ -47,7 +48,7 @@ def test_artifact_subjects_say_which_digest_provisioning_checked(
 def test_binaries_are_hashed_now_and_say_so(tmp_path: Path) -> None:
     binary = tmp_path / "dgr-shard-worker"
     binary.write_bytes(b"\x7fELF pretend")
-    subjects, _ = run_mod._binary_subjects("cpu", {"dgr-shard-worker": binary}, {})
+    subjects, _ = inputs_mod._binary_subjects("cpu", {"dgr-shard-worker": binary}, {})
     assert cert.established(subjects[0]) == {"sha256": cert.HASHED_NOW, "blake3": cert.HASHED_NOW}
 
 

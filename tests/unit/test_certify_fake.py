@@ -12,6 +12,7 @@ import pytest
 from certify import keys
 from certify.run import gate_failed
 from certify.verify import verify
+from reports.render import render
 from tests.unit.certify_fixtures import certify_fake, fake_context, small_recipe_doc
 from tests.unit.fake_stages import running
 from worker.client import StageFailed
@@ -151,7 +152,7 @@ def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     recipe = recipe_from(tmp_path, doc)
     prepared = fake_prepared(tmp_path)
     prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)
-    w = run_certification(fake_context(tmp_path), recipe, "vulkan", prepared)
+    w = run_certification(fake_context(tmp_path), recipe, "vulkan", prepared, render=render)
     assert w.verdict.passed, w.verdict.reasons
     ctx = fake_context(tmp_path)
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate

@@ -12,14 +12,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from certify.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT
 from tests.unit.fake_stages import running
 
 CHILD = textwrap.dedent(
     """
     import signal, sys
     from pathlib import Path
-    from certify import cli
+    from cli import main as cli
     from tests.unit.certify_fixtures import certify_fake, fake_context
 
     signal.signal(signal.SIGTERM, cli._terminate)  # what `dgr` installs in main()

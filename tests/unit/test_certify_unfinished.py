@@ -11,7 +11,7 @@ import pytest
 
 from certify import measure
 from certify import run as run_mod
-from certify.errors import ConfigurationError
+from core.errors import ConfigurationError
 from tests.unit.certify_fixtures import certify_fake
 
 

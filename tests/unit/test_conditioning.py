@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import CommandFailed, ConfigurationError, RuntimeFailure
+from core.errors import CommandFailed, ConfigurationError, RuntimeFailure
 from fetch.conditioning import PROBE, measure_conditioning, parse_report
 
 # Echoes what it was given into a report of the probe's kind, or misbehaves on request.
@@ -39,7 +39,7 @@ def test_passes_prompts_as_token_lists_and_reads_the_report(tmp_path: Path) -> N
     assert report["prompts_seen"] == [[1, 2, 3], [4]]
     args = report["args"]
     assert (args["--model"], args["--threads"], args["--n-decode"]) == ("m.gguf", "2", "32")
-    assert args["--ctx"] == "256"  # the certifier's context for prompts this short (certify.run.ctx_size)
+    assert args["--ctx"] == "256"  # the certifier's context for prompts this short (certify.inputs.ctx_size)
 
 
 def test_context_grows_with_the_longest_prompt(tmp_path: Path) -> None:

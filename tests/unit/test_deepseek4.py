@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from certify import measure, recipes
-from certify.cli import main
-from certify.errors import ConfigurationError
+from certify import measure
+from cli.main import main
+from core.errors import ConfigurationError
 from fetch import tinymodel, tinymodel_v4
-from fetch.artifacts import ARTIFACTS
+from manifests import recipe_model as recipes
+from manifests.artifact_sets import ARTIFACTS
 
 
 def test_boundary_residual_is_the_mean_of_the_hc_copies_in_graph_order() -> None:

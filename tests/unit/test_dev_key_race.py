@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 from certify import keys
-from certify.context import Context
-from certify.workspace import PROJECT_ROOT
+from core.context import Context
+from core.workspace import PROJECT_ROOT
 
 FIRST_RUN = """
 import os, sys, time
 from pathlib import Path
-from certify.context import Context
+from core.context import Context
 from certify.keys import dev_key
 go = Path(sys.argv[1])
 while not go.exists():

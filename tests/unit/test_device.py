@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import ConfigurationError, IntegrityError
-from certify.workspace import PROJECT_ROOT
+from core.errors import ConfigurationError, IntegrityError
+from core.workspace import PROJECT_ROOT
 from device import bundle, manifest, snapshot, sysroot, wheels
 from tests.conftest import git
 
@@ -127,8 +127,8 @@ def test_merge_usr_refuses_links_out_of_the_tree(tmp_path: Path, target: str) ->
 
 
 def _small_bundle(root: Path) -> Path:
-    """A bundle with the code the script runs before any install (device, certify) and a few files."""
-    for package in ("device", "certify"):
+    """A bundle with the code the script runs before any install (device, core) and a few files."""
+    for package in ("device", "core"):
         shutil.copytree(PROJECT_ROOT / package, root / "project" / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     (root / "project" / "scripts").mkdir(parents=True)
@@ -145,7 +145,7 @@ def _small_bundle(root: Path) -> Path:
 
 def test_manifest_of_an_intact_bundle_verifies(tmp_path: Path) -> None:
     doc = manifest.verify(_small_bundle(tmp_path / "b"))
-    code = ("project/device/", "project/certify/")
+    code = ("project/device/", "project/core/")
     files = {k: v for k, v in doc["files"].items() if not k.startswith(code)}
     assert set(files) == {"project/scripts/run.sh", "wheels/a.whl", "sysroot/libx.so", "sysroot/libx.so.1"}
     assert files["sysroot/libx.so"] == {"link": "libx.so.1"}

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import IntegrityError, RuntimeFailure
-from certify.workspace import PROJECT_ROOT
+from core.context import Context
+from core.errors import IntegrityError, RuntimeFailure
+from core.workspace import PROJECT_ROOT
 from fetch.download import RetryPolicy
 from fetch.provision import Provisioned, provision
 from tests.unit.ggufmaker import split_set, write_set
@@ -292,7 +292,7 @@ def test_stalled_origin_times_out_and_gives_up_keeping_verified_chunks(served: S
 CHILD = """
 import sys
 from pathlib import Path
-from certify.context import Context
+from core.context import Context
 from fetch.download import RetryPolicy
 from fetch.provision import provision
 provision(Context.from_env(), "web", store=sys.argv[1], manifests=Path(sys.argv[2]),

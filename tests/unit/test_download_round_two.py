@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import ConfigurationError, RuntimeFailure
+from core.errors import ConfigurationError, RuntimeFailure
 from fetch import provision as provision_mod
 from fetch.download import RetryPolicy, retry_after
 from tests.unit.test_download_faults import FAST, Served, served  # noqa: F401 - fixture

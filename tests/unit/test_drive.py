@@ -1,4 +1,4 @@
-"""certify/drive.py over real loopback workers (the Python fake speaking the real proto)."""
+"""pipeline/drive.py over real loopback workers (the Python fake speaking the real proto)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from certify import drive
+from pipeline import drive
 from tests.unit.fake_stages import TOY, fake_command, fake_env, load_stubs
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -186,7 +186,7 @@ def test_teacher_forcing_feeds_the_given_tokens(stubs, tmp_path: Path, reference
 
 
 def test_teacher_forcing_needs_one_full_continuation_per_prompt(stubs, tmp_path: Path) -> None:
-    from certify.errors import ConfigurationError
+    from core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="one continuation per prompt"):
         _run(stubs, tmp_path, [(0, 12)], forced=[[1] * N_DECODE])

@@ -1,4 +1,4 @@
-"""Chained forwarding (certify/drive.py + certify/sink.py) over real loopback fake workers.
+"""Chained forwarding (pipeline/drive.py + pipeline/sink.py) over real loopback fake workers.
 
 The fake worker (fake_shard_worker.py) forwards the same way the C++ worker does, so these cover the
 driver's side without a build: identical logits to relayed, crossings, hop timings, errors naming the
@@ -14,9 +14,9 @@ import grpc
 import numpy as np
 import pytest
 
-from certify import drive
-from certify.errors import ConfigurationError
-from certify.sink import Sink, chain_route
+from core.errors import ConfigurationError
+from pipeline import drive
+from pipeline.sink import Sink, chain_route
 from tests.unit.fake_stages import TOY, fake_command, fake_env, load_stubs, running
 from worker.client import StageFailed
 from worker.launcher import launch

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import IntegrityError, RuntimeFailure
+from core.context import Context
+from core.errors import IntegrityError, RuntimeFailure
 from fetch import gittree
 from fetch.source import SourceUnavailable, ensure_pristine, fetch_git, provenance_file, tree_dir
 
@@ -140,7 +140,7 @@ def test_symlinked_source_dir_is_refused(ctx: Context, tmp_path: Path, upstream_
 
 
 def test_bad_source_order_env_is_a_configuration_error(ctx: Context, upstream_pin) -> None:
-    from certify.errors import ConfigurationError
+    from core.errors import ConfigurationError
 
     bad = Context(env=dict(ctx.env, DGR_FETCH_SOURCES="git,carrier-pigeon"), workspace=ctx.workspace)
     with pytest.raises(ConfigurationError, match="carrier-pigeon"):

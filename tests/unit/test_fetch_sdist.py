@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.canonical import sha256_file
-from certify.context import Context
-from certify.errors import IntegrityError, RuntimeFailure
+from core.canonical import sha256_file
+from core.context import Context
+from core.errors import IntegrityError, RuntimeFailure
 from fetch import gittree
 from fetch.source import SdistPin, archive_path, ensure_pristine, fetch_sdist, obtain_archive, tree_dir
 
@@ -164,7 +164,7 @@ def test_hostile_sdist_is_refused_before_extraction(ctx: Context, tmp_path: Path
 
 
 def test_download_failure_is_unavailable_not_integrity(ctx: Context, sdist) -> None:
-    from certify import proc
+    from core import proc
 
     _, pin = sdist
 

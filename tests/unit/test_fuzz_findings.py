@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import IntegrityError
+from core.errors import IntegrityError
 from patches.stack import touched_paths
 from tests.fuzz import targets
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from certify import gates
-from certify.recipes import load
 from certify.verdict import Result, Status, decide
+from manifests.recipe_model import load
 
 RECIPE = load("tiny-llama", {})
 HC = RECIPE.hardware_class("cpu", 2)
@@ -93,7 +93,7 @@ def test_decide_once() -> None:
 def test_shaped_seams_are_held_to_the_physical_bound_not_to_loopback() -> None:
     import dataclasses
 
-    from certify.recipes import Seam
+    from manifests.recipe_model import Seam
 
     speed = dataclasses.replace(HC.speed, seam_bound_factor_max=3.0, bound_efficiency_min=0.3)
     wan = dataclasses.replace(TWO, seams=(Seam(delay_ms=20, rate_mbit=1000),))

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from certify import drive, gates, measure
-from certify.recipes import BackendAgreement, StagingParity
+from certify import gates, measure
 from certify.verdict import Status
+from manifests.recipe_model import BackendAgreement, StagingParity
+from pipeline import drive
 from tests.unit.test_gates import RECIPE
 
 CUTS = (3, 6, 9)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fetch.artifacts import ExpectedGGUF
 from fetch.gguf_header import MalformedGGUF, check_set, read_header
+from manifests.artifact_sets import ExpectedGGUF
 from tests.unit.ggufmaker import ARRAY, STRING, U16, U32, gguf_bytes, kv, s, split_set, tensor_info
 
 EXPECT = ExpectedGGUF(architecture="llama", block_count=1, split_count=3, tensor_counts=(1, 1, 1))

@@ -18,10 +18,10 @@ import pytest
 
 from certify import certificate as cert
 from certify import keys
-from certify.canonical import sha256_file
-from certify.context import Context
 from certify.verify import verify
-from certify.workspace import PROJECT_ROOT
+from core.canonical import sha256_file
+from core.context import Context
+from core.workspace import PROJECT_ROOT
 from reports.index import render_index, scan
 
 EVIDENCE = PROJECT_ROOT / "evidence" / "tiny-llama-wan-cpu" / "certificate.json"

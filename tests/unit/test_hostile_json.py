@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.canonical import BadJson, BadSignedJson, parse_json, read_json
-from certify.errors import ConfigurationError, IntegrityError
-from certify.workspace import PROJECT_ROOT
+from core.canonical import BadJson, BadSignedJson, parse_json, read_json
+from core.errors import ConfigurationError, IntegrityError
+from core.workspace import PROJECT_ROOT
 
 DEEP = "[" * 1000 + "]" * 1000  # 2 KB; plain json.loads raises RecursionError on it
 
@@ -108,7 +108,7 @@ def test_recipe_with_infinite_threshold_or_duplicate_key_exits_2_naming_it(env: 
 @pytest.mark.parametrize("field, value", [("decode_tokens", 10**9), ("prompt_tokens", 10**9),
                                           ("repetitions", 10**9), ("warmup", 10**6)])
 def test_unbounded_measure_numbers_are_refused_at_load(tmp_path: Path, field: str, value: int) -> None:
-    from certify import recipes
+    from manifests import recipe_model as recipes
 
     doc = json.loads((recipes.RECIPES / "tiny-llama.json").read_text())
     doc["measure"][field] = value
@@ -121,7 +121,7 @@ def test_unbounded_measure_numbers_are_refused_at_load(tmp_path: Path, field: st
 def test_placement_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     placement = tmp_path / "p.json"
     placement.write_text(DEEP)
-    from certify import placement as placement_mod
+    from manifests import placement_file as placement_mod
 
     with pytest.raises(ConfigurationError, match="nested deeper"):
         placement_mod.load_file(placement)
@@ -130,7 +130,7 @@ def test_placement_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_artifact_manifest_is_refused(tmp_path: Path) -> None:
-    from fetch.artifacts import load_set
+    from manifests.artifact_sets import load_set
 
     (tmp_path / "evil.json").write_text(DEEP)
     with pytest.raises(ConfigurationError, match="nested deeper"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT
 from fetch.gguf_header import MalformedGGUF, read_header
 from tests.unit.test_artifacts_store import DISK_FULL_CHILD, LocalSet, local  # noqa: F401 - fixture
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from certify import cli
-from certify.errors import ConfigurationError, ToolchainMissing
-from certify.workspace import Workspace
+from cli import main as cli
+from core.errors import ConfigurationError, ToolchainMissing
+from core.workspace import Workspace
 from lanes import base, cmake, cpu, cuda, metal, rocm, toolchains, vulkan
 from lanes.base import BuildOptions, Status
 

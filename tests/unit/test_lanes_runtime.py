@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import RuntimeFailure
+from core.errors import RuntimeFailure
 from lanes import runtime, vulkan
+from reports.render import render
 
 LVP = "Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)), CPU"
 
@@ -61,9 +62,9 @@ def test_lavapipe_only_names_device_zero(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_matrix_names_the_runner_labels_each_lane_needs(tmp_path: Path) -> None:
-    from certify.context import Context
-    from certify.matrix import matrix
+    from core.context import Context
     from lanes.base import all_lanes
+    from reports.matrix import matrix
 
     ctx = Context.from_env({"DGR_WORK": str(tmp_path / "work"), "DGR_CACHE": str(tmp_path / "cache")})
     rows = {e["lane"]: e for e in matrix(ctx)["include"]}
@@ -90,7 +91,7 @@ def test_a_gpu_lane_certificate_names_its_device(tmp_path: Path) -> None:
     prepared = fake_prepared(tmp_path)
     prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)
     ctx = fake_context(tmp_path)
-    w = run_certification(ctx, recipe_from(tmp_path, doc), "vulkan", prepared)
+    w = run_certification(ctx, recipe_from(tmp_path, doc), "vulkan", prepared, render=render)
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
     assert pred["hardware"]["lane_device"] == {
         "lane": "vulkan", "devices": ["Vulkan0 (fake numpy device)"], "software_rasterizer": False

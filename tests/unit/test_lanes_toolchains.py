@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from certify import cli
-from certify.errors import ConfigurationError, IntegrityError, ToolchainMissing
-from certify.workspace import Workspace
+from cli import main as cli
+from core.errors import ConfigurationError, IntegrityError, ToolchainMissing
+from core.workspace import Workspace
 from lanes import base, cmake, cuda, toolchains, vulkan
 from lanes.base import BuildOptions, Status
 from tests.unit.test_lanes import BANNERS, NVCC_13, tool
@@ -164,7 +164,7 @@ def test_a_failing_download_is_exit_4_naming_what_to_install(tmp_path: Path, ws:
     tc = pin(tmp_path / "pins", "cublas-test", [wheel])
 
     def offline(env: Mapping[str, str], tc: object, pinned: object, into: Path) -> None:
-        from certify import proc
+        from core import proc
 
         proc.run([shutil.which("false") or "false"], env={"PATH": "/usr/bin:/bin"})
 
@@ -382,7 +382,7 @@ def test_build_provisions_before_it_requires_and_fails_with_exit_4_offline(
 
     def offline(env: Mapping[str, str], tc: object, pinned: toolchains.PinnedFile, into: Path) -> None:
         calls.append(pinned.filename)
-        from certify import proc
+        from core import proc
 
         proc.run(["/bin/false"], env={"PATH": "/bin"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import ConfigurationError, ToolchainMissing
+from core.errors import ConfigurationError, ToolchainMissing
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs, running
 from worker.client import StageFailed
 from worker.launcher import Placed, WorkerCommand, check_placement, launch

@@ -1,4 +1,4 @@
-"""Issue 20 item 8: one lock helper (certify.locks) for fetch, patch, build, toolchains and the store.
+"""Issue 20 item 8: one lock helper (core.locks) for fetch, patch, build, toolchains and the store.
 
 RELIABILITY 14: a link (or hard link) planted at any lock path is refused and the file it points to is
 left as it was.  RELIABILITY 12: a holder is named; a record left by a killed holder is stale; where
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from certify import locks
-from certify.context import Context
-from certify.errors import IntegrityError, RuntimeFailure
-from certify.workspace import PROJECT_ROOT
-from fetch.source import ensure_pristine, lock_file
+from core import locks
+from core.context import Context
+from core.errors import IntegrityError, RuntimeFailure
+from core.locks import lock_file
+from core.workspace import PROJECT_ROOT
+from fetch.source import ensure_pristine
 from fetch.store import file_lock
 from lanes import build, toolchains
 from patches.stack import SERIES_HEADER, ensure_patched, read_series, stack_key
@@ -79,7 +80,7 @@ def test_fetch_and_patch_refuse_a_planted_lock_link(ctx: Context, tmp_path: Path
 HOLDER = """
 import sys, time
 from pathlib import Path
-from certify.locks import hold
+from core.locks import hold
 with hold(Path(sys.argv[1]), what="the target"):
     print("held", flush=True)
     time.sleep(60)

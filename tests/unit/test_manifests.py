@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from certify.errors import ConfigurationError
+from core.errors import ConfigurationError
 from fetch.source import Pin, SdistPin, load_pin
 from manifests.loader import build, load_json
 

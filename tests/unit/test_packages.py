@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from certify import cli
-from certify.errors import ToolchainMissing
+from cli import main as cli
+from core.errors import ToolchainMissing
 from lanes import base, cmake, cpu, packages
 from lanes.base import Status
 from tests.unit.test_lanes import BANNERS, tool

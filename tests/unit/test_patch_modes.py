@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import IntegrityError
+from core.context import Context
+from core.errors import IntegrityError
 from patches.stack import SERIES_HEADER, ensure_patched, git_mode, touched_paths
 
 # Mode spellings git reads as something other than a regular file (or refuses outright).

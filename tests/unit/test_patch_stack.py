@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import ConfigurationError, IntegrityError
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError
 from fetch import gittree
 from fetch.source import ensure_pristine
 from patches.dev import make_dev_tree, refresh

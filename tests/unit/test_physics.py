@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from certify import physics
-from certify.recipes import Placement, Seam
-from certify.seam_model import crossing_bound_s, link_of
+from manifests.recipe_model import Placement, Seam
+from pipeline import physics
+from pipeline.seam_model import crossing_bound_s, link_of
 
 RACK = Seam(delay_ms=1.0, rate_mbit=10_000.0)
 METRO = Seam(delay_ms=20.0, rate_mbit=1_000.0)

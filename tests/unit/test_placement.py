@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from certify import placement as pl
-from certify import recipes
-from certify import worker_identity as wi
-from certify.errors import ConfigurationError
+from certify import attach
 from certify.verdict import Status
+from core.errors import ConfigurationError
+from manifests import placement_file as pfile
+from manifests import recipe_model as recipes
+from pipeline import worker_identity as wi
 from worker.client import Memory, StageInfo
 
 RECIPE = recipes.load("tiny-llama", {})
@@ -46,16 +47,16 @@ def write(tmp: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def load(tmp: Path, data: dict[str, Any]) -> pl.PlacementFile:
-    return pl.load_file(write(tmp, data))
+def load(tmp: Path, data: dict[str, Any]) -> pfile.PlacementFile:
+    return pfile.load_file(write(tmp, data))
 
 
 # The file --------------------------------------------------------------------------------------------
 def test_a_good_file_loads_and_restricts_the_recipe(tmp_path: Path) -> None:
     pf = load(tmp_path, doc(driver={"sink_host": "10.0.0.9"}, lane="cpu"))
-    assert pf.placements["three-first-middle"][1] == pl.AttachedStage(address=C, layers=(1, 6))
+    assert pf.placements["three-first-middle"][1] == pfile.AttachedStage(address=C, layers=(1, 6))
     assert pf.sink_host == "10.0.0.9" and len(pf.sha256) == 64
-    recipe, skipped = pl.restrict(pf, RECIPE, "cpu", cross_lane=False)
+    recipe, skipped = attach.restrict(pf, RECIPE, "cpu", cross_lane=False)
     assert set(recipe.placements) == {"mono", "three-first-middle"} and recipe.digest == RECIPE.digest
     assert {r.name for r in skipped} == {f"placement/{n}" for n in RECIPE.placements} - {
         "placement/mono",
@@ -174,17 +175,17 @@ def test_the_file_must_fit_the_recipe(tmp_path: Path, mutate: Any, words: str) -
     data = doc()
     mutate(data)
     with pytest.raises(ConfigurationError) as err:
-        pl.restrict(load(tmp_path, data), RECIPE, "cpu", cross_lane=False)
+        attach.restrict(load(tmp_path, data), RECIPE, "cpu", cross_lane=False)
     assert words in err.value.message and err.value.exit_code == 2
 
 
 def test_a_cross_lane_class_needs_reference_workers(tmp_path: Path) -> None:
     pf = load(tmp_path, doc())
     with pytest.raises(ConfigurationError, match='list its workers under "reference"'):
-        pl.restrict(pf, RECIPE, "vulkan", cross_lane=True)
+        attach.restrict(pf, RECIPE, "vulkan", cross_lane=True)
     pf = load(tmp_path, doc(reference={"stages": [{"address": "10.0.0.8:7001", "layers": [0, 12]}]}))
-    recipe, _ = pl.restrict(pf, RECIPE, "vulkan", cross_lane=True)
-    assert pf.reference == (pl.AttachedStage(address="10.0.0.8:7001", layers=(0, 12)),)
+    recipe, _ = attach.restrict(pf, RECIPE, "vulkan", cross_lane=True)
+    assert pf.reference == (pfile.AttachedStage(address="10.0.0.8:7001", layers=(0, 12)),)
 
 
 # Identity --------------------------------------------------------------------------------------------

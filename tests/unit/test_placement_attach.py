@@ -14,10 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
-from certify import placement as pl
-from certify import recipes
-from certify import worker_identity as wi
-from certify.errors import ConfigurationError, RuntimeFailure
+from certify import attach
+from core.errors import ConfigurationError, RuntimeFailure
+from manifests import placement_file as pfile
+from manifests import recipe_model as recipes
+from pipeline import attached as pl
+from pipeline import worker_identity as wi
 from tests.unit.fake_stages import load_stubs
 from worker.client import StageClient, StageFailed
 
@@ -107,7 +109,7 @@ def operator(stubs: Any) -> Iterator[Operator]:
 Stages = list[tuple[str, tuple[int, int]]]
 
 
-def _placement_file(tmp: Path, placements: dict[str, Stages], **more: Any) -> pl.PlacementFile:
+def _placement_file(tmp: Path, placements: dict[str, Stages], **more: Any) -> pfile.PlacementFile:
     """A placement file for tiny-llama: placement -> [(address, layers)], plus top-level keys."""
 
     def stages(st: Stages) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def _placement_file(tmp: Path, placements: dict[str, Stages], **more: Any) -> pl
         data["reference"] = stages(data["reference"])
     path = tmp / "p.json"
     path.write_text(json.dumps(data))
-    return pl.load_file(path)
+    return pfile.load_file(path)
 
 
 def _pipelines(tmp: Path, stubs: Any, placements: dict[str, Stages]) -> Any:
@@ -235,7 +237,7 @@ def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: 
         evidence=tmp_path,
         env={},
     )
-    plan, pipes, skipped = pl.attach_plan(plan, pf, IDENTITY, 256)
+    plan, pipes, skipped = attach.attach_plan(plan, pf, IDENTITY, 256)
     assert set(plan.recipe.placements) == {"mono", "three-first-middle"} and len(skipped) == 5
     assert plan.reference_worker is not None and plan.reference_worker.lane == "cpu"
     assert plan.where() is pipes and pipes.shape == {"n_embd": 256, "n_vocab": 32000}

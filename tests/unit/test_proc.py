@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from certify import proc
-from certify.errors import CommandFailed, CommandTimeout, RuntimeFailure, ToolchainMissing
+from core import proc
+from core.errors import CommandFailed, CommandTimeout, RuntimeFailure, ToolchainMissing
 
 PY = sys.executable
 

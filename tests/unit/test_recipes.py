@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from certify import recipes
-from certify.errors import ConfigurationError
-from certify.workspace import PROJECT_ROOT
+from core.errors import ConfigurationError
+from core.workspace import PROJECT_ROOT
+from manifests import recipe_model as recipes
 
 
 def _doc(name: str = "tiny-llama") -> dict[str, Any]:

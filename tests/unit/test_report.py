@@ -10,9 +10,9 @@ import pytest
 
 from certify import certificate as cert
 from certify import keys
-from certify.canonical import sha256_file
-from certify.matrix import matrix
+from core.canonical import sha256_file
 from reports.index import render_index
+from reports.matrix import matrix
 from reports.render import render
 from tests.unit.certify_fixtures import certify_fake, fake_context, small_recipe_doc
 

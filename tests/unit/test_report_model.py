@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reports.render import _identity_rows
+from reports.render import identity_rows
 
 
 def test_identity_rows_show_model_upstream_source_and_license() -> None:
@@ -20,7 +20,7 @@ def test_identity_rows_show_model_upstream_source_and_license() -> None:
             "packages": [{"name": "pkg-part1", "version": "1.0.0", "sha256": "b" * 64}],
         },
     }
-    rows = {link: (digest, what) for link, digest, what in _identity_rows({"identity": {"artifacts": art}})}
+    rows = {link: (digest, what) for link, digest, what in identity_rows({"identity": {"artifacts": art}})}
     assert rows["model"][1] == "Gemma 3 270M"
     assert rows["upstream file"] == ("a" * 64, "m.gguf (12 bytes) rebuilt from pkg-part1==1.0.0")
     assert rows["model source"][1] == "google/gemma-3-270m"
@@ -28,5 +28,5 @@ def test_identity_rows_show_model_upstream_source_and_license() -> None:
 
 
 def test_synthetic_sets_add_no_model_rows() -> None:
-    rows = [link for link, _, _ in _identity_rows({"identity": {"artifacts": {"set": "tiny"}}})]
+    rows = [link for link, _, _ in identity_rows({"identity": {"artifacts": {"set": "tiny"}}})]
     assert not {"model", "upstream file", "model source", "model license"} & set(rows)

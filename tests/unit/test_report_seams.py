@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from certify import physics
-from certify.recipes import Placement, Seam
+from manifests.recipe_model import Placement, Seam
+from pipeline import physics
 from reports import seams
 
 METRO = Seam(delay_ms=20.0, rate_mbit=1000.0)

@@ -1,4 +1,4 @@
-"""certify.seams: the pure parts (profiles, the physical bound, names, addresses, tc/shaper command lines,
+"""pipeline.seams: the pure parts (profiles, the physical bound, names, addresses, tc/shaper command lines,
 ownership markers).  The fabric itself needs root and runs in tests/integration/test_seams.py."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from certify import seam_model, seams
-from certify.errors import RuntimeFailure
-from certify.recipes import Placement, Seam
-from certify.shaper import Link
+from core.errors import RuntimeFailure
+from manifests.recipe_model import Placement, Seam
+from pipeline import seam_model, seams
+from pipeline.shaper import Link
 
 MiB = 1 << 20
 FOUR = ((0, 3), (3, 6), (6, 9), (9, 12))
@@ -100,7 +100,7 @@ def test_netem_command_lines() -> None:
 def test_shaper_command_line() -> None:
     argv = seams.shaper_argv("/py", Link(delay_s=0.005, jitter_s=0.001, rate_bps=100e6), inner="f0",
                              inner_ns="/run/netns/a", outer="n0", outer_ns="/run/netns/h")
-    assert argv == ["/py", "-m", "certify.shaper", "--inner", "f0", "--inner-ns", "/run/netns/a",
+    assert argv == ["/py", "-m", "pipeline.shaper", "--inner", "f0", "--inner-ns", "/run/netns/a",
                     "--outer", "n0", "--outer-ns", "/run/netns/h", "--delay-ms", "5.0", "--jitter-ms", "1.0",
                     "--rate-mbit", "100.0"]
     plain = seams.shaper_argv("/py", Link(), inner="a", inner_ns="", outer="b", outer_ns="/h")

@@ -1,4 +1,4 @@
-"""certify.shaper's timing rules on synthetic timelines (the I/O loop only asks Schedule when to deliver)."""
+"""pipeline.shaper's timing rules on synthetic timelines (the I/O loop only asks Schedule when to deliver)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from certify.shaper import Link, Schedule
+from pipeline.shaper import Link, Schedule
 
 MSS = 1448
 MiB = 1 << 20

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from certify.context import Context
-from certify.errors import ToolchainMissing
+from core.context import Context
+from core.errors import ToolchainMissing
 from worker import stubs
 
 

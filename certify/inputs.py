@@ -1,0 +1,228 @@
+"""What a certification run is given: the verified inputs (artifacts, source and patch trees), the
+lane's build, the worker programs, and the identity chain and subjects the certificate names.
+
+Each piece is verified by its own stage before it is used; this module gathers them (``prepare`` for
+workers started here, ``prepare_attached`` for workers an operator runs) and writes the identity file an
+attached worker is started with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from certify import certificate as cert
+from core.canonical import write_json
+from core.context import Context
+from core.errors import ConfigurationError, IntegrityError
+from manifests.recipe_model import Recipe
+from pipeline.worker_identity import stable_identity
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """Everything the measurement needs, each piece already verified by its own stage."""
+
+    model: Path  # the first split file; the worker finds the others beside it
+    worker: tuple[str, ...]  # the lane's worker program (argv prefix)
+    reference_worker: tuple[str, ...] | None = None  # the CPU build, for the backend-agreement gate
+    identity: Mapping[str, Any] = field(default_factory=dict)
+    subjects: Sequence[Mapping[str, Any]] = ()
+    local_paths: Mapping[str, str] = field(default_factory=dict)
+    verified: Sequence[str] = ()
+
+
+# Preparation: the real stages (each verifies its own output) ---------------------------------------
+def _binary_subjects(
+    lane: str, binaries: Mapping[str, Path], recorded: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    subjects, paths = [], {}
+    for name, path in sorted(binaries.items()):
+        digests = cert.file_digests(Path(path))
+        record = recorded.get(name)
+        want = record.get("sha256") if isinstance(record, Mapping) else None
+        if want and want != digests["sha256"]:
+            raise IntegrityError(
+                f"{lane} build: {path} changed since it was built (sha256 {digests['sha256']}, "
+                f"build provenance says {want})",
+                hint=f"run `dgr build --lane {lane}` again",
+            )
+        subject_name = f"build/{lane}/{Path(path).name}"
+        subjects.append(cert.subject(subject_name, digests))
+        paths[subject_name] = str(Path(path).resolve())
+    return subjects, paths
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verified:
+    """What a certification holds true of this machine's inputs, whoever runs the workers."""
+
+    model: Path
+    subjects: list[dict[str, Any]]
+    paths: dict[str, str]
+    identity: dict[str, Any]  # source, patches, artifacts (the build is the caller's)
+    artifacts_line: str
+
+
+def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
+    """Provision (verify) the recipe's artifacts and the source/patch trees: the identity chain's
+    machine-independent part, and the artifact subjects."""
+    from fetch.provision import provision
+    from lanes.build import fetch_tools
+    from manifests.artifact_sets import load_set
+    from patches.stack import ensure_patched
+
+    provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant,
+                            tools=fetch_tools(ctx))
+    patched = ensure_patched(ctx)
+    pristine = patched.pristine  # verified by ensure_patched
+    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
+    subjects, paths = [], {}
+    store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
+    for entry, path in zip(entries, provisioned.files, strict=True):
+        # Provisioning checked every file's blake3 against the manifest: no need to hash again.  Its
+        # sha256 is the manifest's, never computed here, and the subject says so.
+        name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
+        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3},
+                                     established={"blake3": cert.PROVISIONING_BLAKE3,
+                                                  "sha256": cert.MANIFEST_SHA256}))
+        paths[name] = str(Path(path).resolve())
+    identity = {
+        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
+        "patches": {**dict(patched.provenance), "digest": patched.digest},
+        "artifacts": {
+            "set": recipe.artifacts,
+            "variant": recipe.variant,
+            "manifest_digest": provisioned.manifest_digest,
+            **dict(provisioned.provenance),
+        },
+    }
+    line = (
+        f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
+        f"against manifest {provisioned.manifest_digest[:16]}… by provisioning (blake3; the sha256 stated "
+        "is the manifest's)"
+    )
+    return Verified(model=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
+                    artifacts_line=line)
+
+
+def prepare(
+    ctx: Context, recipe: Recipe, lane: str, *, store: Path | None, need_cpu_reference: bool
+) -> Prepared:
+    from lanes.build import ensure_build
+
+    inputs = verified_inputs(ctx, recipe, store=store)
+    build = ensure_build(ctx, lane)
+    if build.worker is None:
+        raise ConfigurationError(
+            f"the {lane} build at {build.dir} has no dgr-shard-worker", hint=f"run `dgr build --lane {lane}`"
+        )
+    ref_build = ensure_build(ctx, "cpu") if need_cpu_reference and lane != "cpu" else None
+    subjects, paths = list(inputs.subjects), dict(inputs.paths)
+    for b in (build, ref_build):
+        if b is None:
+            continue
+        s, p = _binary_subjects(b.lane, b.binaries, b.provenance.get("binaries", {}))
+        subjects += s
+        paths.update(p)
+    identity = {
+        **inputs.identity,
+        "build": {**dict(build.provenance), "key": build.key, "lane": build.lane},
+        "reference_build": (
+            {**dict(ref_build.provenance), "key": ref_build.key, "lane": ref_build.lane}
+            if ref_build
+            else None
+        ),
+    }
+    verified = [
+        inputs.artifacts_line,
+        f"build: {lane} binaries hashed and matched to the build's provenance (key {build.key[:16]}…)",
+    ]
+    if ref_build is not None:
+        verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
+    return Prepared(
+        model=inputs.model,
+        worker=(str(build.worker),),
+        reference_worker=(str(ref_build.worker),) if ref_build else None,
+        identity=identity,
+        subjects=subjects,
+        local_paths=paths,
+        verified=verified,
+    )
+
+
+# The run -------------------------------------------------------------------------------------------
+def ctx_size(recipe: Recipe) -> int:
+    """Context for the workers: room for the longest prompt (tokens <= bytes + BOS) plus decode."""
+    prompt_chars = max(len(t.encode()) for t in recipe.prompts.texts)
+    need = max(
+        prompt_chars + 2 + recipe.n_decode, recipe.measure.prompt_tokens + recipe.measure.decode_tokens
+    )
+    return max(256, -(-need // 256) * 256)
+
+
+def worker_threads(env: Mapping[str, str], cores: int) -> int:
+    """Threads per worker: every core by default (stages of one box compute one at a time);
+    ``DGR_WORKER_THREADS`` overrides (a shared or oversubscribed machine)."""
+    raw = env.get("DGR_WORKER_THREADS", "").strip()
+    if not raw:
+        return cores
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(f"DGR_WORKER_THREADS={raw!r} is not a positive integer")
+    return int(raw)
+
+
+
+def prepare_attached(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None) -> Prepared:
+    """The identity chain and subjects without a local build: the workers' binaries live on their hosts.
+
+    The artifacts are provisioned (verified) here, so the certificate's subjects are files this machine
+    verified (each subject says how); source and patch stack come from this checkout's own verified
+    trees, since those digests are what every worker's identity is held to.
+    """
+    inputs = verified_inputs(ctx, recipe, store=store)
+    identity = {
+        **inputs.identity,
+        "build": None,  # on the workers' hosts: see identity.attached.workers[].build (self-reported)
+        "reference_build": None,
+    }
+    verified = [
+        inputs.artifacts_line + " on the certifying machine",
+        "build: not hashed here; the workers are attached (started by the operator on their hosts), their "
+        "identity and owned range were checked through Info (self-reported)",
+    ]
+    return Prepared(
+        model=inputs.model,
+        worker=(),
+        identity=identity,
+        subjects=list(inputs.subjects),
+        local_paths=dict(inputs.paths),
+        verified=verified,
+    )
+
+
+def write_identity(ctx: Context, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> list[str]:
+    """Write the identity file a worker of ``recipe`` on ``lane`` is started with; returns the worker's
+    command line to print (model, layers placeholder, ctx the certifier needs)."""
+    prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=False)
+    doc = stable_identity(recipe, lane, prepared.identity)
+    write_json(Path(path), doc)
+    context = ctx_size(recipe)
+    return [
+        *prepared.worker,
+        "--model",
+        str(prepared.model),
+        "--layers",
+        "BEGIN:END",
+        "--listen",
+        "HOST:PORT",
+        "--ctx",
+        str(context),
+        "--identity",
+        str(Path(path).resolve()),
+        "--lane",
+        lane,
+    ]

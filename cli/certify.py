@@ -1,0 +1,64 @@
+"""`dgr certify [--recipe NAME | --recipe-file PATH] [--lane cpu] [--store DIR]
+[--placement-file FILE | --write-identity FILE]`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from core.context import Context
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--recipe", default=None, help="recipe name (default: the embedded tiny-llama)")
+    group.add_argument("--recipe-file", type=Path, help="a recipe JSON file outside manifests/recipes/")
+    parser.add_argument("--lane", default="cpu", help="lane to certify (default: cpu)")
+    parser.add_argument("--store", help="artifact store (default: DGR_STORE or .work/store)")
+    attach = parser.add_mutually_exclusive_group()
+    attach.add_argument(
+        "--placement-file",
+        type=Path,
+        metavar="FILE",
+        help="certify workers the operator already runs (host:port per stage, docs/multi-host.md); "
+        "each is checked through Info before it is trusted, none is started or stopped",
+    )
+    attach.add_argument(
+        "--write-identity",
+        type=Path,
+        metavar="FILE",
+        help="write the identity file a worker of this recipe and lane is started with (--identity FILE) "
+        "and print its command line; certifies nothing",
+    )
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from certify.run import certify, gate_failed
+    from core.workspace import env_store
+    from manifests import recipe_model as recipes
+    from reports.render import render
+
+    if args.recipe_file is not None:
+        recipe = recipes.load_file(args.recipe_file)
+    else:
+        recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
+    store = env_store(ctx.env, args.store, ctx.workspace)
+    if args.write_identity is not None:
+        from certify.inputs import write_identity
+
+        recipe.require_lane(args.lane)
+        argv = write_identity(ctx, recipe, args.lane, args.write_identity, store=store)
+        print(f"identity: {args.write_identity.resolve()} ({recipe.name} on {args.lane})")
+        print(f"start each stage with: {shlex.join(argv)}")
+        return 0
+    written = certify(ctx, recipe, args.lane, render=render, store=store, placement_file=args.placement_file)
+    print(
+        f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "
+        f"{written.seconds:.1f} s)"
+    )
+    print(f"certificate: {written.certificate}")
+    print(f"report: {written.html}")
+    if not written.verdict.passed:
+        raise gate_failed(written)
+    return 0

@@ -1,0 +1,46 @@
+"""`dgr verify PATH [--key PEM] [--html PATH] [--store DIR]`: exit 0 when authentic, 3 otherwise."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from core.context import Context
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="certificate.json (a DSSE envelope)")
+    parser.add_argument(
+        "--key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="also trust this Ed25519 public key (repeatable)",
+    )
+    parser.add_argument("--html", type=Path, help="report HTML to check (default: the one beside PATH)")
+    parser.add_argument("--store", help="artifact store to recompute artifact digests from")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from certify.keys import trusted_keys
+    from certify.verify import verify
+    from core.errors import IntegrityError
+    from core.workspace import env_store
+
+    keys = trusted_keys(args.key, ws=ctx.workspace)
+    store = env_store(ctx.env, args.store, ctx.workspace)
+    # A store the user named (--store or DGR_STORE) is the one checked, not the paths recorded.
+    named = bool(args.store or ctx.env.get("DGR_STORE"))
+    result = verify(args.path, keys, html=args.html, store=store, store_only=named)
+    print(f"certificate: {args.path.resolve()}")
+    for line in result.lines:
+        print(f"  {line.text()}")
+    if not result.ok:
+        first = result.failures[0]
+        more = f" (+{len(result.failures) - 1} more, listed above)" if len(result.failures) > 1 else ""
+        raise IntegrityError(f"{args.path}: {first.what} {first.detail}{more}")
+    verdict = result.predicate.get("verdict", {}).get("status", "?")
+    recipe = result.predicate.get("recipe", {}).get("name", "?")
+    print(f"verified: {recipe} on {result.predicate.get('lane', '?')}, verdict {verdict}")
+    return 0

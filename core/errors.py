@@ -1,0 +1,80 @@
+"""One error hierarchy for the whole pipeline; each class owns an exit code.
+
+The top-level handler in ``cli.main`` turns any ``DgrError`` into one clear line on stderr and its
+exit code.  Messages say what failed and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class DgrError(Exception):
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = f"dgr: {self.kind}: {self.message}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return " ".join(text.split("\n"))
+
+
+class ConfigurationError(DgrError):
+    """Usage or configuration error: bad manifest, unknown recipe, bad argument."""
+
+    exit_code = 2
+    kind = "configuration error"
+
+
+class IntegrityError(DgrError):
+    """Digest mismatch, tampering, unsafe archive member or patch."""
+
+    exit_code = 3
+    kind = "integrity error"
+
+
+class ToolchainMissing(DgrError):
+    """A lane's toolchain is missing or too old."""
+
+    exit_code = 4
+    kind = "toolchain not found"
+
+
+class GateFailed(DgrError):
+    """A certification gate failed; the FAIL certificate has been written."""
+
+    exit_code = 5
+    kind = "gate failed"
+
+
+class RuntimeFailure(DgrError):
+    """A worker died or timed out, a download gave up, a command failed."""
+
+    exit_code = 6
+    kind = "runtime failure"
+
+
+class CommandFailed(RuntimeFailure):
+    """A subprocess exited non-zero; carries its exit code and the tail of its output."""
+
+    def __init__(self, argv: list[str], returncode: int, tail: str, *, hint: str | None = None) -> None:
+        import shlex
+
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.tail = tail
+        last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        super().__init__(f"`{shlex.join(argv)}` exited {returncode}: {last}", hint=hint)
+
+
+class CommandTimeout(RuntimeFailure):
+    """A subprocess printed nothing for longer than its no-output timeout."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception (by ``cli.main``) so every launcher and lock unwinds and no
+    worker outlives us. A BaseException, like KeyboardInterrupt: no ``except Exception`` swallows it."""

@@ -1,0 +1,388 @@
+"""Certification recipes: what is certified (artifact set, variant, lanes), how (placements, prompts,
+decode length, boundary dtype) and the gates' thresholds per hardware class, all pre-locked.
+
+A recipe is loaded once, validated against ``manifests/schemas/recipe.schema.json`` (unknown keys are
+named with a typo hint), checked for the things a schema cannot say (placements tile the layers,
+exactly one monolithic reference, MTP off) and returned as frozen dataclasses.  Its identity is the
+sha256 of its canonical JSON: changing a threshold changes the recipe digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.canonical import canonical_digest, read_json
+from core.errors import ConfigurationError
+from core.workspace import MANIFESTS
+from manifests.loader import build, validate
+
+RECIPES = MANIFESTS / "recipes"
+DEFAULT_RECIPE = "tiny-llama"
+REFERENCE_LANE = "cpu"  # the lane whose monolithic run every other lane's is held to
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seam:
+    delay_ms: float | None = None
+    jitter_ms: float | None = None
+    rate_mbit: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """A certification scenario: contiguous [begin, end) layer ranges, one per stage."""
+
+    name: str
+    stages: tuple[tuple[int, int], ...]
+    description: str = ""
+    forwarding: str = "relayed"
+    boundary_dtype: str | None = None
+    seams: tuple[Seam, ...] = ()
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def is_monolithic(self) -> bool:
+        return len(self.stages) == 1
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """Layers at which a seam sits (the residual entering that layer crosses the network)."""
+        return tuple(begin for begin, _ in self.stages[1:])
+
+    def seam(self, k: int) -> Seam | None:
+        """Shaping of seam k (between stage k and k+1); one listed seam applies to all."""
+        if not self.seams:
+            return None
+        return self.seams[0] if len(self.seams) == 1 else self.seams[k]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prompts:
+    set: str
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measure:
+    warmup: int
+    repetitions: int
+    prompt_tokens: int
+    decode_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouteChange:
+    placement: str
+    after_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhysicalModel:
+    label: str
+    boundary_width: int
+    sideband_bytes_per_token: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagingParity:
+    """Limits for "staging changed nothing": a placement against the monolithic run of the same lane,
+    same binary, same prompts, free-running greedy on both sides."""
+
+    top1_agreement_min: float
+    kl_mean_max: float
+    kl_max_max: float
+    logits_nmse_max: float
+    boundary_nmse_max: float
+    greedy_match_min: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendAgreement:
+    """Limits for "this backend agrees with the reference": the lane's monolithic run against the CPU
+    monolithic reference, teacher-forced on the reference's tokens so one flip cannot cascade.  Top-1
+    is counted only on rows whose reference top-1/top-2 logit margin exceeds ``top1_margin_min``
+    (near-ties are noise, not disagreement); the free-running greedy match is reported, not gated."""
+
+    top1_margin_min: float
+    top1_agreement_min: float
+    kl_mean_max: float
+    kl_max_max: float
+    logits_nmse_max: float
+    boundary_nmse_max: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    decode_tok_s_min: float
+    staged_mono_decode_ratio_min: float
+    prefill_tok_s_min: float | None = None
+    ratio_min_by_stages: Mapping[str, float] = field(default_factory=dict)
+    # Shaped seams (pipeline.physics): measured against what the link allows, not against loopback.
+    seam_bound_factor_max: float | None = None
+    bound_efficiency_min: float | None = None
+
+    def ratio_min(self, n_stages: int) -> float:
+        """The staged/monolithic minimum for a placement of ``n_stages`` (deep layouts may relax it)."""
+        best = self.staged_mono_decode_ratio_min
+        floor = 0
+        for key, value in self.ratio_min_by_stages.items():
+            if floor < int(key) <= n_stages:
+                floor, best = int(key), value
+        return best
+
+
+@dataclass(frozen=True, kw_only=True)
+class Match:
+    lanes: tuple[str, ...]
+    min_cpu_cores: int | None = None
+    gpu_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareClass:
+    name: str
+    match: Match
+    staging_parity: StagingParity
+    speed: Speed
+    staging_parity_f16_boundary: StagingParity | None = None
+    backend_agreement: BackendAgreement | None = None
+    description: str = ""
+
+    def staging_parity_for(self, boundary_dtype: str) -> StagingParity:
+        """f16 seams round the boundary on purpose, so they are held to their own declared limits."""
+        if boundary_dtype == "f16" and self.staging_parity_f16_boundary is not None:
+            return self.staging_parity_f16_boundary
+        return self.staging_parity
+
+    def agreement_for(self, lane: str) -> BackendAgreement | None:
+        """The backend-agreement limits that apply to ``lane``: none on the CPU lane, which is the
+        reference every other lane is compared with."""
+        return None if lane == REFERENCE_LANE else self.backend_agreement
+
+    def matches(self, lane: str, cpu_cores: int, gpu_names: tuple[str, ...]) -> bool:
+        if lane not in self.match.lanes:
+            return False
+        if self.match.min_cpu_cores is not None and cpu_cores < self.match.min_cpu_cores:
+            return False
+        if self.match.gpu_names:
+            wanted = [w.lower() for w in self.match.gpu_names]
+            return any(w in g.lower() for g in gpu_names for w in wanted)
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    schema_version: int
+    name: str
+    description: str
+    artifacts: str
+    variant: str
+    architecture: str
+    n_layer: int
+    lanes: tuple[str, ...]
+    placements: Mapping[str, Placement]
+    prompts: Prompts
+    n_decode: int
+    boundary_dtype: str
+    mtp: bool
+    measure: Measure
+    hardware_classes: tuple[HardwareClass, ...]
+    route_change: RouteChange | None = None
+    physical_model: PhysicalModel | None = None
+    # Identity: not part of the JSON, filled in by ``load``.
+    digest: str = ""
+    source: str = ""
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def monolithic(self) -> Placement:
+        return next(p for p in self.placements.values() if p.is_monolithic)
+
+    @property
+    def staged(self) -> tuple[Placement, ...]:
+        return tuple(p for p in self.placements.values() if not p.is_monolithic)
+
+    def hardware_class(self, lane: str, cpu_cores: int, gpu_names: tuple[str, ...] = ()) -> HardwareClass:
+        """The first listed class whose match rule fits this lane and machine (order is priority)."""
+        for hc in self.hardware_classes:
+            if hc.matches(lane, cpu_cores, gpu_names):
+                return hc
+        listed = ", ".join(f"{hc.name} ({'/'.join(hc.match.lanes)})" for hc in self.hardware_classes)
+        raise ConfigurationError(
+            f"recipe {self.name}: no hardware class matches lane {lane} on this machine "
+            f"({cpu_cores} cores, GPUs: {', '.join(gpu_names) or 'none'}); listed: {listed}",
+            hint=f"add a class to {self.source} (that changes the recipe digest)",
+        )
+
+    def require_lane(self, lane: str) -> None:
+        """ConfigurationError unless this recipe certifies ``lane``."""
+        if lane not in self.lanes:
+            raise ConfigurationError(
+                f"recipe {self.name} is not certified on lane {lane}",
+                hint=f"its lanes: {', '.join(self.lanes)}",
+            )
+
+    def dtype_of(self, placement: Placement) -> str:
+        return placement.boundary_dtype or self.boundary_dtype
+
+    def thresholds(self) -> list[dict[str, Any]]:
+        """The pre-locked gate thresholds as written in the recipe (for the certificate)."""
+        return [dict(hc) for hc in self.document["hardware_classes"]]
+
+
+def recipe_dirs(env: Mapping[str, str]) -> list[Path]:
+    """Where recipes are looked up: ``DGR_RECIPES_DIR`` first (tests, private recipes), then ours."""
+    dirs = []
+    extra = env.get("DGR_RECIPES_DIR")
+    if extra:
+        dirs.append(Path(extra))
+    dirs.append(RECIPES)
+    return dirs
+
+
+def available(env: Mapping[str, str] | None = None) -> list[str]:
+    env = os.environ if env is None else env
+    names: set[str] = set()
+    for d in recipe_dirs(env):
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.json") if _NAME.match(p.stem))
+    return sorted(names)
+
+
+def find(name: str, env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if not _NAME.match(name):
+        raise ConfigurationError(f"{name!r} is not a recipe name", hint="names are lower-case [a-z0-9._-]")
+    for d in recipe_dirs(env):
+        path = d / f"{name}.json"
+        if path.is_file():
+            return path
+    import difflib
+
+    known = available(env)
+    close = difflib.get_close_matches(name, known, n=1)
+    tip = f"did you mean {close[0]!r}?" if close else f"known recipes: {', '.join(known) or 'none'}"
+    raise ConfigurationError(f"unknown recipe {name!r}", hint=tip)
+
+
+def load(name: str, env: Mapping[str, str] | None = None) -> Recipe:
+    """Load the recipe called ``name`` (``DGR_RECIPES_DIR`` first, then ``manifests/recipes``)."""
+    path = find(name, env)
+    recipe = load_file(path)
+    if recipe.name != name:
+        raise ConfigurationError(f"{path}: /name is {recipe.name!r} but the file is named {name}.json")
+    return recipe
+
+
+def load_file(path: Path) -> Recipe:
+    """Load and check one recipe file (``dgr certify --recipe-file PATH``)."""
+    path = Path(path)
+    try:
+        raw = read_json(path)  # bounded: duplicate keys, NaN/Infinity, deep nesting refused (exit 2)
+    except FileNotFoundError:
+        raise ConfigurationError(f"recipe file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigurationError(f"{path} is not readable: {exc.strerror}") from None
+    # MTP gets its own sentence: it is a policy, not a typo.
+    if isinstance(raw, dict) and raw.get("mtp") not in (None, False):
+        raise ConfigurationError(
+            f"{path}: at /mtp: multi-token prediction is reserved and must stay off in this release",
+            hint='set "mtp": false',
+        )
+    return from_document(raw, source=str(path))
+
+
+def from_document(data: dict[str, Any], *, source: str) -> Recipe:
+    validate(data, "recipe", source=source)
+    placements = {
+        key: build(Placement, {"name": key, **value}, where=f"/placements/{key}")
+        for key, value in data["placements"].items()
+    }
+    recipe = dataclasses.replace(
+        build(Recipe, {**data, "placements": {}}),
+        placements=types.MappingProxyType(placements),
+        digest=canonical_digest(data),
+        source=source,
+        document=data,
+    )
+    _check(recipe)
+    return recipe
+
+
+def _check(recipe: Recipe) -> None:
+    """What the schema cannot say; each problem points at its key."""
+    where = recipe.source
+    for p in recipe.placements.values():
+        at = f"{where}: at /placements/{p.name}/stages"
+        expected = 0
+        for k, (begin, end) in enumerate(p.stages):
+            if begin != expected:
+                raise ConfigurationError(
+                    f"{at}/{k}: stage starts at layer {begin}, expected {expected} "
+                    "(stages must tile the layers contiguously)"
+                )
+            if end <= begin:
+                raise ConfigurationError(f"{at}/{k}: empty range [{begin}, {end})")
+            expected = end
+        if expected != recipe.n_layer:
+            raise ConfigurationError(f"{at}: stages end at layer {expected}, the model has {recipe.n_layer}")
+        if p.seams and len(p.seams) not in (1, p.n_stages - 1):
+            raise ConfigurationError(
+                f"{where}: at /placements/{p.name}/seams: give 1 entry (every seam) or "
+                f"{p.n_stages - 1} (one per seam), not {len(p.seams)}"
+            )
+    mono = [p.name for p in recipe.placements.values() if p.is_monolithic]
+    if len(mono) != 1:
+        raise ConfigurationError(
+            f"{where}: at /placements: exactly one single-stage (monolithic reference) "
+            f"placement is required, found {len(mono)}"
+        )
+    if recipe.route_change is not None:
+        rc = recipe.route_change
+        if rc.placement not in recipe.placements:
+            raise ConfigurationError(f"{where}: at /route_change/placement: no placement {rc.placement!r}")
+        if rc.after_tokens >= recipe.n_decode:
+            raise ConfigurationError(
+                f"{where}: at /route_change/after_tokens: must be < n_decode ({recipe.n_decode})"
+            )
+    uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
+    shaped = [p.name for p in recipe.placements.values() if p.seams]
+    names = [hc.name for hc in recipe.hardware_classes]
+    for k, hc in enumerate(recipe.hardware_classes):
+        if names.count(hc.name) > 1:
+            raise ConfigurationError(f"{where}: at /hardware_classes/{k}/name: {hc.name!r} is listed twice")
+        stray = sorted(set(hc.match.lanes) - set(recipe.lanes))
+        if stray:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}/match/lanes: {', '.join(stray)} "
+                f"not in the recipe's lanes {list(recipe.lanes)}"
+            )
+        bound_fields = ("seam_bound_factor_max", "bound_efficiency_min")
+        missing = [f for f in bound_fields if getattr(hc.speed, f) is None]
+        if shaped and missing:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}/speed: {', '.join(missing)} missing but placement "
+                f"{shaped[0]!r} has shaped seams (its speed is held to the physical bound, not to loopback)"
+            )
+        if uses_f16 and hc.staging_parity_f16_boundary is None:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}: staging_parity_f16_boundary is missing but "
+                f"placement {uses_f16[0]!r} carries f16 boundaries"
+            )
+        others = [lane for lane in hc.match.lanes if lane != REFERENCE_LANE]
+        if others and hc.backend_agreement is None:
+            raise ConfigurationError(
+                f"{where}: at /hardware_classes/{k}: backend_agreement is missing but lane {others[0]} is "
+                f"held to the {REFERENCE_LANE} reference"
+            )

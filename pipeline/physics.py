@@ -1,0 +1,165 @@
+"""The physical model of a staged placement: what its seams must cost at least, next to what they cost.
+
+Link model (pipeline.seam_model, the one pipeline.seams builds): every node — the driver and each
+stage — sits behind an access link, and a one-way message *into* node X is shaped by X's link: it
+takes at least ``(delay_X - jitter_X) + bytes * 8 / rate_X``.  Stage k+1's link is seam k's profile
+(``Placement.seam(k)``); stage 0's and the driver's links take seam 0's profile.  Only payload bytes
+are counted (boundary tensor, token ids, logits);
+protobuf, HTTP/2, TCP and IP headers come on top, so a measured seam can only be slower than its bound,
+and a seam measured *faster* than its bound was not shaped as the recipe says.
+
+Critical path of one decode token (one position, last logits row only), N stages:
+  * relayed: the driver sends to stage k and takes its reply, for every k: 2N one-way crossings.
+  * chained: driver -> stage 0 -> ... -> stage N-1 -> driver: N + 1 crossings (the acks travel back
+    off the critical path).
+The token's bound is the sum of the stages' own compute (measured by the workers) and of the bounds
+of those crossings; decode tok/s can at best be its inverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from manifests.recipe_model import Placement
+from pipeline.seam_model import Link, Profiles, crossing_bound_s, profiles
+
+TOKEN_BYTES = 4  # one int32 token id per position
+LOGIT_BYTES = 4  # F32 logits
+
+
+def links(p: Placement) -> Profiles:
+    """The link into every node (pipeline.seam_model.profiles); a monolithic placement has no seam."""
+    return profiles(p) if p.n_stages >= 2 else Profiles(driver=Link(), stages=(Link(),))
+
+
+def shaped(link: Link) -> bool:
+    return link.delay_s > 0 or link.rate_bps is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Crossing:
+    what: str
+    into: str
+    payload_bytes: int
+    bound_s: float
+
+
+def crossings(
+    p: Placement,
+    forwarding: str,
+    *,
+    boundary_bytes: Sequence[int],
+    n_vocab: int,
+    sideband_stages: Sequence[int] = (),
+    tokens_forwarded: bool = True,
+) -> list[Crossing]:
+    """The one-way messages on one decode token's critical path, with their bounds.
+
+    ``boundary_bytes[k]``: payload of seam k's boundary for one token; ``sideband_stages``: stages
+    that take the token ids next to the boundary in relayed mode; ``tokens_forwarded``: in chained
+    mode the token ids travel with every boundary.
+    """
+    n = p.n_stages
+    if len(boundary_bytes) != n - 1:
+        raise ValueError(f"{n} stages need {n - 1} seam byte counts, got {len(boundary_bytes)}")
+    logits = n_vocab * LOGIT_BYTES
+    into = links(p)
+    out: list[Crossing] = []
+
+    def add(what: str, into: str, link: Link, payload: int) -> None:
+        out.append(
+            Crossing(what=what, into=into, payload_bytes=payload, bound_s=crossing_bound_s(payload, link))
+        )
+
+    if forwarding == "chained":
+        add("token id", "stage 0", into.stages[0], TOKEN_BYTES)
+        for k in range(n - 1):
+            payload = boundary_bytes[k] + (TOKEN_BYTES if tokens_forwarded else 0)
+            add(f"seam {k} boundary", f"stage {k + 1}", into.stages[k + 1], payload)
+        add("logits", "driver", into.driver, logits)
+    elif forwarding == "relayed":
+        for k in range(n):
+            if k == 0:
+                payload = TOKEN_BYTES
+            else:
+                payload = boundary_bytes[k - 1] + (TOKEN_BYTES if k in sideband_stages else 0)
+            add("token id" if k == 0 else f"seam {k - 1} boundary", f"stage {k}", into.stages[k], payload)
+            reply = boundary_bytes[k] if k < n - 1 else logits
+            add("boundary reply" if k < n - 1 else "logits", "driver", into.driver, reply)
+    else:
+        raise ValueError(f"unknown forwarding {forwarding!r}")
+    return out
+
+
+def seam_bound(forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
+    """The bound of what the driver measures as seam k.
+
+    chained: the boundary's one crossing into stage k+1 (measured between the two workers' clocks).
+    relayed: stage k+1's round trip minus its compute, i.e. the boundary into stage k+1 plus its reply
+    into the driver.
+    """
+    if forwarding == "chained":
+        return parts[1 + k].bound_s
+    return parts[2 * (k + 1)].bound_s + parts[2 * (k + 1) + 1].bound_s
+
+
+def model(
+    p: Placement,
+    forwarding: str,
+    speed: Mapping[str, Any],
+    *,
+    n_vocab: int,
+    sideband_stages: Sequence[int] = (),
+    backend: str = "",
+) -> dict[str, Any]:
+    """Bound vs measured for one placement's decode, from its speed figures (certify.measure)."""
+    bytes_per_seam = [int(b) for b in speed.get("seam_bytes_per_token", [])]
+    parts = crossings(
+        p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
+    )
+    measured_seams = [float(s) for s in speed.get("seam_s", [])]
+    into = links(p)
+    seams = []
+    for k in range(p.n_stages - 1):
+        link = into.stages[k + 1]
+        bound = seam_bound(forwarding, k, parts)
+        measured = measured_seams[k] if k < len(measured_seams) else None
+        seams.append(
+            {
+                "seam": k,
+                "cut": p.stages[k + 1][0],
+                "bytes_per_token": bytes_per_seam[k],
+                "delay_ms": link.delay_s * 1e3,
+                "jitter_ms": link.jitter_s * 1e3,
+                "rtt_ms": 2 * link.delay_s * 1e3,
+                "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
+                "bound_s": bound,
+                "measured_s": measured,
+                "ratio": measured / bound if measured is not None and bound > 0 else None,
+            }
+        )
+    compute = float(sum(speed.get("stage_compute_s", [])))
+    crossing_bound = float(sum(c.bound_s for c in parts))
+    token_bound = compute + crossing_bound
+    measured_tok_s = float(speed["decode_tok_s"]["median"])
+    token_s = 1.0 / measured_tok_s if measured_tok_s > 0 else float("inf")
+    ratios = [s["ratio"] for s in seams if s["ratio"] is not None]
+    return {
+        "forwarding": forwarding,
+        "backend": backend,
+        "shaped": any(shaped(link) for link in into.stages),
+        "crossings_per_token": len(parts),
+        "crossings": [c.__dict__ for c in parts],
+        "seams": seams,
+        "seam_ratio_max": max(ratios) if ratios else None,
+        "seam_ratio_min": min(ratios) if ratios else None,
+        "compute_s": compute,
+        "crossing_bound_s": crossing_bound,
+        "token_bound_s": token_bound,
+        "bound_tok_s": 1.0 / token_bound if token_bound > 0 else None,
+        "measured_tok_s": measured_tok_s,
+        "efficiency": (token_bound / token_s) if token_s > 0 and token_bound > 0 else None,
+        "seam_share": max(0.0, (token_s - compute) / token_s) if token_s > 0 else None,
+    }
