@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core import proc
+from core.canonical import BadJson, parse_json
 from core.errors import ConfigurationError, RuntimeFailure
 
 PROBE = "dgr-topk-probe"
@@ -80,9 +81,9 @@ def measure_conditioning(
 def parse_report(text: str) -> dict[str, Any]:
     """The probe's JSON, checked for its kind and schema version."""
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RuntimeFailure(f"{PROBE} wrote no valid JSON: {e}") from None
+        doc = parse_json(text, source=f"{PROBE}'s report")
+    except BadJson as e:
+        raise RuntimeFailure(f"{PROBE} wrote no valid JSON: {e.message}") from None
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if kind != REPORT_KIND:
         raise RuntimeFailure(f"{PROBE} report has kind {kind!r}, expected {REPORT_KIND!r}")

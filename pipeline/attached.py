@@ -15,7 +15,6 @@ opened, and never stops a worker.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.canonical import sha256_bytes
+from core.canonical import BadJson, parse_json, sha256_bytes
 from core.errors import ConfigurationError, RuntimeFailure
 from manifests.placement_file import REFERENCE, AttachedStage, PlacementFile
 from manifests.recipe_model import Placement, Recipe
@@ -178,8 +177,8 @@ class AttachedPipelines:
         row = self.seen.get(s.address)
         if row is None:
             try:
-                build = (json.loads(info.identity_json) or {}).get("build")
-            except (ValueError, AttributeError):
+                build = (parse_json(info.identity_json, source="identity") or {}).get("build")
+            except (BadJson, AttributeError):
                 build = None
             row = self.seen[s.address] = {
                 "address": s.address,

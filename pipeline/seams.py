@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core import proc
-from core.canonical import read_json
+from core.canonical import parse_json, read_json
 from core.errors import RuntimeFailure, ToolchainMissing
 from pipeline.seam_model import Profiles, profiles
 from pipeline.shaper import READY, Link
@@ -395,8 +395,8 @@ class Fabric:
     def _build(self) -> None:
         env, names = self.env, self.names
         if self.subnet is None:
-            addrs = json.loads(_ip(env, "-j", "addr").output or "[]")
-            routes = json.loads(_ip(env, "-j", "route").output or "[]")
+            addrs = parse_json(_ip(env, "-j", "addr").output or "[]", source="`ip -j addr`")
+            routes = parse_json(_ip(env, "-j", "route").output or "[]", source="`ip -j route`")
             self.subnet = choose_subnet(used_networks(addrs, routes), int(self.tag, 16))
         # The marker comes first: whatever exists later is listed in it.
         self._marker = {"tag": self.tag, "pid": os.getpid(), "start": _start_ticks(os.getpid()),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.canonical import BadJson, parse_json
 from core.errors import ConfigurationError
 from manifests.recipe_model import Recipe
 from worker.client import StageInfo
@@ -116,9 +117,9 @@ def mismatches(info: StageInfo, want: Expect) -> list[tuple[str, str, str]]:
         if expected != got:
             out.append((name, _show(expected), _show(got)))
 
-    try:
-        doc = json.loads(info.identity_json) if info.identity_json.strip() else None
-    except ValueError:
+    try:  # the worker's own words: read with the bounded reader like any untrusted JSON
+        doc = parse_json(info.identity_json, source="identity") if info.identity_json.strip() else None
+    except BadJson:
         doc = "not JSON"
     if not isinstance(doc, dict):
         out.append(

@@ -155,3 +155,24 @@ def test_workspace_records_that_do_not_read_are_treated_as_absent(tmp_path: Path
 
     (tmp_path / ledger.SIDECAR).write_text(DEEP)
     assert ledger.read_sidecar(tmp_path, "m" * 64).files == {}
+
+
+@pytest.mark.parametrize("case", ["deep", "duplicate", "nan", "overflow"])
+def test_a_workers_identity_json_is_read_bounded(case: str) -> None:
+    """A worker's Info.identity_json is the worker's own words: deep nesting (a RecursionError under
+    plain json.loads) or a duplicate key is a mismatch the operator is told about, never a crash."""
+    from pipeline import worker_identity as wi
+    from tests.unit.test_placement import WANT, info
+
+    found = dict((f, got) for f, _, got in wi.mismatches(info(HOSTILE[case]), WANT))
+    assert found.get("identity") == "not a JSON object", found
+
+
+@pytest.mark.parametrize("case", ["deep", "duplicate", "nan"])
+def test_the_probe_report_is_read_bounded(case: str) -> None:
+    """dgr-topk-probe's report goes through the bounded reader: refused as RuntimeFailure (exit 6)."""
+    from core.errors import RuntimeFailure
+    from fetch.conditioning import parse_report
+
+    with pytest.raises(RuntimeFailure, match="wrote no valid JSON"):
+        parse_report(HOSTILE[case])
