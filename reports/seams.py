@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -105,11 +106,13 @@ def shaping_notes(placements: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(seen.values())
 
 
-def _series(
-    placements: Sequence[Mapping[str, Any]],
-) -> dict[str, list[tuple[int, float, float | None, float]]]:
+_Point = tuple[int, float, float | None, float]
+"""(stages, measured tok/s, bound tok/s, seam share): one placement of a group in the scaling chart."""
+
+
+def _series(placements: Sequence[Mapping[str, Any]]) -> dict[str, list[_Point]]:
     """Group label -> [(stages, measured tok/s, bound tok/s, seam share)], sorted by stage count."""
-    groups: dict[str, list[tuple[int, float, float | None, float]]] = {}
+    groups: dict[str, list[_Point]] = {}
     for p in modelled(placements):
         m = p["seam_model"]
         label = f"{_link(m['seams'][0]) if m['seams'] else 'loopback'}, {m['forwarding']}"
@@ -124,91 +127,146 @@ def _series(
     return {k: sorted(v) for k, v in groups.items()}
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """The scaling chart's geometry and its two scales, fixed once from every group's points so each
+    mark (axes, ticks, lines, dots) is placed by the same arithmetic."""
+
+    stages: list[int]
+    lo: float
+    hi: float
+    width: int = 760
+    panel_w: int = 300
+    panel_h: int = 220
+    left: int = 56
+    top: int = 34
+
+    @property
+    def ox2(self) -> int:
+        """Where the seam-share panel starts."""
+        return self.left + self.panel_w + 90
+
+    def x_of(self, ox: float, n: int) -> float:
+        n_lo, n_hi = min(self.stages), max(self.stages)
+        return ox + (0.5 if n_hi == n_lo else (n - n_lo) / (n_hi - n_lo)) * (self.panel_w - 20) + 10
+
+    def y_speed(self, v: float) -> float:
+        return self.top + self.panel_h - (math.log10(v) - self.lo) / (self.hi - self.lo) * self.panel_h
+
+    def y_share(self, s: float) -> float:
+        return self.top + self.panel_h - s * self.panel_h
+
+
+def _frame(groups: Mapping[str, list[_Point]]) -> _Frame:
+    """Stage counts on x; the speed scale spans every measured and bound tok/s with a factor 1.5 of
+    margin either side."""
+    stages = sorted({n for pts in groups.values() for n, *_ in pts})
+    speeds = [v for pts in groups.values() for _, m, b, _ in pts for v in (m, b) if v]
+    return _Frame(stages=stages, lo=math.log10(min(speeds) / 1.5), hi=math.log10(max(speeds) * 1.5))
+
+
+def _panels(f: _Frame) -> list[str]:
+    """Both panels' boxes, titles and stage-count axes."""
+    parts: list[str] = []
+    top, panel_w, panel_h = f.top, f.panel_w, f.panel_h
+    for ox, label in ((f.left, "decode tok/s (log)"), (f.ox2, "seam share of token time")):
+        parts.append(
+            f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>'
+        )
+        parts.append(f'<text x="{ox}" y="{top - 6}" class="chart-note">{escape(label)}</text>')
+        for n in f.stages:
+            parts.append(
+                f'<text x="{f.x_of(ox, n):.1f}" y="{top + panel_h + 16}" text-anchor="middle">{n}</text>'
+            )
+        parts.append(
+            f'<text x="{ox + panel_w / 2:.1f}" y="{top + panel_h + 32}" text-anchor="middle" '
+            f'class="chart-note">stages</text>'
+        )
+    return parts
+
+
+def _y_ticks(f: _Frame) -> list[str]:
+    """Decades on the speed panel (with grid lines), 0/50/100% on the share panel."""
+    parts: list[str] = []
+    left, ox2 = f.left, f.ox2
+    for e in range(math.ceil(f.lo), math.floor(f.hi) + 1):
+        y = f.y_speed(10**e)
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10**e:g}</text>')
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + f.panel_w}" y2="{y:.1f}" stroke="#eee"/>')
+    for frac in (0.0, 0.5, 1.0):
+        y = f.y_share(frac)
+        parts.append(f'<text x="{ox2 - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f}%</text>')
+    return parts
+
+
+def _group_lines(f: _Frame, colour: str, pts: list[_Point]) -> list[str]:
+    """One group's lines: measured speed (solid), its bound (dashed, where known), seam share."""
+    parts: list[str] = []
+    left, ox2 = f.left, f.ox2
+    measured = " ".join(f"{f.x_of(left, n):.1f},{f.y_speed(m):.1f}" for n, m, _, _ in pts)
+    parts.append(f'<polyline points="{measured}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    bounds = [(n, b) for n, _, b, _ in pts if b]
+    if bounds:
+        line = " ".join(f"{f.x_of(left, n):.1f},{f.y_speed(b):.1f}" for n, b in bounds)
+        parts.append(
+            f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5" '
+            f'stroke-dasharray="5 3"/>'
+        )
+    share = " ".join(f"{f.x_of(ox2, n):.1f},{f.y_share(s):.1f}" for n, _, _, s in pts)
+    parts.append(f'<polyline points="{share}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    return parts
+
+
+def _group_dots(f: _Frame, colour: str, label: str, pts: list[_Point]) -> list[str]:
+    """One group's points, each with a tooltip naming its figures; the bound gets a hollow mark."""
+    parts: list[str] = []
+    left, ox2 = f.left, f.ox2
+    for n, m, b, s in pts:
+        tip = (
+            f"{label}: {n} stages, {m:.1f} tok/s"
+            + (f" (bound {b:.1f})" if b else "")
+            + f", seams {s * 100:.0f}%"
+        )
+        parts.append(
+            f'<circle cx="{f.x_of(left, n):.1f}" cy="{f.y_speed(m):.1f}" r="3.5" fill="{colour}">'
+            f"<title>{escape(tip)}</title></circle>"
+        )
+        if b:  # the bound as a hollow mark too: a group with one stage count has no dashed line
+            parts.append(
+                f'<circle cx="{f.x_of(left, n):.1f}" cy="{f.y_speed(b):.1f}" r="3.5" fill="none" '
+                f'stroke="{colour}" stroke-width="1.5"><title>{escape(tip)}</title></circle>'
+            )
+        parts.append(
+            f'<circle cx="{f.x_of(ox2, n):.1f}" cy="{f.y_share(s):.1f}" r="3.5" fill="{colour}">'
+            f"<title>{escape(tip)}</title></circle>"
+        )
+    return parts
+
+
+def _bound_note(f: _Frame) -> list[str]:
+    """What the dashed lines and hollow marks are, under the share panel."""
+    return [
+        f'<text x="{f.ox2}" y="{f.top + f.panel_h + 50}" class="chart-note">'
+        "dashed / hollow: the physical bound</text>",
+        f'<text x="{f.ox2}" y="{f.top + f.panel_h + 66}" class="chart-note">'
+        "(stage compute + crossing bounds)</text>",
+    ]
+
+
 def scaling_chart(placements: Sequence[Mapping[str, Any]], *, title: str) -> Markup:
     """Two panels against the stage count: decode tok/s (log scale; dashed: the physical bound) and
     the share of a token's time spent in seams."""
     groups = _series(placements)
     if not groups:
         return Markup("")
-    width, panel_w, panel_h, left, top = 760, 300, 220, 56, 34
+    f = _frame(groups)
     legend_h = 18 * len(groups) + 10
-    height = top + panel_h + 40 + legend_h
-    stages = sorted({n for pts in groups.values() for n, *_ in pts})
-    speeds = [v for pts in groups.values() for _, m, b, _ in pts for v in (m, b) if v]
-    lo, hi = math.log10(min(speeds) / 1.5), math.log10(max(speeds) * 1.5)
-    n_lo, n_hi = min(stages), max(stages)
-
-    def x_of(ox: float, n: int) -> float:
-        return ox + (0.5 if n_hi == n_lo else (n - n_lo) / (n_hi - n_lo)) * (panel_w - 20) + 10
-
-    def y_speed(v: float) -> float:
-        return top + panel_h - (math.log10(v) - lo) / (hi - lo) * panel_h
-
-    def y_share(s: float) -> float:
-        return top + panel_h - s * panel_h
-
-    ox2 = left + panel_w + 90
-    parts: list[str] = []
-    for ox, label in ((left, "decode tok/s (log)"), (ox2, "seam share of token time")):
-        parts.append(
-            f'<rect x="{ox}" y="{top}" width="{panel_w}" height="{panel_h}" fill="none" stroke="#999"/>'
-        )
-        parts.append(f'<text x="{ox}" y="{top - 6}" class="chart-note">{escape(label)}</text>')
-        for n in stages:
-            parts.append(
-                f'<text x="{x_of(ox, n):.1f}" y="{top + panel_h + 16}" text-anchor="middle">{n}</text>'
-            )
-        parts.append(
-            f'<text x="{ox + panel_w / 2:.1f}" y="{top + panel_h + 32}" text-anchor="middle" '
-            f'class="chart-note">stages</text>'
-        )
-    for e in range(math.ceil(lo), math.floor(hi) + 1):
-        y = y_speed(10**e)
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10**e:g}</text>')
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + panel_w}" y2="{y:.1f}" stroke="#eee"/>')
-    for frac in (0.0, 0.5, 1.0):
-        y = y_share(frac)
-        parts.append(f'<text x="{ox2 - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f}%</text>')
+    height = f.top + f.panel_h + 40 + legend_h
+    parts = [*_panels(f), *_y_ticks(f)]
     for i, (label, pts) in enumerate(groups.items()):
         colour = PALETTE[i % len(PALETTE)]
-        measured = " ".join(f"{x_of(left, n):.1f},{y_speed(m):.1f}" for n, m, _, _ in pts)
-        parts.append(f'<polyline points="{measured}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        bounds = [(n, b) for n, _, b, _ in pts if b]
-        if bounds:
-            line = " ".join(f"{x_of(left, n):.1f},{y_speed(b):.1f}" for n, b in bounds)
-            parts.append(
-                f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5" '
-                f'stroke-dasharray="5 3"/>'
-            )
-        share = " ".join(f"{x_of(ox2, n):.1f},{y_share(s):.1f}" for n, _, _, s in pts)
-        parts.append(f'<polyline points="{share}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for n, m, b, s in pts:
-            tip = (
-                f"{label}: {n} stages, {m:.1f} tok/s"
-                + (f" (bound {b:.1f})" if b else "")
-                + f", seams {s * 100:.0f}%"
-            )
-            parts.append(
-                f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(m):.1f}" r="3.5" fill="{colour}">'
-                f"<title>{escape(tip)}</title></circle>"
-            )
-            if b:  # the bound as a hollow mark too: a group with one stage count has no dashed line
-                parts.append(
-                    f'<circle cx="{x_of(left, n):.1f}" cy="{y_speed(b):.1f}" r="3.5" fill="none" '
-                    f'stroke="{colour}" stroke-width="1.5"><title>{escape(tip)}</title></circle>'
-                )
-            parts.append(
-                f'<circle cx="{x_of(ox2, n):.1f}" cy="{y_share(s):.1f}" r="3.5" fill="{colour}">'
-                f"<title>{escape(tip)}</title></circle>"
-            )
-        ly = top + panel_h + 50 + 18 * i
-        parts.append(charts.swatch(left, ly, colour, label))
-    parts.append(
-        f'<text x="{ox2}" y="{top + panel_h + 50}" class="chart-note">'
-        "dashed / hollow: the physical bound</text>"
-    )
-    parts.append(
-        f'<text x="{ox2}" y="{top + panel_h + 66}" class="chart-note">'
-        "(stage compute + crossing bounds)</text>"
-    )
-    return charts.svg(width, height, title, parts)
+        parts += _group_lines(f, colour, pts)
+        parts += _group_dots(f, colour, label, pts)
+        parts.append(charts.swatch(f.left, f.top + f.panel_h + 50 + 18 * i, colour, label))
+    parts += _bound_note(f)
+    return charts.svg(f.width, height, title, parts)
