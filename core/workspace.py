@@ -2,8 +2,10 @@
 
 The data folders (manifests, patches, worker sources) are package data: found through
 importlib.resources, so a wheel install has them as a checkout does.  The workspace defaults to
-``.work/`` in a checkout, and to ``$XDG_DATA_HOME/dgr-certify`` (``~/.local/share/dgr-certify``)
-for an installed run, whose package folder is no place to write; ``DGR_WORK`` overrides both.
+``.work/`` in a checkout, and to the platform's user data folder for an installed run, whose package
+folder is no place to write; ``DGR_WORK`` overrides both. The archive cache defaults to the platform's
+user cache folder (``DGR_CACHE`` overrides). platformdirs knows each platform's rule (XDG on Linux,
+``~/Library`` on macOS, where the Metal lane runs); it reads the process environment.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import platformdirs
 
 from core.errors import ConfigurationError, IntegrityError
 
@@ -35,15 +39,16 @@ MANIFESTS = package_dir("manifests")
 PATCHES = package_dir("patches")
 WORKER = package_dir("worker")
 # A checkout has its pyproject.toml beside the packages; site-packages never does.
+APP = "dgr-certify"
 CHECKOUT: Path | None = PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").is_file() else None
 
 
 def default_root(env: Mapping[str, str]) -> Path:
-    """``.work/`` in a checkout; ``$XDG_DATA_HOME/dgr-certify`` for an installed run."""
+    """``.work/`` in a checkout; the user data folder (``~/.local/share/dgr-certify`` on Linux) for an
+    installed run."""
     if CHECKOUT is not None:
         return CHECKOUT / ".work"
-    data = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "/tmp")) / ".local" / "share")
-    return Path(data) / "dgr-certify"
+    return Path(platformdirs.user_data_dir(APP, appauthor=False))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +61,7 @@ class Workspace:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Workspace:
         root = Path(env.get("DGR_WORK") or default_root(env))
-        xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "/tmp")) / ".cache")
-        cache = Path(env.get("DGR_CACHE") or Path(xdg) / "dgr-certify")
+        cache = Path(env.get("DGR_CACHE") or platformdirs.user_cache_dir(APP, appauthor=False))
         for name, path in (("DGR_WORK", root), ("DGR_CACHE", cache)):
             if path.exists() and not path.is_dir():
                 raise ConfigurationError(f"{name} {path} is not a directory", hint=f"set {name} to a folder")

@@ -91,10 +91,11 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
                # the pinned sdist from the cache this checkout's tests already share; git stays unused
                DGR_CACHE=str(Workspace.from_env(os.environ).cache), DGR_FETCH_SOURCES="sdist")
     where = run([str(python), "-c", "import core.workspace as w, lanes.packages; "
-                 "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({'HOME': '/h'}).root)"],
+                 "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({}).root)"],
                 cwd=outside, env=env).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where[:2]), where
-    assert where[2:] == ["None", "/h/.local/share/dgr-certify"], "installed: the workspace is per user"
+    per_user = str(home / ".local" / "share" / "dgr-certify")  # platformdirs' rule on Linux
+    assert where[2:] == ["None", per_user], "installed: the workspace is per user"
 
     dgr = str(venv / "bin" / "dgr")
     doctor = run([dgr, "doctor"], cwd=outside, env=env).stdout

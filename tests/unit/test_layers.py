@@ -63,8 +63,8 @@ def test_a_planted_upward_import_or_cycle_breaks_a_contract(
     assert broken in report and named in report, done.stdout[-4000:]
 
 
-def test_the_kernel_uses_only_the_standard_library_and_blake3() -> None:
-    allowed = set(sys.stdlib_module_names) | {"blake3", "core", "__future__"}
+def test_the_kernel_uses_only_the_standard_library_blake3_and_platformdirs() -> None:
+    allowed = set(sys.stdlib_module_names) | {"blake3", "platformdirs", "core", "__future__"}
     outside = []
     for path in sorted((REPO / "core").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
