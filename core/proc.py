@@ -64,7 +64,22 @@ def run(
     log.info("$ %s", shlex.join(args))
     started = time.monotonic()
     tail: deque[str] = deque(maxlen=TAIL_LINES)
-    chunks: list[bytes] = []
+    proc = _spawn(args, cwd=cwd, env=env, stdin_data=stdin_data)
+    raw = _drain(proc, args, tail, no_output_timeout=no_output_timeout, echo=echo)
+    output = raw.decode("utf-8", "replace")
+    done = Completed(
+        argv=tuple(args), returncode=proc.returncode, output=output, seconds=time.monotonic() - started
+    )
+    if check and proc.returncode != 0:
+        raise CommandFailed(args, proc.returncode, "\n".join(tail))
+    return done
+
+
+def _spawn(
+    args: list[str], *, cwd: Path | None, env: Mapping[str, str] | None, stdin_data: bytes | None
+) -> subprocess.Popen[bytes]:
+    """Start the child with stderr merged into one stdout pipe; its stdin, if any, is written whole
+    and closed up front (no stdin: /dev/null, so a child that reads it does not hang on ours)."""
     proc = subprocess.Popen(
         args,
         cwd=cwd,
@@ -77,32 +92,25 @@ def run(
         assert proc.stdin is not None
         proc.stdin.write(stdin_data)
         proc.stdin.close()
+    return proc
+
+
+def _drain(
+    proc: subprocess.Popen[bytes],
+    args: list[str],
+    tail: deque[str],
+    *,
+    no_output_timeout: float | None,
+    echo: bool,
+) -> bytes:
+    """All the child's output once it has exited; whatever ends the read (EOF, the no-output timeout,
+    ^C), the pipe is closed and the child is not left running."""
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    pending = b""
+    chunks: list[bytes] = []
     try:
-        while True:
-            events = sel.select(timeout=no_output_timeout)
-            if not events:
-                proc.kill()
-                proc.wait()
-                raise CommandTimeout(
-                    f"`{shlex.join(args)}` printed nothing for {no_output_timeout:.0f} s and was stopped"
-                )
-            data = os.read(proc.stdout.fileno(), 65536)
-            if not data:
-                break
-            chunks.append(data)
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                text = line.decode("utf-8", "replace")
-                tail.append(text)
-                if echo:
-                    print(text, file=sys.stderr, flush=True)
-        if pending:
-            tail.append(pending.decode("utf-8", "replace"))
+        _read_to_eof(proc, sel, args, tail, chunks, no_output_timeout=no_output_timeout, echo=echo)
         proc.wait()
     finally:
         sel.close()
@@ -110,13 +118,44 @@ def run(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    output = b"".join(chunks).decode("utf-8", "replace")
-    done = Completed(
-        argv=tuple(args), returncode=proc.returncode, output=output, seconds=time.monotonic() - started
-    )
-    if check and proc.returncode != 0:
-        raise CommandFailed(args, proc.returncode, "\n".join(tail))
-    return done
+    return b"".join(chunks)
+
+
+def _read_to_eof(
+    proc: subprocess.Popen[bytes],
+    sel: selectors.BaseSelector,
+    args: list[str],
+    tail: deque[str],
+    chunks: list[bytes],
+    *,
+    no_output_timeout: float | None,
+    echo: bool,
+) -> None:
+    """Read as output comes, into ``chunks`` (the raw bytes) and ``tail`` (the last lines, for the
+    error); a silence longer than ``no_output_timeout`` stops the child and raises CommandTimeout."""
+    assert proc.stdout is not None
+    pending = b""
+    while True:
+        events = sel.select(timeout=no_output_timeout)
+        if not events:
+            proc.kill()
+            proc.wait()
+            raise CommandTimeout(
+                f"`{shlex.join(args)}` printed nothing for {no_output_timeout:.0f} s and was stopped"
+            )
+        data = os.read(proc.stdout.fileno(), 65536)
+        if not data:
+            break
+        chunks.append(data)
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace")
+            tail.append(text)
+            if echo:
+                print(text, file=sys.stderr, flush=True)
+    if pending:
+        tail.append(pending.decode("utf-8", "replace"))
 
 
 def output_of(argv: Sequence[str | os.PathLike[str]], **kwargs: object) -> str:
