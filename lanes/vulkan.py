@@ -138,29 +138,10 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             reason=f"toolchain not found: the Vulkan loader libvulkan.so.1 ({SYSTEM_INSTALL})",
         )
     prefixes = _prefixes(env)
-    # vulkan_core.h is about a megabyte: read each prefix's once.
-    header_versions = {p / "include": header_version(p / "include") for p in prefixes}
-    headers = {i: hv for i, hv in header_versions.items() if hv is not None}
+    headers = _header_versions(prefixes)
     include = next((i for i, hv in headers.items() if hv >= MINIMUM_HEADER and has_layer_settings(i)), None)
     if include is None:
-        newest = max(headers, key=headers.__getitem__, default=None)
-        hv = headers[newest] if newest is not None else None
-        fix = f"`dgr build --lane vulkan` provisions Debian 13's into the workspace; or {INSTALL}"
-        return ToolchainProbe(
-            lane=name,
-            status=Status.MISSING if newest is None else Status.TOO_OLD,
-            tool="vulkan headers",
-            version=f"1.x.{hv}" if hv is not None else None,
-            path=str(newest) if newest is not None else None,
-            minimum=MINIMUM,
-            reason=(
-                f"toolchain not found: vulkan/vulkan_core.h ({fix})"
-                if newest is None
-                else f"Vulkan headers in {newest} (VK_HEADER_VERSION {hv}) lack vk::LayerSettingEXT, "
-                f"which the pinned tree needs: {fix}"
-            ),
-        )
-    hv = headers[include]
+        return _unusable_headers(headers)
     prefix = include.parent
     spirv = _spirv_dir([prefix, *prefixes])
     if spirv is None:
@@ -173,7 +154,45 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             reason=f"toolchain not found: SPIRV-Headers CMake package (`dgr build --lane vulkan` "
             f"provisions Debian 13's spirv-headers; or {INSTALL})",
         )
-    found = ToolchainProbe(
+    found = _found(include, headers[include], spirv, loader=loader, glslc=glslc, glslc_version=glslc_version)
+    return cmake.merge(found, cmake.probe_host(env))
+
+
+def _header_versions(prefixes: list[Path]) -> dict[Path, int]:
+    """include dir -> VK_HEADER_VERSION for each prefix that has vulkan_core.h, in prefix order
+    (the file is about a megabyte: each prefix's is read once)."""
+    header_versions = {p / "include": header_version(p / "include") for p in prefixes}
+    return {i: hv for i, hv in header_versions.items() if hv is not None}
+
+
+def _unusable_headers(headers: Mapping[Path, int]) -> ToolchainProbe:
+    """No prefix has headers the pinned tree builds with: MISSING when none has any, else TOO_OLD
+    naming the newest found (the one an upgrade would replace)."""
+    newest = max(headers, key=headers.__getitem__, default=None)
+    hv = headers[newest] if newest is not None else None
+    fix = f"`dgr build --lane vulkan` provisions Debian 13's into the workspace; or {INSTALL}"
+    return ToolchainProbe(
+        lane=name,
+        status=Status.MISSING if newest is None else Status.TOO_OLD,
+        tool="vulkan headers",
+        version=f"1.x.{hv}" if hv is not None else None,
+        path=str(newest) if newest is not None else None,
+        minimum=MINIMUM,
+        reason=(
+            f"toolchain not found: vulkan/vulkan_core.h ({fix})"
+            if newest is None
+            else f"Vulkan headers in {newest} (VK_HEADER_VERSION {hv}) lack vk::LayerSettingEXT, "
+            f"which the pinned tree needs: {fix}"
+        ),
+    )
+
+
+def _found(
+    include: Path, hv: int, spirv: Path, *, loader: Path, glslc: str, glslc_version: str
+) -> ToolchainProbe:
+    """The usable toolchain: versions feed the build key, locations only the CMake arguments."""
+    prefix = include.parent
+    return ToolchainProbe(
         lane=name,
         status=Status.OK,
         tool="vulkan headers",
@@ -189,7 +208,6 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
             "glslc": glslc,
         },
     )
-    return cmake.merge(found, cmake.probe_host(env))
 
 
 def _spirv_version(config_dir: Path) -> str:
