@@ -251,8 +251,7 @@ class _Run:
                 if served:
                     break
                 stats = Stats()
-                with self.make_bar(f"fetch {entry.name}", entry.size) as bar:
-                    bar.update(partial.bytes_verified)
+                with self.make_bar(f"fetch {entry.name}", entry.size, initial=partial.bytes_verified) as bar:
                     try:
                         self._from_origin(origin, partial, stats, bar.update)
                         served = True
