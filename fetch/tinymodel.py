@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -63,6 +63,16 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
 
         return tinymodel_v4.generate(out_dir, params, variant, tree=tree)
     gguf = import_gguf(tree)
+    p = _checked(params)
+    dims = _dims(p)
+    writer = _open_writer(gguf, out_dir, p, dims, variant)
+    n_vocab = _add_metadata(gguf, writer, p, dims, tree)
+    _add_tensors(gguf, writer, p, dims, n_vocab)
+    return write_splits(writer, out_dir, file_names(p, variant), "tinymodel")
+
+
+def _checked(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters over the defaults; an unknown name or ftype is the manifest's error, named."""
     p = {**DEFAULTS, **params}
     unknown = sorted(set(p) - set(DEFAULTS))
     if unknown:
@@ -70,24 +80,50 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     ftype = str(p["ftype"])
     if ftype not in FTYPES:
         raise ConfigurationError(f"tinymodel: ftype {ftype!r} is not one of {', '.join(FTYPES)}")
+    return p
+
+
+class _Dims(NamedTuple):
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    head_dim: int
+
+
+def _dims(p: Mapping[str, Any]) -> _Dims:
+    """The model's sizes, read once from the parameters before the writer exists (a bad one fails
+    first, as it always did)."""
     n_layer, n_embd, n_head, n_head_kv, n_ff = (
         int(p[k]) for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff")
     )
-    head_dim = n_embd // n_head
-    n_tensors = 1 + 9 * n_layer + 2
+    return _Dims(n_layer, n_embd, n_head, n_head_kv, n_ff, head_dim=n_embd // n_head)
+
+
+def _open_writer(gguf: Any, out_dir: Path, p: Mapping[str, Any], dims: _Dims, variant: str) -> Any:
+    """The pinned gguf-py writer, splitting the tensors evenly over ``splits`` files as
+    llama-gguf-split does (token_embd, 9 per layer, output_norm and output)."""
+    n_tensors = 1 + 9 * dims.n_layer + 2
     splits = int(p["splits"])
     per_file = -(-n_tensors // splits)
-    writer = gguf.GGUFWriter(
+    return gguf.GGUFWriter(
         out_dir / f"tiny-llama-{variant}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
     )
+
+
+def _add_metadata(gguf: Any, writer: Any, p: Mapping[str, Any], dims: _Dims, tree: Path) -> int:
+    """The llama KV pairs, then the tokenizer's copied from the pinned vocab file; returns n_vocab.
+    The writer keeps insertion order, so this order is part of the sealed bytes."""
+    ftype = str(p["ftype"])
     writer.add_name(str(p["name"]))
     writer.add_context_length(int(p["n_ctx"]))
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_embedding_length(dims.n_embd)
+    writer.add_block_count(dims.n_layer)
+    writer.add_feed_forward_length(dims.n_ff)
+    writer.add_head_count(dims.n_head)
+    writer.add_head_count_kv(dims.n_head_kv)
+    writer.add_rope_dimension_count(dims.head_dim)
     writer.add_rope_freq_base(float(p["rope_freq_base"]))
     writer.add_layer_norm_rms_eps(float(p["rms_eps"]))
     writer.add_file_type(FTYPES[ftype])
@@ -95,7 +131,14 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = copy_tokenizer(gguf, writer, tree / str(p["vocab"]))
     writer.add_vocab_size(n_vocab)
+    return n_vocab
 
+
+def _add_tensors(gguf: Any, writer: Any, p: Mapping[str, Any], dims: _Dims, n_vocab: int) -> None:
+    """Every tensor in file order, weights drawn from one stream in that order (the sealed digests
+    depend on it); norms are ones, and q8_0 quantizes all but the norms."""
+    n_layer, n_embd, n_ff = dims.n_layer, dims.n_embd, dims.n_ff
+    ftype = str(p["ftype"])
     rng = Weights(int(p["seed"]))
     std = float(p["init_std"])
     q8 = gguf.GGMLQuantizationType.Q8_0
@@ -108,7 +151,7 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
             writer.add_tensor(name, data)
 
     add("token_embd.weight", (n_vocab, n_embd))
-    kv_dim = head_dim * n_head_kv
+    kv_dim = dims.head_dim * dims.n_head_kv
     for i in range(n_layer):
         add(f"blk.{i}.attn_norm.weight", (n_embd,), norm=True)
         add(f"blk.{i}.attn_q.weight", (n_embd, n_embd))
@@ -121,5 +164,3 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         add(f"blk.{i}.ffn_down.weight", (n_embd, n_ff))
     add("output_norm.weight", (n_embd,), norm=True)
     add("output.weight", (n_vocab, n_embd))
-
-    return write_splits(writer, out_dir, file_names(p, variant), "tinymodel")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -108,6 +108,41 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     p = {**DEFAULTS, **params}
     _check(p)  # before touching the tree: a bad manifest is named as such
     gguf = import_gguf(tree)
+    d = _dims(p)
+    splits = int(p["splits"])
+    per_file = -(-_tensor_count(p) // splits)
+    w = gguf.GGUFWriter(
+        out_dir / f"tiny-v4-{variant}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0
+    )
+    n_vocab = _add_metadata(gguf, w, p, d, tree)
+    tensors = _Tensors(w, Weights(int(p["seed"])), float(p["init_std"]))
+    _add_output_tensors(tensors, d, n_vocab)
+    for i, ratio in enumerate(d.ratios):
+        _add_block_tensors(tensors, d, i, ratio, n_vocab, float(p["router_bias_boost"]))
+    return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
+
+
+class _Dims(NamedTuple):
+    n_layer: int
+    n_embd: int
+    n_head: int
+    hd: int
+    n_rot: int
+    n_expert: int
+    n_used: int
+    n_shared: int
+    n_ff: int
+    q_rank: int
+    o_groups: int
+    o_rank: int
+    ix_heads: int
+    ix_dim: int
+    hash_layers: int
+    ratios: list[int]
+
+
+def _dims(p: Mapping[str, Any]) -> _Dims:
+    """The model's sizes, read once from the checked parameters before the writer exists."""
     n_layer, n_embd, n_head, hd, n_rot = (
         int(p[k]) for k in ("n_layer", "n_embd", "n_head", "head_dim", "rope_dim")
     )
@@ -118,109 +153,155 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     ix_heads, ix_dim = int(p["indexer_n_head"]), int(p["indexer_head_dim"])
     hash_layers = int(p["hash_layer_count"])
     ratios = [int(r) for r in p["compress_ratios"]]
-    splits = int(p["splits"])
-    per_file = -(-_tensor_count(p) // splits)
+    return _Dims(n_layer, n_embd, n_head, hd, n_rot, n_expert, n_used, n_shared, n_ff, q_rank, o_groups,
+                 o_rank, ix_heads, ix_dim, hash_layers, ratios)
 
-    w = gguf.GGUFWriter(
-        out_dir / f"tiny-v4-{variant}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0
-    )
+
+def _add_metadata(gguf: Any, w: Any, p: Mapping[str, Any], d: _Dims, tree: Path) -> int:
+    """Every KV pair the pinned loader reads for ``deepseek4``, then the tokenizer's; returns n_vocab.
+    The writer keeps insertion order, so this order is part of the sealed bytes."""
+    _add_attention_kv(w, p, d)
+    _add_expert_kv(gguf, w, p, d)
+    _add_compression_kv(w, p, d)
+    w.add_file_type(FTYPES[str(p["ftype"])])
+    n_vocab = copy_tokenizer(gguf, w, tree / str(p["vocab"]))
+    w.add_vocab_size(n_vocab)
+    return n_vocab
+
+
+def _add_attention_kv(w: Any, p: Mapping[str, Any], d: _Dims) -> None:
+    """Name, sizes and the attention's hyperparameters (MQA, low-rank q, sliding window)."""
     w.add_name(str(p["name"]))
     w.add_context_length(int(p["n_ctx"]))
-    w.add_embedding_length(n_embd)
-    w.add_embedding_length_out(n_embd * HC_MULT)
-    w.add_block_count(n_layer)
-    w.add_head_count(n_head)
+    w.add_embedding_length(d.n_embd)
+    w.add_embedding_length_out(d.n_embd * HC_MULT)
+    w.add_block_count(d.n_layer)
+    w.add_head_count(d.n_head)
     w.add_head_count_kv(1)  # one shared KV head (MQA), as in V4
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(n_rot)
+    w.add_key_length(d.hd)
+    w.add_value_length(d.hd)
+    w.add_rope_dimension_count(d.n_rot)
     w.add_rope_freq_base(float(p["rope_freq_base"]))
     w.add_layer_norm_rms_eps(float(p["rms_eps"]))
-    w.add_q_lora_rank(q_rank)
+    w.add_q_lora_rank(d.q_rank)
     w.add_sliding_window(int(p["sliding_window"]))
-    w.add_expert_count(n_expert)
-    w.add_expert_used_count(n_used)
-    w.add_expert_shared_count(n_shared)
-    w.add_expert_feed_forward_length(n_ff)
+
+
+def _add_expert_kv(gguf: Any, w: Any, p: Mapping[str, Any], d: _Dims) -> None:
+    """The MoE's: routed and shared experts, their gating and SwiGLU clamps."""
+    w.add_expert_count(d.n_expert)
+    w.add_expert_used_count(d.n_used)
+    w.add_expert_shared_count(d.n_shared)
+    w.add_expert_feed_forward_length(d.n_ff)
     w.add_expert_weights_scale(float(p["expert_weights_scale"]))
     w.add_expert_weights_norm(True)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SQRTSOFTPLUS)
-    w.add_swiglu_clamp_exp([float(p["swiglu_clamp"])] * n_layer)
-    w.add_swiglu_clamp_shexp([float(p["swiglu_clamp"])] * n_layer)
-    w.add_indexer_head_count(ix_heads)
-    w.add_indexer_key_length(ix_dim)
+    w.add_swiglu_clamp_exp([float(p["swiglu_clamp"])] * d.n_layer)
+    w.add_swiglu_clamp_shexp([float(p["swiglu_clamp"])] * d.n_layer)
+
+
+def _add_compression_kv(w: Any, p: Mapping[str, Any], d: _Dims) -> None:
+    """The lightning indexer, grouped output, KV compression, hyper-connections and hash routing."""
+    w.add_indexer_head_count(d.ix_heads)
+    w.add_indexer_key_length(d.ix_dim)
     w.add_indexer_top_k(int(p["indexer_top_k"]))
-    w.add_attention_output_group_count(o_groups)
-    w.add_attention_output_lora_rank(o_rank)
-    w.add_attention_compress_ratios(ratios)
+    w.add_attention_output_group_count(d.o_groups)
+    w.add_attention_output_lora_rank(d.o_rank)
+    w.add_attention_compress_ratios(d.ratios)
     w.add_attention_compress_rope_freq_base(float(p["compress_rope_freq_base"]))
     w.add_hyper_connection_count(HC_MULT)
     w.add_hyper_connection_sinkhorn_iterations(int(p["hc_sinkhorn_iters"]))
     w.add_hyper_connection_epsilon(float(p["hc_eps"]))
-    w.add_hash_layer_count(hash_layers)
-    w.add_file_type(FTYPES[str(p["ftype"])])
-    n_vocab = copy_tokenizer(gguf, w, tree / str(p["vocab"]))
-    w.add_vocab_size(n_vocab)
+    w.add_hash_layer_count(d.hash_layers)
 
-    rng = Weights(int(p["seed"]))
-    std = float(p["init_std"])
 
-    def add(name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
+class _Tensors:
+    """The writer and the one weight stream every tensor draws from, in file order (the sealed
+    digests depend on that order: tensors are added by the helpers below exactly as listed)."""
+
+    def __init__(self, w: Any, rng: Weights, std: float) -> None:
+        self.w, self.rng, self.std = w, rng, std
+
+    def add(self, name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
         # numpy shape = ggml ne reversed
-        w.add_tensor(name, np.ones(shape, dtype=np.float32) if norm else rng.uniform(shape, std))
+        data = np.ones(shape, dtype=np.float32) if norm else self.rng.uniform(shape, self.std)
+        self.w.add_tensor(name, data)
 
-    hc_dim, hc_mix = HC_MULT * n_embd, (2 + HC_MULT) * HC_MULT
-    add("token_embd.weight", (n_vocab, n_embd))
-    add("output_norm.weight", (n_embd,), norm=True)
-    add("output.weight", (n_vocab, n_embd))
-    add("output_hc_fn.weight", (HC_MULT, hc_dim))
-    add("output_hc_base.weight", (HC_MULT,))
-    add("output_hc_scale.weight", (1,))
-    for i, ratio in enumerate(ratios):
-        b = f"blk.{i}"
-        add(f"{b}.attn_norm.weight", (n_embd,), norm=True)
-        add(f"{b}.attn_sinks.weight", (n_head,))
-        add(f"{b}.attn_q_a.weight", (q_rank, n_embd))
-        add(f"{b}.attn_q_a_norm.weight", (q_rank,), norm=True)
-        add(f"{b}.attn_q_b.weight", (n_head * hd, q_rank))
-        add(f"{b}.attn_kv.weight", (hd, n_embd))
-        add(f"{b}.attn_kv_a_norm.weight", (hd,), norm=True)
-        add(
-            f"{b}.attn_output_a.weight", (o_rank * o_groups, n_head * hd // o_groups)
-        )  # file layout of the converter
-        add(f"{b}.attn_output_b.weight", (n_embd, o_groups * o_rank))
-        for part in ("attn", "ffn"):
-            add(f"{b}.hc_{part}_fn.weight", (hc_mix, hc_dim))
-            add(f"{b}.hc_{part}_base.weight", (hc_mix,))
-            add(f"{b}.hc_{part}_scale.weight", (3,))
-        if ratio:
-            coff = 2 if ratio == 4 else 1
-            add(f"{b}.attn_compressor_kv.weight", (coff * hd, n_embd))
-            add(f"{b}.attn_compressor_gate.weight", (coff * hd, n_embd))
-            add(f"{b}.attn_compressor_ape.weight", (ratio, coff * hd))
-            add(f"{b}.attn_compressor_norm.weight", (hd,), norm=True)
-        if ratio == 4:
-            add(f"{b}.indexer.proj.weight", (ix_heads, n_embd))
-            add(f"{b}.indexer.attn_q_b.weight", (ix_heads * ix_dim, q_rank))
-            add(f"{b}.indexer_compressor_kv.weight", (2 * ix_dim, n_embd))
-            add(f"{b}.indexer_compressor_gate.weight", (2 * ix_dim, n_embd))
-            add(f"{b}.indexer_compressor_ape.weight", (ratio, 2 * ix_dim))
-            add(f"{b}.indexer_compressor_norm.weight", (ix_dim,), norm=True)
-        add(f"{b}.ffn_gate_inp.weight", (n_expert, n_embd))
-        if i < hash_layers:
-            w.add_tensor(f"{b}.ffn_gate_tid2eid.weight", _hash_table(rng, n_vocab, n_expert, n_used))
-        else:
-            w.add_tensor(f"{b}.exp_probs_b.bias", _selection_bias(rng, n_expert, n_used, std,
-                                                                  float(p["router_bias_boost"])))
-        add(f"{b}.ffn_norm.weight", (n_embd,), norm=True)
-        add(f"{b}.ffn_gate_exps.weight", (n_expert, n_ff, n_embd))
-        add(f"{b}.ffn_down_exps.weight", (n_expert, n_embd, n_ff))
-        add(f"{b}.ffn_up_exps.weight", (n_expert, n_ff, n_embd))
-        add(f"{b}.ffn_gate_shexp.weight", (n_ff * n_shared, n_embd))
-        add(f"{b}.ffn_down_shexp.weight", (n_embd, n_ff * n_shared))
-        add(f"{b}.ffn_up_shexp.weight", (n_ff * n_shared, n_embd))
 
-    return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
+def _add_output_tensors(t: _Tensors, d: _Dims, n_vocab: int) -> None:
+    """The embedding, the output head and the output hyper-connection (written first, as the converter
+    does)."""
+    t.add("token_embd.weight", (n_vocab, d.n_embd))
+    t.add("output_norm.weight", (d.n_embd,), norm=True)
+    t.add("output.weight", (n_vocab, d.n_embd))
+    t.add("output_hc_fn.weight", (HC_MULT, HC_MULT * d.n_embd))
+    t.add("output_hc_base.weight", (HC_MULT,))
+    t.add("output_hc_scale.weight", (1,))
+
+
+def _add_block_tensors(t: _Tensors, d: _Dims, i: int, ratio: int, n_vocab: int, boost: float) -> None:
+    """Layer ``i``: attention, hyper-connections, the compressor and indexer its ratio calls for, MoE."""
+    b = f"blk.{i}"
+    _add_attention_tensors(t, d, b)
+    hc_dim, hc_mix = HC_MULT * d.n_embd, (2 + HC_MULT) * HC_MULT
+    for part in ("attn", "ffn"):
+        t.add(f"{b}.hc_{part}_fn.weight", (hc_mix, hc_dim))
+        t.add(f"{b}.hc_{part}_base.weight", (hc_mix,))
+        t.add(f"{b}.hc_{part}_scale.weight", (3,))
+    if ratio:
+        coff = 2 if ratio == 4 else 1
+        t.add(f"{b}.attn_compressor_kv.weight", (coff * d.hd, d.n_embd))
+        t.add(f"{b}.attn_compressor_gate.weight", (coff * d.hd, d.n_embd))
+        t.add(f"{b}.attn_compressor_ape.weight", (ratio, coff * d.hd))
+        t.add(f"{b}.attn_compressor_norm.weight", (d.hd,), norm=True)
+    if ratio == 4:
+        _add_indexer_tensors(t, d, b, ratio)
+    _add_moe_tensors(t, d, b, i, n_vocab, boost)
+
+
+def _add_attention_tensors(t: _Tensors, d: _Dims, b: str) -> None:
+    """Low-rank q, the shared KV head and the grouped low-rank output projection."""
+    n_embd, n_head, hd, q_rank = d.n_embd, d.n_head, d.hd, d.q_rank
+    t.add(f"{b}.attn_norm.weight", (n_embd,), norm=True)
+    t.add(f"{b}.attn_sinks.weight", (n_head,))
+    t.add(f"{b}.attn_q_a.weight", (q_rank, n_embd))
+    t.add(f"{b}.attn_q_a_norm.weight", (q_rank,), norm=True)
+    t.add(f"{b}.attn_q_b.weight", (n_head * hd, q_rank))
+    t.add(f"{b}.attn_kv.weight", (hd, n_embd))
+    t.add(f"{b}.attn_kv_a_norm.weight", (hd,), norm=True)
+    t.add(
+        f"{b}.attn_output_a.weight", (d.o_rank * d.o_groups, n_head * hd // d.o_groups)
+    )  # file layout of the converter
+    t.add(f"{b}.attn_output_b.weight", (n_embd, d.o_groups * d.o_rank))
+
+
+def _add_indexer_tensors(t: _Tensors, d: _Dims, b: str, ratio: int) -> None:
+    """The lightning indexer of a ratio-4 layer and its own compressor."""
+    ix_heads, ix_dim = d.ix_heads, d.ix_dim
+    t.add(f"{b}.indexer.proj.weight", (ix_heads, d.n_embd))
+    t.add(f"{b}.indexer.attn_q_b.weight", (ix_heads * ix_dim, d.q_rank))
+    t.add(f"{b}.indexer_compressor_kv.weight", (2 * ix_dim, d.n_embd))
+    t.add(f"{b}.indexer_compressor_gate.weight", (2 * ix_dim, d.n_embd))
+    t.add(f"{b}.indexer_compressor_ape.weight", (ratio, 2 * ix_dim))
+    t.add(f"{b}.indexer_compressor_norm.weight", (ix_dim,), norm=True)
+
+
+def _add_moe_tensors(t: _Tensors, d: _Dims, b: str, i: int, n_vocab: int, boost: float) -> None:
+    """The router (a token-id table in the first ``hash_layers`` layers, a selection bias after),
+    routed and shared experts."""
+    n_embd, n_expert, n_ff, n_shared = d.n_embd, d.n_expert, d.n_ff, d.n_shared
+    t.add(f"{b}.ffn_gate_inp.weight", (n_expert, n_embd))
+    if i < d.hash_layers:
+        t.w.add_tensor(f"{b}.ffn_gate_tid2eid.weight", _hash_table(t.rng, n_vocab, n_expert, d.n_used))
+    else:
+        t.w.add_tensor(f"{b}.exp_probs_b.bias", _selection_bias(t.rng, n_expert, d.n_used, t.std, boost))
+    t.add(f"{b}.ffn_norm.weight", (n_embd,), norm=True)
+    t.add(f"{b}.ffn_gate_exps.weight", (n_expert, n_ff, n_embd))
+    t.add(f"{b}.ffn_down_exps.weight", (n_expert, n_embd, n_ff))
+    t.add(f"{b}.ffn_up_exps.weight", (n_expert, n_ff, n_embd))
+    t.add(f"{b}.ffn_gate_shexp.weight", (n_ff * n_shared, n_embd))
+    t.add(f"{b}.ffn_down_shexp.weight", (n_embd, n_ff * n_shared))
+    t.add(f"{b}.ffn_up_shexp.weight", (n_ff * n_shared, n_embd))
 
 
 def _selection_bias(rng: Weights, n_expert: int, n_used: int, std: float, boost: float) -> np.ndarray:
