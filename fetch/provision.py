@@ -47,7 +47,7 @@ log = logging.getLogger("dgr.provision")
 PROVENANCE = "provenance.json"
 PROVENANCE_VERSION = 1
 
-ProgressFactory = Callable[[str, int], Progress]
+ProgressFactory = Callable[..., Progress]  # (label, total, initial=0) -> Progress (fetch.progress.factory)
 
 
 @dataclass(frozen=True, kw_only=True)
