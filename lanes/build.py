@@ -171,59 +171,105 @@ def build_tree(
         started = time.monotonic()
         (where / RECORD).unlink(missing_ok=True)  # a half-finished dir must never be trusted
         env = build_environment(ctx, lane, probe, tree)
-        source = source_link(where, tree.path)
-        located = [*args, *cmake.location_args(host, llama_source=source)]
-        lane_locations = getattr(lane, "location_args", None)
-        if lane_locations is not None:
-            located += lane_locations(probe, host)
-        t0 = time.monotonic()
-        cmake.configure(
-            host,
-            source=project,
-            build_dir=where,
-            args=located,
+        located = _located_args(lane, probe, host, args, source=source_link(where, tree.path))
+        seconds = _configure_and_build(
+            host, project=project, where=where, located=located, targets=all_targets, jobs=options.parallel,
             env=env,
         )
-        t1 = time.monotonic()
-        cmake.build(host, build_dir=where, targets=all_targets, jobs=options.parallel, env=env)
-        t2 = time.monotonic()
         binaries = _collect(where, all_targets)
-        prov = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "dgr.build",
-            "lane": lane.name,
-            "key": key,
-            "key_inputs": inputs,
-            "patched_tree": {
-                "path": str(tree.path),
-                "digest": tree.digest,
-                "provenance": dict(tree.provenance),
-            },
-            "toolchain": probe.as_dict(),
-            "host_tools": {
-                "cmake": host.cmake,
-                "generator": host.generator,
-                "generator_version": host.generator_version,
-                "cxx": host.cxx,
-                "cc": host.cc,
-                "ccache": host.ccache,
-                "versions": dict(host.versions),
-            },
-            "cmake_source": str(project),
-            "cmake_args": located,
-            "targets": list(all_targets),
-            "jobs": options.parallel,
-            "machine": {"system": platform.system(), "arch": platform.machine()},
-            "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "seconds": {
-                "configure": round(t1 - t0, 3),
-                "build": round(t2 - t1, 3),
-                "total": round(time.monotonic() - started, 3),
-            },
-            "binaries": binaries,
-        }
+        prov = _provenance(
+            lane, probe, host, tree, key=key, inputs=inputs, project=project, located=located,
+            targets=all_targets, jobs=options.parallel, seconds=seconds, started=started, binaries=binaries,
+        )
         write_json(where / RECORD, prov)
     return _as_build(where, prov, reused=False)
+
+
+def _located_args(
+    lane: base.Lane, probe: base.ToolchainProbe, host: cmake.HostTools, args: list[str], *, source: Path
+) -> list[str]:
+    """The keyed arguments plus where things are (the tree through its link, the lane's toolchain
+    paths): provenance, not key, so a moved toolchain does not rebuild."""
+    located = [*args, *cmake.location_args(host, llama_source=source)]
+    lane_locations = getattr(lane, "location_args", None)
+    if lane_locations is not None:
+        located += lane_locations(probe, host)
+    return located
+
+
+def _configure_and_build(
+    host: cmake.HostTools,
+    *,
+    project: Path,
+    where: Path,
+    located: list[str],
+    targets: tuple[str, ...],
+    jobs: int,
+    env: Mapping[str, str],
+) -> dict[str, float]:
+    """CMake configure, then build the targets; returns each step's seconds for the record."""
+    t0 = time.monotonic()
+    cmake.configure(
+        host,
+        source=project,
+        build_dir=where,
+        args=located,
+        env=env,
+    )
+    t1 = time.monotonic()
+    cmake.build(host, build_dir=where, targets=targets, jobs=jobs, env=env)
+    t2 = time.monotonic()
+    return {"configure": round(t1 - t0, 3), "build": round(t2 - t1, 3)}
+
+
+def _provenance(
+    lane: base.Lane,
+    probe: base.ToolchainProbe,
+    host: cmake.HostTools,
+    tree: Tree,
+    *,
+    key: str,
+    inputs: Mapping[str, Any],
+    project: Path,
+    located: list[str],
+    targets: tuple[str, ...],
+    jobs: int,
+    seconds: Mapping[str, float],
+    started: float,
+    binaries: Mapping[str, Any],
+) -> dict[str, Any]:
+    """build.json: the key and what went into it, the tree, toolchain and host tools, the arguments
+    and targets, timings, and each binary's identity (what a later run trusts, STYLE 8)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "dgr.build",
+        "lane": lane.name,
+        "key": key,
+        "key_inputs": inputs,
+        "patched_tree": {
+            "path": str(tree.path),
+            "digest": tree.digest,
+            "provenance": dict(tree.provenance),
+        },
+        "toolchain": probe.as_dict(),
+        "host_tools": {
+            "cmake": host.cmake,
+            "generator": host.generator,
+            "generator_version": host.generator_version,
+            "cxx": host.cxx,
+            "cc": host.cc,
+            "ccache": host.ccache,
+            "versions": dict(host.versions),
+        },
+        "cmake_source": str(project),
+        "cmake_args": located,
+        "targets": list(targets),
+        "jobs": jobs,
+        "machine": {"system": platform.system(), "arch": platform.machine()},
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds": {**seconds, "total": round(time.monotonic() - started, 3)},
+        "binaries": binaries,
+    }
 
 
 def source_link(where: Path, tree: Path) -> Path:
