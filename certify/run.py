@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from certify import certificate as cert
 from certify import gates, hardware
@@ -26,6 +26,10 @@ from core.canonical import atomic_write_bytes, sha256_bytes, write_json
 from core.context import Context
 from core.errors import DgrError, GateFailed, Terminated
 from manifests.recipe_model import HardwareClass, Recipe
+
+if TYPE_CHECKING:  # measure pulls in the worker launcher (gRPC); the run imports it when it measures
+    from certify.measure import Outcome, Plan
+    from pipeline.attached import AttachedPipelines
 
 REPORT_FILE = "report.html"
 CERTIFICATE_FILE = "certificate.json"
@@ -73,30 +77,66 @@ def run_certification(
     of starting our own; each is checked through Info before it is trusted.  ``fingerprint``: this
     machine's, when the caller has just taken it (``certify`` does, to pick the hardware class).
     """
-    from certify import measure
-    from lanes.runtime import lane_device, worker_environment
-    from worker.launcher import WorkerCommand
-    from worker.stubs import load as load_stubs
-
     recipe.require_lane(lane)
     key = key or signing_key(ctx.env, ctx.workspace)  # a bad DGR_SIGNING_KEY fails before any work
     run_id = run_id or new_run_id()
     started = time.time()
     fp = dict(fingerprint) if fingerprint is not None else hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
-    evidence = ctx.workspace.ensure(ctx.workspace.runs / run_id)
+    run = _Run(recipe=recipe, lane=lane, run_id=run_id, started=started,
+               evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
+    _write_identity(run, prepared)
+    context = ctx_size(recipe)
+    threads = worker_threads(ctx.env, int(fp["cpu_cores"]))
+    plan = _plan(ctx, run, hc, prepared, context=context, threads=threads, start_timeout=start_timeout,
+                 call_deadline=call_deadline)
+    outcome, attached, device = _measure(run, plan, placement_file, prepared, context)
+    return _decide_and_publish(ctx, run, hc, outcome, attached, device, fp, prepared, key, render)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """What names a run while it goes on: the run record (run.json) and the report's path need it."""
+
+    recipe: Recipe
+    lane: str
+    run_id: str
+    started: float
+    evidence: Path
+
+
+def _write_identity(run: _Run, prepared: Prepared) -> None:
+    """identity.json in the evidence folder: the run's identity (recipe, lane, run id and the prepared
+    inputs'), handed to every worker we start (``--identity``)."""
     write_json(
-        evidence / "identity.json",
+        run.evidence / "identity.json",
         {
-            "recipe": recipe.name,
-            "recipe_digest": recipe.digest,
-            "lane": lane,
-            "run_id": run_id,
+            "recipe": run.recipe.name,
+            "recipe_digest": run.recipe.digest,
+            "lane": run.lane,
+            "run_id": run.run_id,
             **prepared.identity,
         },
     )
-    context = ctx_size(recipe)
-    threads = worker_threads(ctx.env, int(fp["cpu_cores"]))
+
+
+def _plan(
+    ctx: Context,
+    run: _Run,
+    hc: HardwareClass,
+    prepared: Prepared,
+    *,
+    context: int,
+    threads: int,
+    start_timeout: float,
+    call_deadline: float,
+) -> Plan:
+    """The measurement plan: the lane's worker (and the CPU reference worker, when the hardware class
+    asks for backend agreement), the stubs, and the lane's worker environment over ours."""
+    from certify import measure
+    from lanes.runtime import worker_environment
+    from worker.launcher import WorkerCommand
+    from worker.stubs import load as load_stubs
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
         return WorkerCommand(
@@ -104,22 +144,33 @@ def run_certification(
             model=prepared.model,
             threads=threads,
             ctx_size=context,
-            identity=evidence / "identity.json",
+            identity=run.evidence / "identity.json",
             lane=worker_lane,
         )
 
-    plan = measure.Plan(
-        recipe=recipe,
-        lane=lane,
+    return measure.Plan(
+        recipe=run.recipe,
+        lane=run.lane,
         hardware_class=hc,
-        worker=command(prepared.worker, lane),
+        worker=command(prepared.worker, run.lane),
         reference_worker=command(prepared.reference_worker, "cpu") if prepared.reference_worker else None,
         stubs=load_stubs(ctx.workspace),
-        evidence=evidence,
-        env={**ctx.env, **worker_environment(lane, ctx.env)},
+        evidence=run.evidence,
+        env={**ctx.env, **worker_environment(run.lane, ctx.env)},
         start_timeout=start_timeout,
         call_deadline=call_deadline,
     )
+
+
+def _measure(
+    run: _Run, plan: Plan, placement_file: Any, prepared: Prepared, context: int
+) -> tuple[Outcome, AttachedPipelines | None, str | None]:
+    """Attach (when a placement file is given) and measure; returns the outcome, the attached
+    pipelines and the device the lane's workers ran on.  Whatever stops it, run.json records how the
+    run ended and a DgrError's hint says where the evidence is before the error goes on."""
+    from certify import measure
+    from lanes.runtime import lane_device
+
     attached, skipped = None, []
     try:
         if placement_file is not None:
@@ -131,13 +182,30 @@ def run_certification(
         outcome = measure.run(plan)
         outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
-        device = lane_device(lane, outcome.figures.get("placements", []))
+        device = lane_device(run.lane, outcome.figures.get("placements", []))
     except BaseException as exc:
-        _unfinished(evidence, run_id, recipe, lane, exc, started)
+        _unfinished(run.evidence, run.run_id, run.recipe, run.lane, exc, run.started)
         if isinstance(exc, DgrError):
-            kept = f"nothing was signed; worker logs and the run record are kept in {evidence}"
+            kept = f"nothing was signed; worker logs and the run record are kept in {run.evidence}"
             exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept  # the error's own advice first
         raise
+    return outcome, attached, device
+
+
+def _decide_and_publish(
+    ctx: Context,
+    run: _Run,
+    hc: HardwareClass,
+    outcome: Outcome,
+    attached: AttachedPipelines | None,
+    device: str | None,
+    fp: Mapping[str, Any],
+    prepared: Prepared,
+    key: SigningKey,
+    render: Render,
+) -> Written:
+    """The verdict, signed and written with the machine's fingerprint (and the lane's device) and the
+    attached workers' record; run.json then says where, or how signing broke."""
     finished = time.time()
     if device is not None:
         fp = {**fp, "lane_device": device}  # e.g. marks lavapipe as a software rasterizer
@@ -148,11 +216,11 @@ def run_certification(
     try:
         written = publish(
             ctx,
-            recipe=recipe,
-            lane=lane,
+            recipe=run.recipe,
+            lane=run.lane,
             hc=hc,
-            run_id=run_id,
-            started=started,
+            run_id=run.run_id,
+            started=run.started,
             finished=finished,
             results=outcome.results,
             figures=outcome.figures,
@@ -160,14 +228,15 @@ def run_certification(
             prepared=prepared,
             key=key,
             verdict=verdict,
-            evidence=evidence,
+            evidence=run.evidence,
             render=render,
         )
     except BaseException as exc:
-        _unfinished(evidence, run_id, recipe, lane, exc, started, unsigned_verdict=verdict.status.value)
+        _unfinished(run.evidence, run.run_id, run.recipe, run.lane, exc, run.started,
+                    unsigned_verdict=verdict.status.value)
         raise
-    _run_record(evidence, run_id, recipe, lane, verdict.status, certificate=str(written.certificate),
-                html=str(written.html), seconds=written.seconds)
+    _run_record(run.evidence, run.run_id, run.recipe, run.lane, verdict.status,
+                certificate=str(written.certificate), html=str(written.html), seconds=written.seconds)
     return written
 
 
@@ -220,22 +289,52 @@ def publish(
         "dev_key": key.dev_key,
         "public_key_path": str(key.public_path) if key.public_path else None,
     }
-    predicate: dict[str, Any] = {
+    predicate = _predicate(
+        run_id=run_id, started=started, finished=finished, lane=lane, recipe=recipe, hc=hc, prepared=prepared,
+        fingerprint=fingerprint, results=results, figures=figures, verdict=verdict, signer=signer,
+        evidence=evidence,
+    )
+    stmt = cert.statement(prepared.subjects, predicate)
+    html = render(stmt, signer=signer).encode("utf-8")
+    stmt["predicate"]["report"] = {"file": REPORT_FILE, "html_sha256": sha256_bytes(html)}
+    envelope = cert.sign(stmt, key)
+    out = ctx.workspace.ensure(ctx.workspace.reports / recipe.name / lane / run_id)
+    _write_published(out, html, envelope)
+    return Written(
+        run_id=run_id,
+        verdict=verdict,
+        certificate=(out / CERTIFICATE_FILE).resolve(),
+        html=(out / REPORT_FILE).resolve(),
+        evidence=evidence,
+        seconds=round(finished - started, 3),
+    )
+
+
+def _predicate(
+    *,
+    run_id: str,
+    started: float,
+    finished: float,
+    lane: str,
+    recipe: Recipe,
+    hc: HardwareClass,
+    prepared: Prepared,
+    fingerprint: Mapping[str, Any],
+    results: Sequence[Result],
+    figures: Mapping[str, Any],
+    verdict: Verdict,
+    signer: Mapping[str, Any],
+    evidence: Path,
+) -> dict[str, Any]:
+    """What the certificate states about the run (the report's digest is added once it is rendered)."""
+    return {
         "schema_version": cert.PREDICATE_SCHEMA_VERSION,
         "run_id": run_id,
         "started": _utc(started),
         "finished": _utc(finished),
         "duration_s": round(finished - started, 3),
         "lane": lane,
-        "recipe": {
-            "name": recipe.name,
-            "digest": recipe.digest,
-            "hardware_class": hc.name,
-            "thresholds": {
-                "hardware_class": hc.name,
-                **next(c for c in recipe.thresholds() if c["name"] == hc.name),
-            },
-        },
+        "recipe": _recipe_record(recipe, hc),
         "identity": dict(prepared.identity),
         "hardware": dict(fingerprint),
         "results": [r.as_dict() for r in results],
@@ -247,23 +346,27 @@ def publish(
         "local_paths": dict(prepared.local_paths),
         "evidence": str(evidence),
     }
-    stmt = cert.statement(prepared.subjects, predicate)
-    html = render(stmt, signer=signer).encode("utf-8")
-    stmt["predicate"]["report"] = {"file": REPORT_FILE, "html_sha256": sha256_bytes(html)}
-    envelope = cert.sign(stmt, key)
-    out = ctx.workspace.ensure(ctx.workspace.reports / recipe.name / lane / run_id)
+
+
+def _recipe_record(recipe: Recipe, hc: HardwareClass) -> dict[str, Any]:
+    """The recipe as certified: its digest and the hardware class's thresholds the gates applied."""
+    return {
+        "name": recipe.name,
+        "digest": recipe.digest,
+        "hardware_class": hc.name,
+        "thresholds": {
+            "hardware_class": hc.name,
+            **next(c for c in recipe.thresholds() if c["name"] == hc.name),
+        },
+    }
+
+
+def _write_published(out: Path, html: bytes, envelope: Mapping[str, Any]) -> None:
+    """The page and the certificate, each written atomically and left world-readable."""
     atomic_write_bytes(out / REPORT_FILE, html)
     cert.write(out / CERTIFICATE_FILE, envelope)
     for published in (out / REPORT_FILE, out / CERTIFICATE_FILE):
         published.chmod(0o644)  # evidence for reviewers (the temp file it was renamed from was private)
-    return Written(
-        run_id=run_id,
-        verdict=verdict,
-        certificate=(out / CERTIFICATE_FILE).resolve(),
-        html=(out / REPORT_FILE).resolve(),
-        evidence=evidence,
-        seconds=round(finished - started, 3),
-    )
 
 
 def certify(
