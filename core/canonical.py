@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigurationError, IntegrityError
+from core.hashing import digest_file
 
-HASH_BLOCK = 1 << 20
 MAX_JSON_BYTES = 32 << 20  # the largest file we write is a certificate of a few hundred KiB
 MAX_JSON_DEPTH = 64  # ours nest 8 deep at most
 
@@ -38,11 +38,10 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
+    """sha256 hex of a file's bytes (core.hashing's one pass over an mmap)."""
+    digest = digest_file(path, sha256=True, blake3=False).sha256
+    assert digest is not None
+    return digest
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

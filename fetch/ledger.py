@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import time
 import uuid
@@ -36,13 +35,13 @@ import blake3
 
 from core.canonical import atomic_write_bytes, canonical_bytes, parse_json
 from core.errors import IntegrityError, RuntimeFailure
+from core.hashing import chunk_digest, digest_fd
 from manifests.artifact_sets import ArtifactFile
 
 LEDGER_VERSION = 1
 SIDECAR = ".dgr-verified.json"
 SIDECAR_VERSION = 1
 SYNC_EVERY_S = 2.0
-HASH_SLICE = 256 << 20  # progress granularity for whole-file hashing; big enough to keep blake3 threads busy
 
 
 def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -57,14 +56,8 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def chunk_digest(data: bytes | memoryview) -> str:
-    # Large chunks are hashed with blake3's own threads; tiny ones are not worth the pool.
-    threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
-    return blake3.blake3(data, max_threads=threads).hexdigest()
-
-
 def blake3_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
-    """Whole-file blake3 over an mmap in large slices (multi-threaded; progress between slices)."""
+    """Whole-file blake3 (core.hashing: mmap, multi-threaded; progress between slices); no links."""
     fd = open_nofollow(path, os.O_RDONLY)
     try:
         return blake3_fd(fd, on_bytes=on_bytes)
@@ -74,21 +67,9 @@ def blake3_file(path: Path, *, on_bytes: Callable[[int], None] | None = None) ->
 
 def blake3_fd(fd: int, *, on_bytes: Callable[[int], None] | None = None) -> str:
     """As blake3_file, on an open descriptor (a partial another run may rename away meanwhile)."""
-    size = os.fstat(fd).st_size
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if size:
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
-            view = memoryview(mm)
-            try:
-                for start in range(0, size, HASH_SLICE):
-                    piece = view[start : start + HASH_SLICE]
-                    hasher.update(piece)
-                    piece.release()
-                    if on_bytes:
-                        on_bytes(min(HASH_SLICE, size - start))
-            finally:
-                view.release()
-    return hasher.hexdigest()
+    digest = digest_fd(fd, blake3=True, on_bytes=on_bytes).blake3
+    assert digest is not None
+    return digest
 
 
 # --- ledger ------------------------------------------------------------------------------------------

@@ -11,20 +11,17 @@ files found in the directory, in name order (llama-gguf-split names sort in spli
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import blake3
-
 from core.canonical import read_json, write_json
 from core.context import Context
 from core.errors import ConfigurationError
+from core.hashing import digest_file
 from fetch import gguf_header
-from fetch.ledger import chunk_digest
 from fetch.progress import Progress, factory
 from fetch.tools import NO_TOOLS, Tools
 from manifests.artifact_sets import ARTIFACTS, ExpectedGGUF, check_file_name, parse_set, set_path
@@ -34,33 +31,11 @@ from manifests.loader import build
 def hash_file(
     path: Path, chunk_size: int, on_bytes: Callable[[int], None] = lambda n: None
 ) -> dict[str, Any]:
-    """size, sha256, blake3 and per-chunk blake3 digests of ``path`` in a single read."""
-    sha = hashlib.sha256()
-    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    chunks: list[str] = []
-    size = 0
-    buf = bytearray(chunk_size)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            got = 0
-            while got < chunk_size:
-                n = fh.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-            if not got:
-                break
-            piece = view[:got]
-            sha.update(piece)
-            whole.update(piece)
-            chunks.append(chunk_digest(piece))  # the very function provisioning checks chunks with
-            size += got
-            on_bytes(got)
-            if got < chunk_size:
-                break
-    view.release()
-    return {"size": size, "sha256": sha.hexdigest(), "blake3": whole.hexdigest(), "chunks": chunks}
+    """size, sha256, blake3 and per-chunk blake3 digests of ``path`` in a single read (core.hashing:
+    the very chunk digest provisioning checks chunks with)."""
+    d = digest_file(path, sha256=True, blake3=True, chunk_size=chunk_size, on_bytes=on_bytes)
+    assert d.chunks is not None
+    return {"size": d.size, "sha256": d.sha256, "blake3": d.blake3, "chunks": list(d.chunks)}
 
 
 def seal(
