@@ -40,7 +40,7 @@ TARGETS: tuple[str, ...] = (
     WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
-_NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi")
+_NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes
 
 
 @dataclass(frozen=True, kw_only=True)

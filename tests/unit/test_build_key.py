@@ -65,6 +65,7 @@ def test_worker_digest_follows_compiled_sources_only(tmp_path: Path) -> None:
     (worker / "client.py").write_text("print('python side')\n")
     (worker / "__pycache__").mkdir()
     (worker / "__pycache__" / "x.bin").write_bytes(b"\0")
+    (worker / "README.md").write_text("# the worker: prose, not a build input\n")
     assert build.worker_digest(worker) == first
     (worker / "src" / "main.cpp").write_text("int main() { return 1; }\n")
     assert build.worker_digest(worker) != first
