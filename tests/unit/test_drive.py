@@ -158,13 +158,23 @@ def _zombie(pid: int) -> bool:
 
 
 def test_interrupt_mid_run_leaves_no_worker(stubs, tmp_path: Path) -> None:
+    # Python's own ^C handler, whatever this process inherited: a shell's background job (`cmd &`)
+    # starts with SIGINT ignored, and then raise_signal(SIGINT) would raise nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     pids: list[int] = []
+    try:
+        _interrupt_a_running_launch(stubs, tmp_path, pids)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert pids and all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in pids)
+
+
+def _interrupt_a_running_launch(stubs, tmp_path: Path, pids: list[int]) -> None:
     with pytest.raises(KeyboardInterrupt):
         with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
                     env=fake_env(stubs)) as p:
-            pids = p.pids
+            pids.extend(p.pids)
             signal.raise_signal(signal.SIGINT)
-    assert pids and all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in pids)
 
 
 def test_teacher_forcing_feeds_the_given_tokens(stubs, tmp_path: Path, reference: drive.Trace) -> None:
