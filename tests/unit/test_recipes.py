@@ -210,3 +210,15 @@ def test_a_lane_the_recipe_does_not_list_is_refused_with_its_lanes() -> None:
     with pytest.raises(ConfigurationError, match="not certified on lane no-such-lane") as caught:
         r.require_lane("no-such-lane")
     assert caught.value.hint == f"its lanes: {', '.join(r.lanes)}"
+
+
+def test_an_architecture_the_patch_stack_does_not_stage_is_exit_2_before_any_work(tmp_path: Path) -> None:
+    """Issue 20 item 16: a qwen2 recipe would start a worker that aborts on its first captured call
+    (the graph records no per-layer input); it is refused at load, naming the field and the choices."""
+    doc = _doc()
+    doc["architecture"] = "qwen2"
+    done = _dgr("certify", "--recipe-file", str(_write(tmp_path, doc)))
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and "at /architecture" in line and "qwen2" in line, line
+    assert "llama" in line and "deepseek4" in line, line
