@@ -20,6 +20,15 @@ static std::string meta_str(const llama_model * model, const char * key) {
     return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string();
 }
 
+// The architectures whose graph builder the patch stack stages (0002 llama, 0004 deepseek4, 0005 gemma3):
+// only these honour a layer range and record each layer's input. Upstream's other builders run every
+// layer and leave the per-layer inputs null, so a capture there would abort the process in llama-graph.
+static bool staged_architecture(const std::string & arch) {
+    return arch == "llama" || arch == "gemma3" || arch == "deepseek4";
+}
+
+static const char * STAGED_ARCHITECTURES = "llama, gemma3, deepseek4";
+
 // F32 rows in, the requested dtype out.
 static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DType dtype) {
     TensorOut t;
@@ -210,6 +219,11 @@ void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
                                  " outside the vocabulary [0, " + std::to_string(in.n_vocab) + ")");
             }
         }
+    }
+    if (!a.capture_layers.empty() && !staged_architecture(in.architecture)) {
+        throw StageError(Kind::FailedPrecondition, "capture is not supported for architecture " + in.architecture +
+                         ": its graph records no per-layer input (the patch stack stages " +
+                         STAGED_ARCHITECTURES + ")");
     }
     for (int32_t l : a.capture_layers) {
         if (l < in.layer_begin || l >= in.layer_end) {

@@ -1,0 +1,77 @@
+"""Issue 20 item 16 on the real worker: an architecture whose graph the patch stack does not stage.
+
+Upstream's other graph builders (qwen2, phi3, mistral3, ...) run every layer and record no per-layer
+input, so a capture request used to abort the worker in llama-graph (GGML_ASSERT, SIGABRT): any client
+could kill it. The worker now refuses the capture with FAILED_PRECONDITION naming the architecture and
+stays up; a layer range of such a model was already refused at load by 0001, and stays so.
+
+The model is tiny-llama relabelled as qwen2 in place (both names have five letters, so every key keeps
+its length): qwen2's loader takes llama's tensor names and its q/k/v biases are optional.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.errors import RuntimeFailure
+from fetch import source
+from fetch.tinygguf import import_gguf
+from worker.client import StageFailed
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def _relabel_as_qwen2(files: list[Path], dest: Path, tree: Path) -> Path:
+    gguf = import_gguf(tree)
+    dest.mkdir()
+    copies = [Path(shutil.copy(f, dest / f.name)) for f in files]
+    for path in copies:
+        path.chmod(0o644)  # store files are published read-only
+        reader = gguf.GGUFReader(path, "r+")
+        for name, field in reader.fields.items():
+            if name.startswith("llama."):
+                field.parts[1][:5] = memoryview(b"qwen2")  # the key's bytes, memory-mapped read-write
+            if name == "general.architecture":
+                assert bytes(field.parts[-1]) == b"llama"
+                field.parts[-1][:] = memoryview(b"qwen2")
+        reader.data.flush()
+        del reader
+    return copies[0]
+
+
+@pytest.fixture(scope="module")
+def qwen2_command(real_ctx, worker_command, tiny_model, tmp_path_factory):
+    tree = source.ensure_pristine(real_ctx).path
+    first = _relabel_as_qwen2(list(tiny_model.files), tmp_path_factory.mktemp("qwen2") / "m", tree)
+    return dataclasses.replace(worker_command, model=first)
+
+
+def test_a_capture_is_refused_and_the_worker_stays_up(qwen2_command, stubs, worker_env, tmp_path) -> None:
+    with launch(qwen2_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
+                call_deadline=60) as p:
+        client = p.clients[0]
+        assert client.info().architecture == "qwen2"
+        prompt = client.tokenize("The quick brown fox", add_special=True)
+        with pytest.raises(StageFailed, match="FAILED_PRECONDITION") as caught:
+            client.forward("s", 1, list(range(len(prompt))), tokens=prompt, capture_layers=[3])
+        print(f"\n[architectures] capture on qwen2: {caught.value}")
+        assert "architecture qwen2" in str(caught.value) and "llama, gemma3, deepseek4" in str(caught.value)
+        assert client.health()[0] is True
+        out = client.forward("s", 1, list(range(len(prompt))), tokens=prompt)  # whole-model runs still do
+        assert out.logits is not None
+
+
+def test_a_layer_range_is_refused_at_start(qwen2_command, stubs, worker_env, tmp_path) -> None:
+    with pytest.raises(RuntimeFailure) as caught:
+        with launch(qwen2_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
+                    start_timeout=120):
+            pass
+    text = f"{caught.value.one_line()} {caught.value.hint or ''}"
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "ev").rglob("*.log"))
+    print(f"\n[architectures] staged qwen2: {caught.value.one_line()}")
+    assert "architecture qwen2 does not support loading a layer range" in text + logs, text + logs[-2000:]
