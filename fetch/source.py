@@ -17,7 +17,6 @@ place; the provenance record is written before the rename, so a record without a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -42,6 +41,7 @@ from core.errors import (
     RuntimeFailure,
     ToolchainMissing,
 )
+from core.hashing import digest_fd
 from core.locks import lock_file
 from core.workspace import MANIFESTS, refuse_links_below, sweep_leftovers
 from fetch import archive, gittree
@@ -336,12 +336,12 @@ def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tup
 
 
 def _sha256_open(fh: BinaryIO) -> str:
-    """sha256 of an open file from byte 0, leaving it at byte 0 for the reader."""
-    digest = hashlib.sha256()
-    while block := fh.read(1 << 20):
-        digest.update(block)
+    """sha256 of an open file from byte 0 (the one hasher, on its descriptor), leaving it at byte 0 for
+    the reader. Hashing the descriptor the reader keeps means the bytes checked are the bytes read."""
+    digest = digest_fd(fh.fileno(), sha256=True, blake3=False).sha256
     fh.seek(0)
-    return digest.hexdigest()
+    assert digest is not None
+    return digest
 
 
 def fetch_sdist(ctx: Context, pin: Pin, dest: Path, *, download: Any = pip_download) -> dict[str, Any]:
