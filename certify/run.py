@@ -184,7 +184,7 @@ def _measure(
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
         device = lane_device(run.lane, outcome.figures.get("placements", []))
     except BaseException as exc:
-        _unfinished(run.evidence, run.run_id, run.recipe, run.lane, exc, run.started)
+        _unfinished(run, exc)
         if isinstance(exc, DgrError):
             kept = f"nothing was signed; worker logs and the run record are kept in {run.evidence}"
             exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept  # the error's own advice first
@@ -232,17 +232,14 @@ def _decide_and_publish(
             render=render,
         )
     except BaseException as exc:
-        _unfinished(run.evidence, run.run_id, run.recipe, run.lane, exc, run.started,
-                    unsigned_verdict=verdict.status.value)
+        _unfinished(run, exc, unsigned_verdict=verdict.status.value)
         raise
-    _run_record(run.evidence, run.run_id, run.recipe, run.lane, verdict.status,
-                certificate=str(written.certificate), html=str(written.html), seconds=written.seconds)
+    _run_record(run, verdict.status, certificate=str(written.certificate), html=str(written.html),
+                seconds=written.seconds)
     return written
 
 
-def _unfinished(
-    evidence: Path, run_id: str, recipe: Recipe, lane: str, exc: BaseException, started: float, **more: Any
-) -> None:
+def _unfinished(run: _Run, exc: BaseException, **more: Any) -> None:
     """``run.json`` for a run that did not finish, whatever ended it: a DgrError, SIGTERM (Terminated),
     ^C or a bug; the exception then goes on to the caller."""
     if isinstance(exc, DgrError):
@@ -253,14 +250,14 @@ def _unfinished(
         error = "interrupted (SIGINT) before the run finished"
     else:
         error = f"unexpected {type(exc).__name__}: {exc}"
-    _run_record(evidence, run_id, recipe, lane, Status.ERROR, error=error, started=_utc(started),
-                finished=_utc(time.time()), **more)
+    _run_record(run, Status.ERROR, error=error, started=_utc(run.started), finished=_utc(time.time()),
+                **more)
 
 
-def _run_record(evidence: Path, run_id: str, recipe: Recipe, lane: str, status: Status, **more: Any) -> None:
+def _run_record(run: _Run, status: Status, **more: Any) -> None:
     """``run.json`` in the evidence folder: how the run ended, signed or not."""
-    write_json(evidence / "run.json",
-               {"run_id": run_id, "status": status.value, "recipe": recipe.name, "lane": lane, **more})
+    record = {"run_id": run.run_id, "status": status.value, "recipe": run.recipe.name, "lane": run.lane}
+    write_json(run.evidence / "run.json", {**record, **more})
 
 
 def publish(

@@ -9,6 +9,7 @@ An unchanged rebuild trusts build.json while every recorded binary keeps its siz
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -396,5 +397,5 @@ def _locked(where: Path) -> AbstractContextManager[Path]:
 def fetch_tools(ctx: Context) -> Tools:
     """The programs provisioning and sealing run (the split tool, the top-k probe), from the CPU lane's
     build, built on first use and a no-op when current. fetch cannot import lanes; callers pass this."""
-    return Tools(split=lambda: ensure_build(ctx, "cpu").binaries["llama-gguf-split"],
-                 probe_build=lambda: ensure_build(ctx, "cpu").dir)
+    cpu = functools.cache(lambda: ensure_build(ctx, "cpu"))  # checked once, however many sets or variants
+    return Tools(split=lambda: cpu().binaries["llama-gguf-split"], probe_build=lambda: cpu().dir)
