@@ -1,20 +1,25 @@
 """Fill a partial file from an origin, chunk by chunk, verifying every chunk as it lands.
 
-HTTP(S) uses http.client directly (no third-party client) so that every rule below is ours to test:
+HTTP(S) goes through ``requests`` (one Session per file: connections are reused from span to span;
+``trust_env``: HTTPS_PROXY / HTTP_PROXY / NO_PROXY and REQUESTS_CA_BUNDLE are honoured) with urllib3's
+Retry for the statuses a server uses to say "come back later", but every rule below stays ours:
 - Range requests aligned to chunks, one request per run of missing chunks, ``If-Range`` with the
   strong ETag (or Last-Modified) seen before.
 - 200 to a Range request: the body starts at byte 0, so it is consumed from chunk 0 ("restart from
   zero"); it is never written at the requested offset.
 - 206: ``Content-Range`` must start where asked and report the manifest size, else the response is
   rejected.  A total or body longer than the manifest stops at the expected length: "unexpected size".
-- Connection closed early, resets, timeouts, 5xx, 408 and 429 are transient: retried with capped
-  exponential backoff while progress is being made, waiting at least what ``Retry-After`` asks (up to
-  ``max_retry_after_s``); other 4xx never (401/403 say they are about access, not the URL).  Giving
-  up says "incomplete N of M bytes" and the verified chunks stay for the next run.
+- 5xx, 408 and 429 are retried by urllib3 (``attempts - 1`` times per request), waiting what
+  ``Retry-After`` asks (up to ``max_retry_after_s``) or the capped exponential backoff.  Connection
+  closed early, resets and timeouts are retried here, while progress is being made.  Other 4xx never
+  (401/403 say they are about access, not the URL).  Giving up says "incomplete N of M bytes" and the
+  verified chunks stay for the next run.
 - A chunk whose digest is wrong is not written; only that chunk is asked for again, a bounded number
   of times, then an integrity error names its offset.
-- Redirects: at most ``max_redirects`` hops, same scheme, to the origin's host or a host the manifest
-  allows; anything else is refused.
+- Redirects are followed here, not by requests: at most ``max_redirects`` hops, same scheme, to the
+  origin's host or a host the manifest allows; anything else is refused.  A ``Credential`` goes only
+  to the scheme, host and port it names (a hub's token never reaches its storage host, even one on
+  the same address with another port).  No .netrc credentials are picked up.
 """
 
 from __future__ import annotations
@@ -33,8 +38,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from core.errors import IntegrityError, RuntimeFailure
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import InvalidHeader
+from urllib3.util.retry import Retry
+
+from core.errors import DgrError, IntegrityError, RuntimeFailure
 from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
 
@@ -42,6 +54,7 @@ log = logging.getLogger("dgr.fetch")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _REDIRECTS = (301, 302, 303, 307, 308)
+_REDIRECT_BODY_MAX = 1 << 16  # a redirect's body this small is read, so its connection is reused
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,14 +81,17 @@ class Stats:
 
 
 class Transient(Exception):
-    """A failure worth retrying: the next attempt may well succeed (not before ``retry_after`` s)."""
+    """A failure worth retrying: the next attempt may well succeed (not before ``retry_after`` s).
+    ``exhausted``: urllib3 already retried it as often as the policy allows."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.exhausted = exhausted
 
 
-_TRANSIENT_STATUS = (408, 429)  # Request Timeout, Too Many Requests: the server asks us to come back
+# Request Timeout, Too Many Requests, server errors: the server asks us to come back
+_TRANSIENT_STATUS = frozenset({408, 429, *range(500, 600)})
 _ACCESS_STATUS = (401, 403)
 
 
@@ -102,7 +118,73 @@ _TRANSIENT_ERRORS = (
     http.client.IncompleteRead,
     http.client.HTTPException,
     ssl.SSLError,
+    requests.RequestException,
+    Urllib3Error,
 )
+
+
+class _StatusRetry(Retry):
+    """urllib3's Retry, waiting what Retry-After asks on every status we retry (not only 413/429/503);
+    an unreadable Retry-After falls back to the backoff instead of failing the request."""
+
+    RETRY_AFTER_STATUS_CODES = _TRANSIENT_STATUS
+
+    def parse_retry_after(self, retry_after: str) -> float:
+        try:
+            return super().parse_retry_after(retry_after)
+        except InvalidHeader:
+            return 0.0
+
+
+class _NoNetrc(requests.auth.AuthBase):
+    """Set as the Session's auth so requests does not add .netrc credentials to any request: the only
+    credential we send is the one a ``Credential`` names, to the host it names."""
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        return r
+
+
+def open_session(policy: RetryPolicy) -> requests.Session:
+    """One Session per file: its connection pool is reused span after span (and hop after hop)."""
+    session = requests.Session()
+    session.trust_env = True  # proxies, NO_PROXY and CA bundles from the environment
+    session.auth = _NoNetrc()
+    retry = _StatusRetry(
+        total=None,
+        connect=0,  # connection failures and early closes are ours: counted against progress
+        read=0,
+        other=0,
+        redirect=False,  # redirects are ours too (allow-list, credentials)
+        status=max(policy.attempts - 1, 0),
+        status_forcelist=_TRANSIENT_STATUS,
+        allowed_methods=frozenset({"GET"}),
+        backoff_factor=policy.backoff_s,
+        backoff_max=policy.max_backoff_s,
+        retry_after_max=int(policy.max_retry_after_s),
+        respect_retry_after_header=True,
+        raise_on_status=False,  # the last answer comes back; _fetch_span says what it was
+    )
+    adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=4)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _endpoint(url: urllib.parse.SplitResult) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, (url.hostname or "").lower(), url.port or default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Credential:
+    """An Authorization header for exactly one scheme://host:port (never shown in a repr or a log)."""
+
+    url: str  # any URL on that endpoint
+    header: str | None = field(default=None, repr=False)  # None: no credential, only ``refused``
+    refused: Callable[[int], DgrError] | None = field(default=None, repr=False, compare=False)
+
+    def applies(self, target: urllib.parse.SplitResult) -> bool:
+        return _endpoint(target) == _endpoint(urllib.parse.urlsplit(self.url))
 
 
 def file_url(base_url: str, name: str) -> str:
@@ -119,46 +201,67 @@ def _host_allowed(target: urllib.parse.SplitResult, base: urllib.parse.SplitResu
     return target.netloc.lower() in allowed or host in allowed
 
 
-def _connect(url: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
-    if url.scheme == "https":
-        return http.client.HTTPSConnection(
-            url.hostname or "", url.port, timeout=timeout, context=ssl.create_default_context()
-        )
-    return http.client.HTTPConnection(url.hostname or "", url.port, timeout=timeout)
+def _untrusted_tls(exc: BaseException) -> bool:
+    """Is this (wrapped) TLS failure a certificate nobody vouches for, rather than a broken link?"""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        nested = seen.args[0] if seen.args and isinstance(seen.args[0], BaseException) else None
+        seen = getattr(seen, "reason", None) or nested or seen.__cause__ or seen.__context__
+    return False
 
 
 def open_url(
-    url: str, origin: Origin, headers: dict[str, str], policy: RetryPolicy, stats: Stats
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """GET with our redirect rules; returns the open connection and the final response."""
+    url: str,
+    origin: Origin,
+    headers: dict[str, str],
+    policy: RetryPolicy,
+    stats: Stats,
+    *,
+    session: requests.Session,
+    credential: Credential | None = None,
+    hops: list[dict[str, str]] | None = None,
+) -> requests.Response:
+    """GET with our redirect rules; returns the final (streaming) response.  ``hops`` receives the
+    headers of each redirect answered on the way (a hub states a file's sha256 on its redirect)."""
     base = urllib.parse.urlsplit(origin.base_url or url)
     current = urllib.parse.urlsplit(url)
     for _hop in range(policy.max_redirects + 1):
-        conn = _connect(current, policy.timeout_s)
-        path = current.path or "/"
-        if current.query:
-            path += "?" + current.query
+        shown = urllib.parse.urlunsplit(current)
+        hop = dict(headers)
+        if credential is not None and credential.header and credential.applies(current):
+            hop["Authorization"] = credential.header
         try:
-            conn.request("GET", path, headers=headers)
-            resp = conn.getresponse()
-        except ssl.SSLCertVerificationError as exc:  # not transient: the peer is not who it claims
-            conn.close()
-            raise IntegrityError(
-                f"{urllib.parse.urlunsplit(current)}: TLS certificate not trusted: {exc}"
-            ) from None
+            resp = session.get(
+                shown,
+                headers=hop,
+                stream=True,
+                allow_redirects=False,
+                timeout=(policy.timeout_s, policy.timeout_s),
+            )
+        except requests.exceptions.SSLError as exc:
+            if _untrusted_tls(exc):  # not transient: the peer is not who it claims
+                raise IntegrityError(
+                    f"{shown}: TLS certificate not trusted: {exc}",
+                    hint="a private CA goes in REQUESTS_CA_BUNDLE",
+                ) from None
+            raise Transient(f"{shown}: SSLError: {exc}") from None
         except (*_TRANSIENT_ERRORS, OSError) as exc:  # refused, unreachable, name lookup failed, reset
-            conn.close()
-            raise Transient(f"{urllib.parse.urlunsplit(current)}: {exc.__class__.__name__}: {exc}") from None
+            raise Transient(f"{shown}: {exc.__class__.__name__}: {exc}") from None
         stats.requests += 1
-        if resp.status not in _REDIRECTS:
-            return conn, resp
-        location = resp.getheader("Location") or ""
-        resp.close()
-        conn.close()
-        target = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(current), location))
+        if resp.status_code not in _REDIRECTS:
+            return resp
+        location = resp.headers.get("Location") or ""
+        if hops is not None:
+            hops.append(dict(resp.headers))
+        _discard(resp)
+        target = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
         if not _host_allowed(target, base, origin):
             raise IntegrityError(
-                f"refused redirect from {urllib.parse.urlunsplit(current)} to "
+                f"refused redirect from {shown} to "
                 f"{urllib.parse.urlunsplit(target)}: another scheme or a host the manifest does not allow",
                 hint="add the host to the origin's allowed_redirect_hosts if it is trusted",
             )
@@ -166,26 +269,53 @@ def open_url(
     raise IntegrityError(f"refused {url}: more than {policy.max_redirects} redirects")
 
 
-def _validator(resp: http.client.HTTPResponse) -> dict[str, str]:
-    etag = resp.getheader("ETag")
+def _discard(resp: requests.Response) -> None:
+    """Close a response we do not read; a small body is read first so its connection can be reused."""
+    length = resp.headers.get("Content-Length", "")
+    try:
+        if length.isdigit() and int(length) <= _REDIRECT_BODY_MAX:
+            resp.content  # noqa: B018 - reading it lets requests hand the connection back to the pool
+    except (*_TRANSIENT_ERRORS, OSError):
+        pass
+    resp.close()
+
+
+def response_body(resp: requests.Response) -> Any:
+    """What to ``readinto``: the http.client response under urllib3's, so bytes land in our buffer
+    without the copy urllib3's own readinto makes (identity encoding: there is nothing to decode)."""
+    fp = getattr(resp.raw, "_fp", None)
+    return fp if fp is not None and hasattr(fp, "readinto") else resp.raw
+
+
+def finish_response(resp: requests.Response) -> None:
+    """A body read to its end gives its connection back to the Session; anything else closes it."""
+    fp = getattr(resp.raw, "_fp", None)
+    if fp is not None and getattr(fp, "isclosed", lambda: False)():
+        resp.raw.release_conn()
+    resp.close()
+
+
+def _validator(resp: requests.Response) -> dict[str, str]:
+    etag = resp.headers.get("ETag")
     if etag and not etag.startswith("W/"):
         return {"etag": etag}
-    modified = resp.getheader("Last-Modified")
+    modified = resp.headers.get("Last-Modified")
     return {"last_modified": modified} if modified else {}
 
 
-def _read_exact(resp: http.client.HTTPResponse, view: memoryview, stats: Stats) -> None:
+def read_exact(body: Any, view: memoryview, stats: Stats) -> None:
+    """Fill ``view`` from a response body (``_body``) or say why not (a Transient)."""
     got = 0
     try:
         while got < len(view):
-            n = resp.readinto(view[got:])
+            n = body.readinto(view[got:])
             if not n:
                 raise Transient("connection closed early")
             got += n
             stats.bytes_received += n
     except TimeoutError:
         raise Transient("the origin stopped sending (read timed out)") from None
-    except _TRANSIENT_ERRORS as exc:
+    except (*_TRANSIENT_ERRORS, OSError) as exc:
         raise Transient(f"connection closed early ({exc.__class__.__name__})") from None
 
 
@@ -291,66 +421,135 @@ def fetch_http(
 ) -> None:
     """Fill every missing chunk of ``partial`` from ``origin`` or raise a typed error."""
     assert origin.base_url is not None
-    url = file_url(origin.base_url, partial.entry.name)
-    with _ChunkFeed(partial, policy, stats, on_bytes) as feed:
-        _fetch_all(url, origin, partial, feed, policy, stats, sleep)
+    fetch_url(file_url(origin.base_url, partial.entry.name), origin, partial, policy=policy, stats=stats,
+              on_bytes=on_bytes, sleep=sleep)
+
+
+def fetch_url(
+    url: str,
+    origin: Origin,
+    partial: Partial,
+    *,
+    policy: RetryPolicy,
+    stats: Stats,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    sleep: Callable[[float], None] = time.sleep,
+    credential: Credential | None = None,
+) -> None:
+    """``fetch_http`` for one URL (a hub's resolve URL), with an optional credential for its host."""
+    with open_session(policy) as session, _ChunkFeed(partial, policy, stats, on_bytes) as feed:
+        span = _Span(url=url, origin=origin, session=session, credential=credential)
+        _fetch_all(span, partial, feed, policy, stats, sleep)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Span:
+    """Where a run of chunks is asked for."""
+
+    url: str
+    origin: Origin
+    session: requests.Session
+    credential: Credential | None = None
+
+
+def retry_loop(
+    name: str,
+    attempt: Callable[[], None],
+    progress: Callable[[], int],
+    policy: RetryPolicy,
+    stats: Stats,
+    sleep: Callable[[float], None],
+    *,
+    on_failure: Callable[[], None] = lambda: None,
+    incomplete: Callable[[], str],
+    done: Callable[[], bool],
+) -> None:
+    """Call ``attempt`` until ``done``; a Transient is retried with backoff while ``progress`` grows,
+    and ``policy.attempts`` of them in a row (or one urllib3 already retried) give up."""
+    failures = 0
+    while not done():
+        before = progress()
+        try:
+            attempt()
+        except Transient as exc:
+            on_failure()  # the chunk received before the failure still counts as progress
+            stats.transient_failures += 1
+            failures = 0 if progress() > before else failures + 1
+            if exc.exhausted:
+                failures = max(failures, policy.attempts)
+            if failures >= policy.attempts:
+                raise RuntimeFailure(
+                    f"{name}: incomplete {incomplete()} after {failures} failed attempts ({exc})",
+                    hint="run the same command again to resume from the last verified chunk",
+                ) from None
+            wait = max(policy.delay(failures), min(exc.retry_after or 0.0, policy.max_retry_after_s))
+            log.warning("%s: %s; retrying in %.1f s", name, exc, wait)
+            sleep(wait)
+            continue
+        failures = 0
 
 
 def _fetch_all(
-    url: str,
-    origin: Origin,
+    span: _Span,
     partial: Partial,
     feed: _ChunkFeed,
     policy: RetryPolicy,
     stats: Stats,
     sleep: Callable[[float], None],
 ) -> None:
-    failures = 0
-    while missing := partial.missing():
-        first = missing[0]
-        last = first
+    def attempt() -> None:
+        missing = partial.missing()
+        first = last = missing[0]
         while last + 1 < partial.n_chunks and last + 1 not in partial.verified:  # a set: no list scan
             last += 1
-        before = len(partial.verified)
-        try:
-            _fetch_span(url, origin, feed, first, last)
-        except Transient as exc:
-            feed.drain()  # the chunk received before the failure still counts as progress
-            stats.transient_failures += 1
-            failures = 0 if len(partial.verified) > before else failures + 1
-            if failures >= policy.attempts:
-                have = partial.bytes_verified
-                raise RuntimeFailure(
-                    f"{partial.entry.name}: incomplete {have} of {partial.size} bytes after {failures} "
-                    f"failed attempts ({exc})",
-                    hint="run the same command again to resume from the last verified chunk",
-                ) from None
-            wait = max(policy.delay(failures), min(exc.retry_after or 0.0, policy.max_retry_after_s))
-            log.warning("%s: %s; retrying in %.1f s", partial.entry.name, exc, wait)
-            sleep(wait)
-            continue
-        failures = 0
+        _fetch_span(span, feed, first, last)
+
+    retry_loop(
+        partial.entry.name,
+        attempt,
+        lambda: len(partial.verified),
+        policy,
+        stats,
+        sleep,
+        on_failure=feed.drain,
+        incomplete=lambda: f"{partial.bytes_verified} of {partial.size} bytes",
+        done=lambda: not partial.missing(),
+    )
 
 
-def _fetch_span(url: str, origin: Origin, feed: _ChunkFeed, first: int, last: int) -> None:
-    partial, stats = feed.partial, feed.stats
+def check_status(resp: requests.Response, url: str, credential: Credential | None) -> None:
+    """A transient status (urllib3 already retried it), or a refusal, as the error it is."""
+    status = resp.status_code
+    if status in _TRANSIENT_STATUS:
+        raise Transient(f"{url}: HTTP {status} {resp.reason}",
+                        retry_after=retry_after(resp.headers.get("Retry-After")), exhausted=True)
+    if status in _ACCESS_STATUS:
+        if credential is not None and credential.refused is not None:
+            raise credential.refused(status)
+        raise RuntimeFailure(
+            f"{url}: HTTP {status} {resp.reason}: the origin refuses access (not retried)",
+            hint="the URL answered, so this is about credentials or access rights: check that this "
+            "machine may read that origin, or use another origin",
+        )
+    if status not in (200, 206):
+        raise RuntimeFailure(
+            f"{url}: HTTP {status} {resp.reason} (not retried)",
+            hint="check the origin URL in the artifact-set manifest",
+        )
+
+
+def _fetch_span(span: _Span, feed: _ChunkFeed, first: int, last: int) -> None:
+    partial, stats, url = feed.partial, feed.stats, span.url
     start = partial.span(first)[0]
     end = partial.span(last)[1]  # exclusive
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     if partial.validator and (partial.verified or start > 0):
         headers["If-Range"] = partial.validator.get("etag") or partial.validator.get("last_modified", "")
-    conn, resp = open_url(url, origin, headers, feed.policy, stats)
+    resp = open_url(url, span.origin, headers, feed.policy, stats, session=span.session,
+                    credential=span.credential)
     try:
-        if resp.status >= 500 or resp.status in _TRANSIENT_STATUS:
-            raise Transient(f"{url}: HTTP {resp.status} {resp.reason}",
-                            retry_after=retry_after(resp.getheader("Retry-After")))
-        if resp.status in _ACCESS_STATUS:
-            raise RuntimeFailure(
-                f"{url}: HTTP {resp.status} {resp.reason}: the origin refuses access (not retried)",
-                hint="the URL answered, so this is about credentials or access rights: check that this "
-                "machine may read that origin, or use another origin",
-            )
-        if resp.status == 200:
+        check_status(resp, url, span.credential)
+        if resp.status_code == 200:
             if "If-Range" in headers and _validator(resp) != partial.validator:
                 log.warning(
                     "%s: origin content changed (validator); restarting from zero", partial.entry.name
@@ -359,32 +558,23 @@ def _fetch_span(url: str, origin: Origin, feed: _ChunkFeed, first: int, last: in
             partial.set_validator(_validator(resp))
             _consume(resp, feed, 0, partial.n_chunks - 1, url, whole_body=True)
             return
-        if resp.status == 206:
-            got_start, got_end = _check_content_range(resp, url, start, end, partial.size)
-            partial.set_validator(_validator(resp))
-            # A server may send a shorter range than asked; whole chunks inside it are still usable.
-            last_whole = last
-            while last_whole >= first and partial.span(last_whole)[1] > got_end:
-                last_whole -= 1
-            if last_whole < first:
-                raise Transient(
-                    f"{url}: the origin sent bytes {got_start}-{got_end - 1}, less than one chunk"
-                )
-            _consume(resp, feed, first, last_whole, url, whole_body=False)
-            return
-        raise RuntimeFailure(
-            f"{url}: HTTP {resp.status} {resp.reason} (not retried)",
-            hint="check the origin URL in the artifact-set manifest",
-        )
+        got_start, got_end = check_content_range(resp, url, start, end, partial.size)
+        partial.set_validator(_validator(resp))
+        # A server may send a shorter range than asked; whole chunks inside it are still usable.
+        last_whole = last
+        while last_whole >= first and partial.span(last_whole)[1] > got_end:
+            last_whole -= 1
+        if last_whole < first:
+            raise Transient(f"{url}: the origin sent bytes {got_start}-{got_end - 1}, less than one chunk")
+        _consume(resp, feed, first, last_whole, url, whole_body=False)
     finally:
-        resp.close()
-        conn.close()
+        finish_response(resp)
 
 
-def _check_content_range(
-    resp: http.client.HTTPResponse, url: str, start: int, end: int, size: int
+def check_content_range(
+    resp: requests.Response, url: str, start: int, end: int, size: int
 ) -> tuple[int, int]:
-    raw = (resp.getheader("Content-Range") or "").strip()
+    raw = (resp.headers.get("Content-Range") or "").strip()
     match = _CONTENT_RANGE.match(raw)
     if not match:
         raise IntegrityError(
@@ -400,38 +590,48 @@ def _check_content_range(
             f"{url}: rejected 206 response: Content-Range {raw!r} does not match the "
             f"requested bytes {start}-{end - 1} of {size}"
         )
-    length = resp.getheader("Content-Length")
+    length = resp.headers.get("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) != got_last - got_start + 1:
         raise IntegrityError(f"{url}: rejected 206 response: Content-Length {length} disagrees with {raw!r}")
     return got_start, got_last + 1
 
 
+def check_no_more(body: Any, url: str, size: int) -> None:
+    """A whole body must end at the manifest's size."""
+    try:
+        extra = body.read(1)
+    except (*_TRANSIENT_ERRORS, OSError):
+        extra = b""
+    if extra:
+        raise IntegrityError(
+            f"{url}: unexpected size: the origin sends more than the manifest's "
+            f"{size} bytes; stopped at the expected length"
+        )
+
+
+def check_whole_length(resp: requests.Response, url: str, size: int) -> None:
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.strip().isdigit() and int(length) < size:
+        raise IntegrityError(
+            f"{url}: unexpected size: the origin sends {length} bytes, the manifest says {size}"
+        )
+
+
 def _consume(
-    resp: http.client.HTTPResponse, feed: _ChunkFeed, first: int, last: int, url: str, *, whole_body: bool
+    resp: requests.Response, feed: _ChunkFeed, first: int, last: int, url: str, *, whole_body: bool
 ) -> None:
     partial = feed.partial
+    body = response_body(resp)
     if whole_body:
-        length = resp.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) < partial.size:
-            raise IntegrityError(
-                f"{url}: unexpected size: the origin sends {length} bytes, the manifest says {partial.size}"
-            )
+        check_whole_length(resp, url, partial.size)
     for index in range(first, last + 1):
         a, b = partial.span(index)
         piece = feed.next_buffer(b - a)
-        _read_exact(resp, piece, feed.stats)
+        read_exact(body, piece, feed.stats)
         feed.submit(index, piece)  # a 200 body restarts from zero: verified chunks are only re-hashed
     feed.drain()
     if whole_body:
-        try:
-            extra = resp.read(1)
-        except _TRANSIENT_ERRORS:
-            extra = b""
-        if extra:
-            raise IntegrityError(
-                f"{url}: unexpected size: the origin sends more than the manifest's "
-                f"{partial.size} bytes; stopped at the expected length"
-            )
+        check_no_more(body, url, partial.size)
 
 
 def copy_local(
