@@ -19,11 +19,13 @@ from pipeline.worker_identity import model_shape
 
 
 def restrict(
-    pf: PlacementFile, recipe: Recipe, lane: str, *, cross_lane: bool
+    pf: PlacementFile, recipe: Recipe, lane: str, *, cross_lane: bool, sealed: bool = False
 ) -> tuple[Recipe, list[Result]]:
     """The recipe cut to the placements the file lists, and a SKIPPED result for each one it does not.
 
     The reference (and the route-change placement) must be listed: without them nothing can pass.
+    ``sealed``: the reference is a sealed one, so no monolithic (or CPU reference) workers are needed;
+    the monolithic placement stays in the recipe as the name of what the sealed reference ran.
     """
     src = pf.source
     if pf.recipe != recipe.name:
@@ -50,14 +52,15 @@ def restrict(
                 f"{src}: at /placements/{name}: layers {[list(g) for g in got]} are not the recipe's "
                 f"{[list(w) for w in want]}"
             )
-    needed = [recipe.monolithic.name] + ([recipe.route_change.placement] if recipe.route_change else [])
+    needed = ([] if sealed else [recipe.monolithic.name]) + (
+        [recipe.route_change.placement] if recipe.route_change else [])
     missing = [n for n in needed if n not in pf.placements]
     if missing:
         raise ConfigurationError(
             f"{src}: at /placements: {', '.join(missing)} must be listed (the monolithic reference every "
             "placement is compared to, and the route-change placement)"
         )
-    if cross_lane:
+    if cross_lane and not sealed:
         if pf.reference is None:
             raise ConfigurationError(
                 f"{src}: lane {lane} is compared against a CPU monolithic reference: list its workers under "
@@ -67,7 +70,8 @@ def restrict(
             raise ConfigurationError(
                 f"{src}: at /reference: must own the monolithic range {list(recipe.monolithic.stages)}"
             )
-    kept = {n: p for n, p in recipe.placements.items() if n in pf.placements}
+    kept = {n: p for n, p in recipe.placements.items()
+            if n in pf.placements or (sealed and p.is_monolithic)}
     skipped = [
         Result(
             name=f"placement/{n}",
@@ -75,7 +79,7 @@ def restrict(
             reason=f"not listed in the placement file {Path(src).name}; no attached workers, not run",
         )
         for n in recipe.placements
-        if n not in pf.placements
+        if n not in kept
     ]
     return dataclasses.replace(recipe, placements=types.MappingProxyType(kept)), skipped
 
@@ -85,8 +89,9 @@ def attach_plan(
 ) -> tuple[Any, AttachedPipelines, list[Result]]:
     """``plan`` (certify.measure.Plan) run on the file's workers: the recipe cut to the listed
     placements, stages attached instead of started; plus the SKIPPED results of the others."""
-    cross = plan.hardware_class.agreement_for(plan.lane) is not None
-    recipe, skipped = restrict(pf, plan.recipe, plan.lane, cross_lane=cross)
+    sealed = getattr(plan, "sealed", None) is not None
+    cross = plan.hardware_class.agreement_for(plan.lane) is not None and not sealed
+    recipe, skipped = restrict(pf, plan.recipe, plan.lane, cross_lane=cross, sealed=sealed)
     pipes = AttachedPipelines(
         file=pf,
         recipe=plan.recipe,

@@ -98,6 +98,23 @@ class RatioAtLeast(AtLeast):
         return super().fails(current, reference)
 
 
+@dataclass(frozen=True, kw_only=True)
+class NotApplicable(Check):
+    """A check that cannot be held on this run, with the reason (e.g. the staged/monolithic ratio when
+    the monolithic speed comes from a sealed reference measured on other hardware).  Its row says
+    NOT_APPLICABLE and why; it neither passes nor fails the gate."""
+
+    reason: str
+    op = "n/a"
+
+    def fails(self, current: Figures, reference: Figures | None = None) -> str | None:
+        return None
+
+    def row(self, current: Figures, reference: Figures | None) -> dict[str, Any]:
+        return {"check": self.name, "metric": self.metric, "value": None, "op": self.op, "limit": self.limit,
+                "ok": True, "status": "NOT_APPLICABLE", "message": f"NOT_APPLICABLE: {self.reason}"}
+
+
 STAGING_PARITY = "staging-parity"
 BACKEND_AGREEMENT = "backend-agreement"
 
@@ -150,12 +167,15 @@ def divergence_start(figures: Figures, cuts: Iterable[int], limit: float) -> int
 
 
 def evaluate_agreement(
-    lane: str, limits: BackendAgreement, cuts: Iterable[int], figures: Figures, *, duration_s: float = 0.0
+    lane: str, limits: BackendAgreement, cuts: Iterable[int], figures: Figures, *, duration_s: float = 0.0,
+    placement: str | None = None,
 ) -> Result:
-    """The backend-agreement Result; a FAIL's reason says where the divergence starts."""
+    """The backend-agreement Result; a FAIL's reason says where the divergence starts.  ``placement``:
+    a staged placement held to a sealed reference of another lane or build (else the lane's monolithic
+    run against the CPU's, ``<lane>-vs-cpu``)."""
     cuts = sorted(cuts)
-    result = evaluate(BACKEND_AGREEMENT, f"{lane}-vs-cpu", backend_agreement_checks(limits, cuts), figures,
-                      duration_s=duration_s)
+    result = evaluate(BACKEND_AGREEMENT, placement or f"{lane}-vs-cpu",
+                      backend_agreement_checks(limits, cuts), figures, duration_s=duration_s)
     start = divergence_start(figures, cuts, limits.boundary_nmse_max)
     details = {**result.details, "divergence_starts_at": start}
     reason = result.reason
@@ -173,13 +193,20 @@ def sections(results: Iterable[Result], figures: Mapping[str, Any]) -> dict[str,
     agreement = figures.get("backend_agreement") or {}
     staging = [r for r in results if r.details.get("gate") == STAGING_PARITY]
     agreeing = [r for r in results if r.details.get("gate") == BACKEND_AGREEMENT]
+    sealed = figures.get("sealed_reference") or {}
+    where = {"sealed_sha256": sealed["sha256"]} if sealed else {}
     out: dict[str, Any] = {
         "staging_parity": {
             "status": _reduce(staging),
-            "reference": {"lane": ref.get("lane", ""), "placement": ref.get("placement", "")},
+            "reference": {"lane": ref.get("lane", ""), "placement": ref.get("placement", ""), **where},
             "results": [r.name for r in staging],
         },
     }
+    if sealed:
+        out["sealed_reference"] = {"gate": sealed["gate"], "why": sealed["why"], "sha256": sealed["sha256"],
+                                   "set": sealed["set"], "lane": sealed["lane"]}
+        if sealed["gate"] != STAGING_PARITY:
+            out["staging_parity"]["reason"] = sealed["why"]
     if not agreement.get("applies"):
         out["backend_agreement"] = {"applies": False, "status": "NOT_APPLICABLE",
                                     "reason": agreement.get("reason", "not measured")}
@@ -188,7 +215,7 @@ def sections(results: Iterable[Result], figures: Mapping[str, Any]) -> dict[str,
         "applies": True,
         "status": _reduce(agreeing),
         "reference": {"lane": agreement.get("reference_lane", ""),
-                      "placement": agreement.get("placement", "")},
+                      "placement": agreement.get("placement", ""), **where},
         "teacher_forced": bool(agreement.get("teacher_forced")),
         "divergence_starts_at": agreement.get("divergence_starts_at"),
         "results": [r.name for r in agreeing],
@@ -207,7 +234,9 @@ def _reduce(results: Sequence[Result]) -> str:
 SEAM_BOUND_FLOOR = 0.95
 
 
-def speed_checks(speed: Speed, placement: Placement) -> list[Check]:
+def speed_checks(speed: Speed, placement: Placement, *, ratio_not_applicable: str = "") -> list[Check]:
+    """``ratio_not_applicable``: why the staged/monolithic ratio cannot be held (no monolithic speed of
+    this machine: a sealed reference made elsewhere); the ratio's row then says NOT_APPLICABLE."""
     if placement.seams:
         # Shaped seams: the monolithic reference runs on loopback, so an absolute floor or a ratio to
         # it says nothing; what the links allow (pipeline.physics) is the reference instead.
@@ -227,7 +256,10 @@ def speed_checks(speed: Speed, placement: Placement) -> list[Check]:
         checks.append(
             AtLeast(name="prefill tok/s (median)", metric="prefill_tok_s", limit=speed.prefill_tok_s_min)
         )
-    if not placement.is_monolithic:
+    if not placement.is_monolithic and ratio_not_applicable:
+        checks.append(NotApplicable(name="staged/monolithic decode", metric="decode_tok_s",
+                                    limit=speed.ratio_min(placement.n_stages), reason=ratio_not_applicable))
+    elif not placement.is_monolithic:
         checks.append(
             RatioAtLeast(
                 name="staged/monolithic decode",

@@ -23,7 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from certify import gates, metrics
+from certify.sealed import BACKEND_AGREEMENT, Mode, Sealed
 from certify.verdict import Result, Status
+from core.errors import ConfigurationError
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
 from pipeline import drive, physics
 from worker.launcher import WorkerCommand, launch
@@ -79,6 +81,11 @@ class Plan:
     start_timeout: float = 120.0
     call_deadline: float = 120.0
     pipelines: Pipelines | None = None  # None: LocalPipelines from the fields above
+    # Certify against a sealed reference (certify.sealed) instead of a monolithic run: no monolithic
+    # worker is started; this run's build key and fingerprint decide which gate holds the placements.
+    sealed: Sealed | None = None
+    build_key: str | None = None
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
 
     def where(self) -> Pipelines:
         if self.pipelines is not None:
@@ -149,7 +156,8 @@ def staging_parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]
 
 
 def agreement_figures(
-    ref: drive.Trace, forced: drive.Trace, free: drive.Trace, *, margin: float
+    ref: drive.Trace, forced: drive.Trace, free: drive.Trace, *, margin: float,
+    cuts: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """A lane's monolithic run against the CPU reference.  ``forced`` was fed the reference's own
     tokens, so every row compares the same inputs (no cascade after one flip); ``free`` is the lane's
@@ -165,7 +173,7 @@ def agreement_figures(
     out["free_running_greedy_match"] = min(
         metrics.greedy_match(r.tokens, f.tokens) for r, f in zip(ref.prompts, free.prompts, strict=True)
     )
-    for cut in sorted(ref.prompts[0].captures):
+    for cut in sorted(ref.prompts[0].captures if cuts is None else cuts):
         rr = np.concatenate([p.captures[cut] for p in ref.prompts])
         cc = np.concatenate([p.captures[cut] for p in forced.prompts])
         out[f"boundary_nmse@{cut}"] = metrics.nmse(rr, cc)
@@ -239,13 +247,13 @@ def _gate_figures(
 
 
 @dataclass(kw_only=True)
-class _Reference:
+class Reference:
     """The lane's monolithic run: what every placement of the lane is compared with."""
 
     trace: drive.Trace
     prompts: list[list[int]]
-    speed: dict[str, Any]
-    route: drive.RouteChange
+    speed: dict[str, Any] | None  # None: a sealed reference made elsewhere (the ratio is NOT_APPLICABLE)
+    route: drive.RouteChange | None  # None: no same-lane monolithic switch to hold the staged one to
     forced: drive.Trace | None = None  # teacher-forced on the CPU reference's tokens (backend agreement)
     forced_seconds: float = 0.0
 
@@ -256,6 +264,8 @@ def run(plan: Plan) -> Outcome:
     recipe, hc = plan.recipe, plan.hardware_class
     out = Outcome()
     cuts = sorted({c for p in recipe.placements.values() for c in p.cuts})
+    if plan.sealed is not None:
+        return _run_sealed(plan, plan.sealed, out)
     limits = hc.agreement_for(plan.lane)
     cpu_ref = _cpu_reference(plan, cuts, out) if limits is not None else None
     ref = _lane_reference(plan, cuts, out, cpu_ref=cpu_ref)
@@ -267,6 +277,58 @@ def run(plan: Plan) -> Outcome:
             "reason": f"lane {plan.lane} is the reference every other lane is held to",
         }
     _staged_placements(plan, ref, out)
+    rc_placement, _ = _route_change_at(recipe)
+    if "route_change" not in out.figures:
+        out.results.append(_route_change_not_run(out.results, rc_placement))
+    out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
+    return out
+
+
+def _run_sealed(plan: Plan, sealed: Sealed, out: Outcome) -> Outcome:
+    """Every staged placement against a sealed reference; the monolithic placement is not run."""
+    recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
+    mode = sealed.mode_for(plan.lane, plan.build_key, plan.fingerprint)
+    limits = hc.backend_agreement if mode.gate == BACKEND_AGREEMENT else None
+    if mode.gate == BACKEND_AGREEMENT and limits is None:
+        raise ConfigurationError(
+            f"recipe {recipe.name}: {mode.why}, but hardware class {hc.name} has no backend_agreement limits",
+            hint="certify against a reference made by this lane and build, or add the limits to the recipe")
+    same = mode.gate != BACKEND_AGREEMENT
+    ref = Reference(trace=sealed.trace, prompts=sealed.prompts,
+                    speed=sealed.speed if mode.speed_carried else None, route=sealed.route if same else None)
+    _reference_figures(plan, ref, out, lane=sealed.lane, sealed=sealed.record["sha256"])
+    out.figures["sealed_reference"] = {**dict(sealed.record), "gate": mode.gate, "why": mode.why,
+                                       "speed_carried": mode.speed_carried, "speed_reason": mode.speed_reason,
+                                       "monolithic_worker_started": False}
+    out.figures["placements"] = [{"name": mono.name, "stages": [list(s) for s in mono.stages], "n_stages": 1,
+                                  "cuts": [], "boundary_dtype": "f32", "lane": sealed.lane,
+                                  "role": "sealed reference", "speed": sealed.speed}]
+    out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS, reason=mode.why,
+                              details={"lane": sealed.lane, "sealed_sha256": sealed.record["sha256"],
+                                       "gate": mode.gate}))
+    if mode.speed_carried:
+        carried = gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono),
+                                 _gate_figures(None, sealed.speed))
+        carried_from = {**carried.details, "carried_from": "sealed reference"}
+        out.results.append(dataclasses.replace(carried, details=carried_from))
+    else:
+        out.results.append(Result(name=f"speed/{mono.name}", status=Status.SKIPPED,
+                                  reason=f"NOT_APPLICABLE: {mode.speed_reason}"))
+    if same and plan.lane != "cpu" and hc.agreement_for(plan.lane) is not None:
+        reason = ("the sealed reference is this lane's own; its agreement with a CPU reference is checked "
+                  "between references (`dgr reference --compare CPU_REF LANE_REF`)")
+    elif same:
+        reason = f"lane {plan.lane} is the reference every other lane is held to"
+    else:
+        reason = ""
+    if reason:
+        out.figures["backend_agreement"] = {"applies": False, "reason": reason}
+    else:
+        out.figures["backend_agreement"] = {"applies": True, "lane": plan.lane, "reference_lane": sealed.lane,
+                                            "placement": f"sealed {mono.name}", "teacher_forced": True,
+                                            "cuts": sorted({c for p in recipe.staged for c in p.cuts}),
+                                            "divergence_starts_at": None, "per_placement": True}
+    _staged_placements(plan, ref, out, mode=mode, agreement=limits)
     rc_placement, _ = _route_change_at(recipe)
     if "route_change" not in out.figures:
         out.results.append(_route_change_not_run(out.results, rc_placement))
@@ -317,19 +379,21 @@ def _cpu_reference(plan: Plan, cuts: Sequence[int], out: Outcome) -> _CpuReferen
     return _CpuReference(trace=trace, prompts=prompts, seconds=time.perf_counter() - t0)
 
 
-def _lane_reference(
-    plan: Plan, cuts: Sequence[int], out: Outcome, *, cpu_ref: _CpuReference | None
-) -> _Reference:
-    """The lane's monolithic run: free-running with every cut captured (the staging-parity reference),
-    its speed (the staged/monolithic reference) and its own route change (bitwise comparable); with a
-    CPU reference, also teacher-forced on the reference's tokens (the backend-agreement figures)."""
-    recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
+def lane_monolithic(
+    plan: Plan, cuts: Sequence[int], *, prompts: Sequence[Sequence[int]] | None = None,
+    continuations: Sequence[Sequence[int]] | None = None,
+) -> tuple[Reference, dict[str, Any]]:
+    """The lane's monolithic worker: free-running with every cut captured (the staging-parity
+    reference), its speed (the staged/monolithic reference) and its own route change (bitwise
+    comparable); with ``continuations`` (another reference's tokens) also teacher-forced on them.
+    ``prompts``: token ids to use (else the recipe's texts, tokenized by the worker).  Returns the
+    reference and its placement record; ``dgr reference`` stores what this returns."""
+    recipe, mono = plan.recipe, plan.recipe.monolithic
     _, rc_after = _route_change_at(recipe)
-    t0 = time.perf_counter()
     capture = cuts if plan.lane in CAPTURING_LANES else ()
-    continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
-        prompts = cpu_ref.prompts if cpu_ref else [pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
+        prompts = [list(p) for p in prompts] if prompts is not None else [
+            pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
         forced, forced_seconds = None, 0.0
         if continuations is not None:
             t1 = time.perf_counter()
@@ -348,24 +412,43 @@ def _lane_reference(
     if cuts and not capture:
         trace, forced = _residuals_from_seams(plan, cuts, prompts, trace, forced, continuations)
         record["residuals_from"] = "the lane's run with a seam at every cut (layer captures are CPU-only)"
-    out.figures.update(
-        {
-            "reference": {"placement": mono.name, "lane": plan.lane},
-            "prompts": len(prompts),
-            "prompt_tokens": [len(p) for p in prompts],
-            "n_decode": recipe.n_decode,
-            "measure": dataclasses.asdict(recipe.measure),
-            "reference_tokens": [list(p.tokens) for p in trace.prompts],
-        }
-    )
+    ref = Reference(trace=trace, prompts=prompts, speed=speed, route=route, forced=forced,
+                    forced_seconds=forced_seconds)
+    return ref, record
+
+
+def _lane_reference(
+    plan: Plan, cuts: Sequence[int], out: Outcome, *, cpu_ref: _CpuReference | None
+) -> Reference:
+    """The lane's monolithic run (lane_monolithic), with a CPU reference also teacher-forced on the
+    reference's tokens (the backend-agreement figures); its figures, result and speed gate."""
+    hc, mono = plan.hardware_class, plan.recipe.monolithic
+    t0 = time.perf_counter()
+    continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
+    ref, record = lane_monolithic(plan, cuts, prompts=cpu_ref.prompts if cpu_ref else None,
+                                  continuations=continuations)
+    _reference_figures(plan, ref, out)
     out.figures.setdefault("placements", []).append(record)
     out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
                               duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
     out.results.append(
-        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, speed))
+        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, ref.speed))
     )
-    return _Reference(trace=trace, prompts=prompts, speed=speed, route=route, forced=forced,
-                      forced_seconds=forced_seconds)
+    return ref
+
+
+def _reference_figures(plan: Plan, ref: Reference, out: Outcome, **where: Any) -> None:
+    recipe = plan.recipe
+    out.figures.update(
+        {
+            "reference": {"placement": recipe.monolithic.name, "lane": plan.lane, **where},
+            "prompts": len(ref.prompts),
+            "prompt_tokens": [len(p) for p in ref.prompts],
+            "n_decode": recipe.n_decode,
+            "measure": dataclasses.asdict(recipe.measure),
+            "reference_tokens": [list(p.tokens) for p in ref.trace.prompts],
+        }
+    )
 
 
 # Lanes whose monolithic worker captures the residual entering a layer (llama's layer-input capture).
@@ -403,7 +486,7 @@ def _with_captures(trace: drive.Trace, seams: drive.Trace, width: int) -> drive.
 
 
 def _backend_agreement(
-    plan: Plan, cuts: Sequence[int], limits: BackendAgreement, cpu_ref: _CpuReference, ref: _Reference,
+    plan: Plan, cuts: Sequence[int], limits: BackendAgreement, cpu_ref: _CpuReference, ref: Reference,
     out: Outcome,
 ) -> None:
     """The lane's teacher-forced monolithic run scored against the CPU reference."""
@@ -424,9 +507,13 @@ def _backend_agreement(
     out.results.append(result)
 
 
-def _staged_placements(plan: Plan, ref: _Reference, out: Outcome) -> None:
+def _staged_placements(
+    plan: Plan, ref: Reference, out: Outcome, *, mode: Mode | None = None,
+    agreement: BackendAgreement | None = None,
+) -> None:
     """Each staged placement on the lane against the lane's monolithic run (shaped ones in their
-    network fabric, or SKIPPED with the reason they cannot run here)."""
+    network fabric, or SKIPPED with the reason they cannot run here).  ``agreement``: a sealed
+    reference of another lane or build, each placement held to it by the backend-agreement gate."""
     staged = plan.recipe.staged
     shaped, unshapeable = seam_pipelines(plan) if any(p.seams for p in staged) else (None, "")
     for p in staged:
@@ -435,10 +522,13 @@ def _staged_placements(plan: Plan, ref: _Reference, out: Outcome) -> None:
             # Never fake a scenario: say it was not run, and why (it does not count as a pass of any gate).
             out.results.append(Result(name=f"placement/{p.name}", status=Status.SKIPPED, reason=unshapeable))
             continue
-        _staged_placement(plan, p, where, ref, out)
+        _staged_placement(plan, p, where, ref, out, mode=mode, agreement=agreement)
 
 
-def _staged_placement(plan: Plan, p: Placement, where: Pipelines, ref: _Reference, out: Outcome) -> None:
+def _staged_placement(
+    plan: Plan, p: Placement, where: Pipelines, ref: Reference, out: Outcome, *, mode: Mode | None = None,
+    agreement: BackendAgreement | None = None,
+) -> None:
     recipe, hc = plan.recipe, plan.hardware_class
     rc_placement, rc_after = _route_change_at(recipe)
     t0 = time.perf_counter()
@@ -453,6 +543,10 @@ def _staged_placement(plan: Plan, p: Placement, where: Pipelines, ref: _Referenc
         )
         trace = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
                                     **routing)
+        forced = None
+        if agreement is not None:
+            forced = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
+                                         forced=[list(t.tokens) for t in ref.trace.prompts], **routing)
         speed = speed_figures(_measure(pipe.clients, ref.prompts, recipe, dtype, **routing))
         route = None
         if p.name == rc_placement:
@@ -461,40 +555,52 @@ def _staged_placement(plan: Plan, p: Placement, where: Pipelines, ref: _Referenc
         record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
         shaping = describe_shaping(pipe)
         fabric = describe_fabric(pipe)
-    parity = staging_parity_figures(ref.trace, trace)
-    record.update(parity=parity, speed=speed, forwarding=p.forwarding)
+    record.update(speed=speed, forwarding=p.forwarding)
     if fabric is not None:
         record["fabric"] = fabric
     record["seam_model"] = physics.model(
         p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
         sideband_stages=record["token_sideband_stages"], backend=shaping,
     )
-    out.figures["placements"].append(record)
-    out.results.append(
-        gates.evaluate(
-            gates.STAGING_PARITY,
-            p.name,
-            gates.staging_parity_checks(hc.staging_parity_for(dtype), p),
-            _gate_figures(parity, None),
-            duration_s=time.perf_counter() - t0,
+    if agreement is not None and forced is not None:
+        width = trace.infos[0].n_embd
+        figures = agreement_figures(ref.trace, _with_captures(forced, forced, width), trace,
+                                    margin=agreement.top1_margin_min, cuts=p.cuts)
+        record["agreement"] = figures
+        out.results.append(gates.evaluate_agreement(
+            plan.lane, agreement, p.cuts, _gate_figures(figures, None), duration_s=time.perf_counter() - t0,
+            placement=p.name))
+    else:
+        parity = staging_parity_figures(ref.trace, trace)
+        record["parity"] = parity
+        out.results.append(
+            gates.evaluate(
+                gates.STAGING_PARITY,
+                p.name,
+                gates.staging_parity_checks(hc.staging_parity_for(dtype), p),
+                _gate_figures(parity, None),
+                duration_s=time.perf_counter() - t0,
+            )
         )
-    )
+    out.figures["placements"].append(record)
+    not_applicable = mode.speed_reason if mode is not None and not mode.speed_carried else ""
     out.results.append(
         gates.evaluate(
             "speed",
             p.name,
-            gates.speed_checks(hc.speed, p),
+            gates.speed_checks(hc.speed, p, ratio_not_applicable=not_applicable),
             _gate_figures(None, speed, record.get("seam_model")),
-            _gate_figures(None, ref.speed),
+            _gate_figures(None, ref.speed) if ref.speed is not None else None,
         )
     )
     if route is not None:
-        out.figures["route_change"], result = route_change_gate(p, route, ref.route)
+        sealed = mode is not None and ref.route is not None
+        out.figures["route_change"], result = route_change_gate(p, route, ref.route, sealed=sealed)
         out.results.append(result)
 
 
 def route_change_gate(
-    p: Placement, route: drive.RouteChange, ref_route: drive.RouteChange | None
+    p: Placement, route: drive.RouteChange, ref_route: drive.RouteChange | None, *, sealed: bool = False
 ) -> tuple[dict[str, Any], Result]:
     """The route change's figures and gate.  Cross-lane runs have no same-lane monolithic switch to
     compare with: there the staged run's own uninterrupted decode is the expectation."""
@@ -507,7 +613,9 @@ def route_change_gate(
         "reference": list(route.reference),
         "switched": list(route.switched),
         "expected": list(expected),
-        "expected_from": "monolithic, same switch" if ref_route is not None else "uninterrupted",
+        "expected_from": ("uninterrupted" if ref_route is None
+                          else "sealed reference's monolithic, same switch" if sealed
+                          else "monolithic, same switch"),
         "switched_equals_uninterrupted": route.identical,
     }
     checks = [

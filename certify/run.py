@@ -29,6 +29,7 @@ from manifests.recipe_model import HardwareClass, Recipe
 
 if TYPE_CHECKING:  # measure pulls in the worker launcher (gRPC); the run imports it when it measures
     from certify.measure import Outcome, Plan
+    from certify.sealed import Sealed
     from pipeline.attached import AttachedPipelines
 
 REPORT_FILE = "report.html"
@@ -70,8 +71,12 @@ def run_certification(
     placement_file: Any = None,
     fingerprint: Mapping[str, Any] | None = None,
     render: Render,
+    sealed: Sealed | None = None,
 ) -> Written:
     """Measure, decide, render, sign, write.  Raises GateFailed (exit 5) after writing a FAIL.
+
+    ``sealed``: a sealed reference (certify.sealed, already verified and checked against ``prepared``)
+    every placement is compared with instead of a monolithic run; no monolithic worker is started.
 
     ``placement_file`` (manifests.placement_file.PlacementFile): attach to workers the operator runs instead
     of starting our own; each is checked through Info before it is trusted.  ``fingerprint``: this
@@ -83,19 +88,22 @@ def run_certification(
     started = time.time()
     fp = dict(fingerprint) if fingerprint is not None else hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
-    run = _Run(recipe=recipe, lane=lane, run_id=run_id, started=started,
-               evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
-    _write_identity(run, prepared)
+    run = Run(recipe=recipe, lane=lane, run_id=run_id, started=started,
+              evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
+    write_run_identity(run, prepared)
     context = ctx_size(recipe)
     threads = worker_threads(ctx.env, int(fp["cpu_cores"]))
-    plan = _plan(ctx, run, hc, prepared, context=context, threads=threads, start_timeout=start_timeout,
-                 call_deadline=call_deadline)
+    plan = make_plan(ctx, run, hc, prepared, context=context, threads=threads, start_timeout=start_timeout,
+                     call_deadline=call_deadline)
+    if sealed is not None:
+        build = prepared.identity.get("build") or {}
+        plan = dataclasses.replace(plan, sealed=sealed, build_key=build.get("key"), fingerprint=fp)
     outcome, attached, device = _measure(run, plan, placement_file, prepared, context)
     return _decide_and_publish(ctx, run, hc, outcome, attached, device, fp, prepared, key, render)
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Run:
+class Run:
     """What names a run while it goes on: the run record (run.json) and the report's path need it."""
 
     recipe: Recipe
@@ -105,7 +113,7 @@ class _Run:
     evidence: Path
 
 
-def _write_identity(run: _Run, prepared: Prepared) -> None:
+def write_run_identity(run: Run, prepared: Prepared) -> None:
     """identity.json in the evidence folder: the run's identity (recipe, lane, run id and the prepared
     inputs'), handed to every worker we start (``--identity``)."""
     write_json(
@@ -120,9 +128,9 @@ def _write_identity(run: _Run, prepared: Prepared) -> None:
     )
 
 
-def _plan(
+def make_plan(
     ctx: Context,
-    run: _Run,
+    run: Run,
     hc: HardwareClass,
     prepared: Prepared,
     *,
@@ -163,7 +171,7 @@ def _plan(
 
 
 def _measure(
-    run: _Run, plan: Plan, placement_file: Any, prepared: Prepared, context: int
+    run: Run, plan: Plan, placement_file: Any, prepared: Prepared, context: int
 ) -> tuple[Outcome, AttachedPipelines | None, str | None]:
     """Attach (when a placement file is given) and measure; returns the outcome, the attached
     pipelines and the device the lane's workers ran on.  Whatever stops it, run.json records how the
@@ -179,6 +187,8 @@ def _measure(
             plan, attached, skipped = attach.attach_plan(plan, placement_file, prepared.identity, context)
         if attached is not None:
             attached.preflight()  # every listed worker checked before any measurement
+            if plan.sealed is not None:
+                plan = dataclasses.replace(plan, build_key=attached_build_key(attached))
         outcome = measure.run(plan)
         outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
@@ -194,7 +204,7 @@ def _measure(
 
 def _decide_and_publish(
     ctx: Context,
-    run: _Run,
+    run: Run,
     hc: HardwareClass,
     outcome: Outcome,
     attached: AttachedPipelines | None,
@@ -234,12 +244,13 @@ def _decide_and_publish(
     except BaseException as exc:
         _unfinished(run, exc, unsigned_verdict=verdict.status.value)
         raise
+    sealed = (outcome.figures.get("sealed_reference") or {}).get("sha256")
     _run_record(run, verdict.status, certificate=str(written.certificate), html=str(written.html),
-                seconds=written.seconds)
+                seconds=written.seconds, sealed_reference=sealed)
     return written
 
 
-def _unfinished(run: _Run, exc: BaseException, **more: Any) -> None:
+def _unfinished(run: Run, exc: BaseException, **more: Any) -> None:
     """``run.json`` for a run that did not finish, whatever ended it: a DgrError, SIGTERM (Terminated),
     ^C or a bug; the exception then goes on to the caller."""
     if isinstance(exc, DgrError):
@@ -254,10 +265,32 @@ def _unfinished(run: _Run, exc: BaseException, **more: Any) -> None:
                 **more)
 
 
-def _run_record(run: _Run, status: Status, **more: Any) -> None:
+def _run_record(run: Run, status: Status, **more: Any) -> None:
     """``run.json`` in the evidence folder: how the run ended, signed or not."""
-    record = {"run_id": run.run_id, "status": status.value, "recipe": run.recipe.name, "lane": run.lane}
+    record = {"run_id": run.run_id, "status": status.value, "recipe": run.recipe.name, "lane": run.lane,
+              **workers_started(run.evidence, run.recipe.n_layer)}
     write_json(run.evidence / "run.json", {**record, **more})
+
+
+def workers_started(evidence: Path, n_layer: int) -> dict[str, Any]:
+    """The workers this run started, from the launcher's own evidence (one folder per launch, one log
+    per stage, ``stage-K-layers-A-B.stdout``), and whether any of them was a monolithic one (a single
+    worker owning every layer).  Attached workers are not started here and do not appear."""
+    launches = []
+    for folder in sorted(p for p in evidence.iterdir() if p.is_dir()) if evidence.is_dir() else ():
+        stages = sorted(f.name.removesuffix(".stdout") for f in folder.glob("stage-*-layers-*.stdout"))
+        if stages:
+            launches.append({"launch": folder.name, "stages": stages})
+    mono = f"stage-0-layers-0-{n_layer}"
+    return {"workers_started": launches,
+            "monolithic_worker_started": any(mono in item["stages"] for item in launches)}
+
+
+def attached_build_key(attached: AttachedPipelines) -> str | None:
+    """The build key every attached worker reports (self-reported, from its identity file); None when
+    they report none or disagree (a sealed reference is then held through backend agreement)."""
+    keys = {(w.get("build") or {}).get("key") for w in attached.record()["workers"]}
+    return keys.pop() if len(keys) == 1 else None
 
 
 def publish(
@@ -374,8 +407,13 @@ def certify(
     render: Render,
     store: Path | None = None,
     placement_file: Path | None = None,
+    reference: Path | None = None,
 ) -> Written:
-    """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5."""
+    """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5.
+
+    ``reference``: a sealed reference's manifest (``dgr reference`` made it); it is provisioned and
+    verified (exit 3 on any changed byte) and held to this run's identity (exit 2 naming the field)
+    before any worker starts, and no monolithic worker is started."""
     recipe.require_lane(lane)
     from manifests.artifact_sets import load_set, require_sealed
 
@@ -384,18 +422,52 @@ def certify(
     fp = hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
+    sealed = None
+    if reference is not None:
+        from certify import sealed as sealed_ref
+
+        sealed = sealed_ref.load(ctx, reference, store=store)
+        sealed_ref.check_recipe(sealed, recipe)
     if placement_file is not None:
         from certify import attach
         from certify.inputs import prepare_attached
         from manifests.placement_file import load_file
 
         pf = load_file(placement_file)
-        attach.restrict(pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None)
+        attach.restrict(pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None,
+                        sealed=sealed is not None)
         prepared = prepare_attached(ctx, recipe, lane, store=store)
-        return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp,
-                                 render=render)
-    prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=hc.agreement_for(lane) is not None)
-    return run_certification(ctx, recipe, lane, prepared, key=key, fingerprint=fp, render=render)
+    else:
+        need_cpu = hc.agreement_for(lane) is not None and sealed is None
+        prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=need_cpu)
+        pf = None
+    if sealed is not None:
+        prepared = _with_sealed(prepared, sealed, recipe)
+    return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp,
+                             render=render, sealed=sealed)
+
+
+def _with_sealed(prepared: Prepared, sealed: Sealed, recipe: Recipe) -> Prepared:
+    """The inputs with the sealed reference bound in: held to their identity (exit 2 naming the field),
+    then its file as a subject, its identity and digests in the identity chain, a verified line."""
+    from certify import sealed as sealed_ref
+
+    cuts = sorted({c for p in recipe.placements.values() for c in p.cuts})
+    sealed_ref.check(sealed, recipe, prepared.identity, cuts)
+    rec = dict(sealed.record)
+    name = f"artifacts/{rec['set']}/{Path(rec['store_path']).parent.name}/{rec['file']}"
+    subject = cert.subject(name, {"sha256": rec["sha256"], "blake3": rec["blake3"]})  # hashed by sealed.load
+    line = (f"sealed reference: {rec['file']} of set {rec['set']} provisioned and hashed (sha256 + blake3) "
+            f"against manifest {rec['manifest_digest'][:16]}…; made on lane {rec['lane']} "
+            f"({rec['made']}, run {rec['made_run_id']}); recipe, patch, source and artifact digests match")
+    return dataclasses.replace(
+        prepared,
+        identity={**prepared.identity,
+                  "sealed_reference": {k: v for k, v in rec.items() if k != "store_path"}},
+        subjects=[*prepared.subjects, subject],
+        local_paths={**prepared.local_paths, name: rec["store_path"]},
+        verified=[*prepared.verified, line],
+    )
 
 
 def gate_failed(written: Written) -> GateFailed:

@@ -1,21 +1,46 @@
 """`dgr certify [--recipe NAME | --recipe-file PATH] [--lane cpu] [--store DIR]
-[--placement-file FILE | --write-identity FILE]`."""
+[--placement-file FILE | --write-identity FILE] [--reference REF.json]`."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 from pathlib import Path
+from typing import Any
 
 from core.context import Context
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def recipe_arguments(parser: argparse.ArgumentParser, lane_help: str) -> None:
+    """--recipe | --recipe-file, --lane, --store: what `dgr certify` and `dgr reference` both take."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--recipe", default=None, help="recipe name (default: the embedded tiny-llama)")
     group.add_argument("--recipe-file", type=Path, help="a recipe JSON file outside manifests/recipes/")
-    parser.add_argument("--lane", default="cpu", help="lane to certify (default: cpu)")
+    parser.add_argument("--lane", default="cpu", help=lane_help)
     parser.add_argument("--store", help="artifact store (default: DGR_STORE or .work/store)")
+
+
+def recipe_and_store(args: argparse.Namespace, ctx: Context) -> tuple[Any, Path]:
+    """The recipe the arguments name (loaded and checked) and the artifact store."""
+    from core.workspace import env_store
+    from manifests import recipe_model as recipes
+
+    if args.recipe_file is not None:
+        recipe = recipes.load_file(args.recipe_file)
+    else:
+        recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
+    return recipe, env_store(ctx.env, args.store, ctx.workspace)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    recipe_arguments(parser, "lane to certify (default: cpu)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        metavar="REF.json",
+        help="a sealed reference's manifest (dgr reference): every placement is compared with it "
+        "instead of a monolithic run, and no monolithic worker is started; recorded in the certificate",
+    )
     attach = parser.add_mutually_exclusive_group()
     attach.add_argument(
         "--placement-file",
@@ -35,15 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from certify.run import certify, gate_failed
-    from core.workspace import env_store
-    from manifests import recipe_model as recipes
     from reports.render import render
 
-    if args.recipe_file is not None:
-        recipe = recipes.load_file(args.recipe_file)
-    else:
-        recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
-    store = env_store(ctx.env, args.store, ctx.workspace)
+    recipe, store = recipe_and_store(args, ctx)
     if args.write_identity is not None:
         from certify.inputs import write_identity
 
@@ -52,7 +71,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"identity: {args.write_identity.resolve()} ({recipe.name} on {args.lane})")
         print(f"start each stage with: {shlex.join(argv)}")
         return 0
-    written = certify(ctx, recipe, args.lane, render=render, store=store, placement_file=args.placement_file)
+    written = certify(ctx, recipe, args.lane, render=render, store=store, placement_file=args.placement_file,
+                      reference=args.reference)
     print(
         f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "
         f"{written.seconds:.1f} s)"

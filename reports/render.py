@@ -116,7 +116,8 @@ def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataF
                     "check": row["check"],
                     "value": fmt(row["value"]),
                     "threshold": f"{row['op']} {fmt(row['limit'])}",
-                    "result": "pass" if row["ok"] else "FAIL",
+                    "result": ("NOT APPLICABLE: " + row["message"].removeprefix("NOT_APPLICABLE: ")
+                               if row.get("status") == "NOT_APPLICABLE" else "pass" if row["ok"] else "FAIL"),
                 }
             )
     return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
@@ -143,6 +144,11 @@ def agreement_view(
         "free-running greedy match (not gated)": agreement.get("free_running_greedy_match"),
         "divergence starts": f"before layer {start}" if start is not None else "no cut out of bounds",
     }
+    if agreement.get("per_placement"):  # a sealed reference of another lane or build: one row set each
+        facts = {"compared": f"each staged placement on {agreement.get('lane')} against the "
+                             f"{agreement.get('placement')} reference of lane "
+                             f"{agreement.get('reference_lane')}, teacher-forced on its tokens "
+                             "(figures per placement in the certificate)"}
     return {"applies": True, "checks": table(gate_rows_frame(results, "backend-agreement"), classes="gate"),
             "facts": table(kv_frame(facts))}
 
@@ -285,6 +291,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         ref={
             "placement": figures.get("reference", {}).get("placement", "—"),
             "lane": figures.get("reference", {}).get("lane", "—"),
+            "sealed": figures.get("sealed_reference") or {},
             "prompts": figures.get("prompts", "—"),
             "n_decode": figures.get("n_decode", "—"),
         },
@@ -315,6 +322,14 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     ref = ident.get("reference_build")
     if ref:
         rows.append(("reference build", str(ref.get("key", "—")), f"lane {ref.get('lane', '—')}"))
+    sealed = ident.get("sealed_reference")
+    if sealed:  # the monolithic run this certificate compares with was stored, not run here
+        made = (sealed.get("identity") or {}).get("build") or {}
+        rows.append(("sealed reference", str(sealed.get("sha256", "—")),
+                     f"set {sealed.get('set', '—')}, made on lane {sealed.get('lane', '—')} by build "
+                     f"{str(made.get('key', '—'))[:16]}… ({sealed.get('made', '—')}), provisioned from "
+                     f"{', '.join(sealed.get('origins', [])) or '—'}; "
+                     f"manifest {sealed.get('manifest', '—')}"))
     rows += [
         (
             "artifacts",
