@@ -316,6 +316,11 @@ class _Run:
             copy_local(self._generate(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
         elif origin.kind == "package-index":
             copy_local(self._from_index(origin), partial, policy=self.policy, stats=stats, on_bytes=on_bytes)
+        elif origin.kind == "hub":
+            from fetch import hub
+
+            hub.fetch_hub(origin, partial, env=self.ctx.env, policy=self.policy, stats=stats,
+                          on_bytes=on_bytes)
         else:  # pragma: no cover - the schema admits no other kind
             raise RuntimeFailure(f"unknown origin kind {origin.kind!r}")
 
@@ -442,4 +447,6 @@ def _same_json(path: Path, value: Any) -> bool:
 def _origin_text(origin: Origin) -> str:
     if origin.generator:
         return f"generated:{origin.generator}"
+    if origin.kind == "hub":
+        return f"hub:{origin.repo}@{origin.revision}"
     return origin.base_url or origin.path or origin.kind  # a package-index origin names no place

@@ -7,11 +7,17 @@ writes the manifest back as sorted, indented JSON.  Sealing the same files twice
 
 A variant that lists no files yet (the real target before anyone produced it) takes the ``*.gguf``
 files found in the directory, in name order (llama-gguf-split names sort in split order).
+
+``seal_hub`` seals from a Hugging Face Hub repository instead (``--from hub:OWNER/REPO@REVISION``):
+the revision is resolved once to its commit, which the manifest's hub origin records; each file is
+downloaded once, hashed as it lands and held to the hub's own sha256 for that commit (fetch.hub).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +28,10 @@ from core.context import Context
 from core.errors import ConfigurationError
 from core.hashing import digest_file
 from fetch import gguf_header
+from fetch.download import RetryPolicy, open_session
 from fetch.progress import Progress, factory
 from fetch.tools import NO_TOOLS, Tools
-from manifests.artifact_sets import ARTIFACTS, ExpectedGGUF, check_file_name, parse_set, set_path
+from manifests.artifact_sets import ARTIFACTS, ExpectedGGUF, Origin, check_file_name, parse_set, set_path
 from manifests.loader import build
 
 
@@ -139,10 +146,16 @@ def _seal_variant(
     for name in names:
         with make_bar(f"seal {name}", os.path.getsize(source / name)) as bar:
             files.append({"name": name, **hash_file(source / name, chunk_size, bar.update)})
-    headers = [gguf_header.read_header(source / n) for n in names]
+    _hold_headers(vdata, vname, [source / n for n in names])
+    vdata["files"] = files
+
+
+def _hold_headers(vdata: dict[str, Any], vname: str, paths: list[Path]) -> None:
+    """Every GGUF header against the manifest's expectations; fills split_count and tensor_counts."""
+    headers = [gguf_header.read_header(p) for p in paths]
     g = vdata["gguf"]
     counts = [len(h.tensors) for h in headers]
-    for key, value in (("split_count", len(names)), ("tensor_counts", counts)):
+    for key, value in (("split_count", len(paths)), ("tensor_counts", counts)):
         if key in g and g[key] != value:
             raise ConfigurationError(
                 f"variant {vname!r}: the files show {key} {value}, the manifest says {g[key]}",
@@ -150,4 +163,90 @@ def _seal_variant(
             )
         g[key] = value
     gguf_header.check_set(headers, build(ExpectedGGUF, g))
+
+
+def seal_hub(
+    set_name: str,
+    ref: str,
+    *,
+    include: list[str] | None = None,
+    variant: str | None = None,
+    allow_hosts: list[str] | None = None,
+    ctx: Context,
+    root: Path = ARTIFACTS,
+    progress: Callable[..., Progress] | None = None,
+    policy: RetryPolicy | None = None,
+) -> tuple[Path, str]:
+    """Seal one variant from a hub repository (``OWNER/REPO@REVISION``) in one pass: download each file
+    once into staging (resumable), hash as it lands, hold it to the hub's sha256 and size for that
+    commit and the headers to the manifest, record the commit.  Returns the manifest path and commit."""
+    from fetch import hub
+
+    path = set_path(set_name, root=root)
+    if not path.is_file():
+        raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
+    data = read_json(path)
+    aset = parse_set(data, source=str(path))
+    vname = aset.variant_name(variant)
+    wanted = hub.parse_ref(ref)
+    odata = next(
+        (o for o in data["origins"] if o.get("kind") == "hub" and o.get("repo") == wanted.repo), None
+    )
+    if odata is None:
+        odata = {"kind": "hub", "repo": wanted.repo}
+        data["origins"].append(odata)
+    for host in allow_hosts or ():
+        hosts = odata.setdefault("allowed_redirect_hosts", [])
+        if host not in hosts:
+            hosts.append(host)
+    origin = build(Origin, {k: v for k, v in odata.items() if k not in ("revision", "paths")})
+    make_bar = progress or factory()
+    policy = policy or RetryPolicy()
+    with open_session(policy) as session:
+        repo = hub.open_hub(wanted.repo, origin=origin, env=ctx.env, policy=policy, session=session)
+        commit = repo.commit(wanted.revision)
+        tree = repo.tree(commit)
+        vdata = data["variants"][vname]
+        names = _hub_names(vdata, tree, include, wanted.repo, commit)
+        staging = _staging(ctx) / f"hub-{set_name}-{vname}-{commit[:12]}"  # no pid: a re-run resumes
+        chunk_size = int(vdata["chunk_size"])
+        files = []
+        for name in names:
+            entry = tree[name]
+            dest = staging / name
+            have = min(dest.stat().st_size, entry.size) if dest.is_file() else 0
+            have -= have % chunk_size if have != entry.size else 0  # what a re-run finds: counted as done
+            with make_bar(f"seal {name}", entry.size, initial=have) as bar:
+                digests = repo.download(commit, entry, dest, chunk_size, on_bytes=bar.update)
+            files.append({"name": name, **digests})
+    _hold_headers(vdata, vname, [staging / n for n in names])
     vdata["files"] = files
+    previous = odata.get("revision")
+    odata["revision"] = commit
+    odata["paths"] = sorted(set(names) | (set(odata.get("paths", ())) if previous == commit else set()))
+    parse_set(data, source=f"{path} (sealed)")
+    write_json(path, data)
+    shutil.rmtree(staging, ignore_errors=True)
+    return path, commit
+
+
+def _hub_names(
+    vdata: dict[str, Any], tree: dict[str, Any], include: list[str] | None, repo: str, commit: str
+) -> list[str]:
+    """The repo's files matching ``include``; without it, the files the variant lists, else ``*.gguf``
+    (name order is split order for llama-gguf-split names)."""
+    listed = [f["name"] for f in vdata["files"]]
+    patterns = include or ["*.gguf"]
+    names = listed if listed and not include else sorted(
+        p for p in tree if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)
+    )
+    if not names:
+        raise ConfigurationError(
+            f"{repo}@{commit} has no file matching {', '.join(patterns)}",
+            hint="--include PATTERN selects repo paths (fnmatch, e.g. 'Q4_K_M/*.gguf')",
+        )
+    for name in names:
+        check_file_name(name)
+        if name not in tree:
+            raise ConfigurationError(f"{repo}@{commit} has no file {name!r} (the variant lists it)")
+    return names

@@ -1,11 +1,11 @@
 """Artifact-set manifests: the exact split-GGUF files a recipe runs on, and where they come from.
 
 A set lives in ``manifests/artifacts/<name>.json`` (schema ``artifact-set``).  It names its origins
-(HTTP(S) base URLs with the redirect hosts they may use, local directories, or a ``generated`` origin
-for the synthetic tiny model), a storage policy, and one or more *variants* (``f32``, ``q8_0``,
-``q4_k_m``): each variant lists its files in split order with size, sha256, blake3, the chunk size and
-one digest per chunk, plus the GGUF metadata every header must show.  A recipe picks a set and a
-variant (``artifacts`` + ``variant``).
+(HTTP(S) base URLs with the redirect hosts they may use, a Hugging Face Hub repository at a commit,
+local directories, or a ``generated`` origin for the synthetic tiny model), a storage policy, and one
+or more *variants* (``f32``, ``q8_0``, ``q4_k_m``): each variant lists its files in split order with
+size, sha256, blake3, the chunk size and one digest per chunk, plus the GGUF metadata every header
+must show.  A recipe picks a set and a variant (``artifacts`` + ``variant``).
 
 Chunk digests are blake3, not sha256: they are computed on the hot path as bytes land (and again on
 resume), where blake3 runs several times faster than sha256 on the same core and we already depend
@@ -98,9 +98,14 @@ class SplitSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Origin:
-    kind: str  # "http" | "local" | "generated" | "package-index"
+    kind: str  # "http" | "local" | "generated" | "package-index" | "hub"
     base_url: str | None = None
     allowed_redirect_hosts: tuple[str, ...] = ()
+    # hub: a Hugging Face Hub repository at one commit (fetch.hub); ``paths`` are the repo files sealed
+    repo: str | None = None
+    revision: str | None = None
+    endpoint: str | None = None
+    paths: tuple[str, ...] = ()
     path: str | None = None
     generator: str | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
@@ -248,6 +253,8 @@ def parse_set(data: Any, *, source: str) -> ArtifactSet:
     for origin in aset.origins:
         if origin.kind == "package-index":
             _check_index_origin(source, origin)
+        if origin.kind == "hub":
+            _check_hub_origin(source, origin, aset)
     return dataclasses.replace(aset, digest=canonical_digest(data))
 
 
@@ -288,6 +295,20 @@ def _check_index_origin(source: str, origin: Origin) -> None:
                 f"{source}: chunk {chunk.member!r} comes from {chunk.package!r}, which is not in packages",
                 hint=f"packages: {', '.join(names)}",
             )
+
+
+def _check_hub_origin(source: str, origin: Origin, aset: ArtifactSet) -> None:
+    """A hub origin names its commit once anything is sealed from it; its paths are store names."""
+    if origin.revision is None and any(v.sealed for v in aset.variants.values()):
+        raise ConfigurationError(
+            f"{source}: the hub origin {origin.repo} names no revision, but variants are sealed",
+            hint=f"seal from it: dgr seal --artifacts {aset.name} --from hub:{origin.repo}@REVISION",
+        )
+    for path in origin.paths:
+        try:
+            check_file_name(path)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{source}: hub origin {origin.repo}: {exc.message}") from None
 
 
 # Validation is a pure function of the manifest's bytes: a process provisioning the same set twice

@@ -90,13 +90,13 @@ class _Server:
 
     def reply(self, h: BaseHTTPRequestHandler, seen: Seen, status: int, headers: dict[str, str],
               body: bytes = b"") -> None:
+        seen.status, seen.body_bytes = status, len(body)  # before the client can read the answer
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
-        seen.status, seen.body_bytes = status, len(body)
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -149,8 +149,8 @@ class Storage(_Server):
         if status == 206:
             h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         h.send_header("Content-Length", str(end - start))
-        h.end_headers()
         seen.status = status
+        h.end_headers()
         pos = start
         try:
             while pos < end:
@@ -160,11 +160,11 @@ class Storage(_Server):
                     if n <= 0:
                         self._die(h)
                         return
-                h.wfile.write(data[pos : pos + n])
-                pos += n
-                seen.body_bytes += n
+                seen.body_bytes += n  # counted before the client can have read them
                 with self.lock:
                     self.sent += n
+                h.wfile.write(data[pos : pos + n])
+                pos += n
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
 
@@ -303,10 +303,10 @@ class Proxy(_Server):
         if h.command == "CONNECT":
             host, _, port = h.path.rpartition(":")
             upstream = socket.create_connection((host, int(port)), timeout=10)
+            seen.status = 200
             h.send_response(200, "Connection established")
             h.end_headers()
             h.wfile.flush()
-            seen.status = 200
             self._pipe(h.connection, upstream)
             h.close_connection = True
             return
@@ -318,6 +318,12 @@ class Proxy(_Server):
         lines += ["Connection: close", "", ""]
         upstream.sendall("\r\n".join(lines).encode())
         seen.status = 200
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := upstream.recv(1 << 16)):
+            head += chunk
+        # this proxy closes after each answer, and says so (else the client would reuse the connection)
+        status_line, _, rest = head.partition(b"\r\n")
+        h.wfile.write(status_line + b"\r\nConnection: close\r\n" + rest)
         while chunk := upstream.recv(1 << 16):
             h.wfile.write(chunk)
             seen.body_bytes += len(chunk)

@@ -1,0 +1,436 @@
+"""A Hugging Face Hub repository at one commit, as an origin (provision) and as a source (seal).
+
+Files come from ``{endpoint}/{repo}/resolve/{commit}/{path}``, through the resumable, chunk-verified
+downloader (``fetch.download``).  The hub answers with a redirect to its storage host; that hop is
+followed only to a host the origin allows (``DEFAULT_STORAGE_HOSTS`` when the manifest names none).
+
+- endpoint: ``HF_ENDPOINT`` (the huggingface_hub convention, for a mirror), else the origin's
+  ``endpoint``, else ``DEFAULT_ENDPOINT``.
+- token: ``HF_TOKEN``, else the file huggingface_hub writes (``HF_TOKEN_PATH``, else
+  ``$HF_HOME/token``, HF_HOME defaulting to ``$XDG_CACHE_HOME/huggingface`` or
+  ``~/.cache/huggingface``).  It is sent as ``Authorization: Bearer`` to the endpoint's own
+  scheme://host:port only, never to the storage host a redirect leads to, never logged, and never
+  written into a manifest, provenance file or certificate (nothing here returns it).
+- a gated or private repo without a token: one line naming HF_TOKEN (exit 2).
+- a revision given as a branch or tag is resolved once (``/api/models/{repo}/revision/{rev}``) to its
+  40-hex commit, which is what a manifest records; the repo tree at that commit
+  (``/api/models/{repo}/tree/{commit}``) states each LFS file's size and sha256.
+
+Sealing downloads each file once into staging (resumable at chunk boundaries: a re-run hashes the
+chunks already there and asks for the rest), computing size, sha256, blake3 and the per-chunk blake3
+digests as the bytes land, then holds size and sha256 against the hub's own metadata for that commit
+(the tree listing and, where the resolve answer carries them, ``X-Linked-Size`` / ``X-Linked-Etag``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+import requests
+
+from core.errors import ConfigurationError, DgrError, IntegrityError, RuntimeFailure
+from core.hashing import chunk_digest
+from fetch.download import (
+    Credential,
+    RetryPolicy,
+    Stats,
+    check_content_range,
+    check_no_more,
+    check_status,
+    check_whole_length,
+    fetch_url,
+    finish_response,
+    open_url,
+    read_exact,
+    response_body,
+    retry_loop,
+)
+from fetch.ledger import Partial
+from manifests.artifact_sets import Origin
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+# Where the public hub redirects resolve URLs to (LFS and Xet storage); a manifest's
+# allowed_redirect_hosts replaces this list (a mirror, a private hub).
+DEFAULT_STORAGE_HOSTS = (
+    "cdn-lfs.huggingface.co",
+    "cdn-lfs-us-1.huggingface.co",
+    "cdn-lfs-eu-1.huggingface.co",
+    "cdn-lfs.hf.co",
+    "cdn-lfs-us-1.hf.co",
+    "cdn-lfs-eu-1.hf.co",
+    "cas-bridge.xethub.hf.co",
+)
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_API_MAX = 64 << 20  # the most JSON we read from one API answer
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubRef:
+    repo: str
+    revision: str  # a commit, a branch or a tag, as the operator typed it
+
+
+def parse_ref(text: str) -> HubRef:
+    """``OWNER/REPO@REVISION`` (the part after ``hub:``); no revision means ``main``."""
+    repo, _, revision = text.partition("@")
+    if not _REPO.match(repo):
+        raise ConfigurationError(
+            f"hub repository {repo!r} is not OWNER/NAME", hint="--from hub:OWNER/REPO@REVISION"
+        )
+    revision = revision or "main"
+    if any(c.isspace() or ord(c) < 0x20 for c in revision) or ".." in revision:
+        raise ConfigurationError(f"hub revision {revision!r} is not a commit, branch or tag name")
+    return HubRef(repo=repo, revision=revision)
+
+
+def endpoint(origin_endpoint: str | None, env: Mapping[str, str]) -> str:
+    return (env.get("HF_ENDPOINT") or origin_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def token_file(env: Mapping[str, str]) -> Path:
+    if env.get("HF_TOKEN_PATH"):
+        return Path(env["HF_TOKEN_PATH"]).expanduser()
+    home = env.get("HF_HOME")
+    if not home:
+        user = env.get("HOME") or os.path.expanduser("~")
+        cache = env.get("XDG_CACHE_HOME") or os.path.join(user, ".cache")
+        home = os.path.join(cache, "huggingface")
+    return Path(home).expanduser() / "token"
+
+
+def token(env: Mapping[str, str]) -> str | None:
+    """HF_TOKEN, else huggingface_hub's token file; None when neither holds one."""
+    value = (env.get("HF_TOKEN") or "").strip()
+    if value:
+        return value
+    try:
+        value = token_file(env).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value or None
+
+
+def credential(base: str, repo: str, env: Mapping[str, str]) -> Credential:
+    """The hub host's credential (a Bearer token, or none) and what a 401/403 from it means."""
+    secret = token(env)
+
+    def refused(status: int) -> DgrError:
+        if secret is None:
+            return ConfigurationError(
+                f"{repo} is gated or private (HTTP {status}) and no token is set: set HF_TOKEN",
+                hint=f"export HF_TOKEN=<a token that may read it>, or log in with huggingface_hub, "
+                f"which writes {token_file(env)}",
+            )
+        return ConfigurationError(
+            f"{repo}: the hub refuses the token from HF_TOKEN or {token_file(env)} (HTTP {status})",
+            hint="accept the repository's terms on the hub with that account, or set HF_TOKEN to a "
+            "token that may read it",
+        )
+
+    return Credential(url=base, header=f"Bearer {secret}" if secret else None, refused=refused)
+
+
+def resolve_url(base: str, repo: str, commit: str, path: str) -> str:
+    return f"{base}/{repo}/resolve/{commit}/{urllib.parse.quote(path)}"
+
+
+def effective(origin: Origin, env: Mapping[str, str]) -> Origin:
+    """The origin as the downloader sees it: the endpoint as base, the storage hosts it may follow."""
+    return dataclasses.replace(
+        origin,
+        base_url=endpoint(origin.endpoint, env),
+        allowed_redirect_hosts=origin.allowed_redirect_hosts or DEFAULT_STORAGE_HOSTS,
+    )
+
+
+def fetch_hub(
+    origin: Origin,
+    partial: Partial,
+    *,
+    env: Mapping[str, str],
+    policy: RetryPolicy,
+    stats: Stats,
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Provision one file of a hub origin: its resolve URL at the sealed commit, chunk-verified."""
+    name = partial.entry.name
+    if origin.revision is None or not COMMIT.match(origin.revision):
+        raise ConfigurationError(f"hub origin {origin.repo} names no commit; seal the set from it first")
+    if origin.paths and name not in origin.paths:
+        raise ConfigurationError(f"{name} is not among the files sealed from {origin.repo}")
+    assert origin.repo is not None
+    eff = effective(origin, env)
+    assert eff.base_url is not None
+    fetch_url(
+        resolve_url(eff.base_url, origin.repo, origin.revision, name),
+        eff,
+        partial,
+        policy=policy,
+        stats=stats,
+        on_bytes=on_bytes,
+        credential=credential(eff.base_url, origin.repo, env),
+    )
+
+
+# --- the hub's API: revision -> commit, the tree at a commit ----------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubFile:
+    path: str
+    size: int
+    sha256: str | None  # an LFS file's; None for a file kept in git itself
+
+
+@dataclass
+class Hub:
+    """One repository on one endpoint, over one Session (reused for the API and the downloads)."""
+
+    origin: Origin  # as ``effective`` made it
+    repo: str
+    session: requests.Session
+    credential: Credential
+    policy: RetryPolicy
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def base(self) -> str:
+        assert self.origin.base_url is not None
+        return self.origin.base_url
+
+    def _api(self, path: str) -> requests.Response:
+        return self._api_url(f"{self.base}/api/models/{self.repo}/{path}")
+
+    def _json(self, resp: requests.Response) -> Any:
+        with resp:
+            raw = resp.raw.read(_API_MAX + 1, decode_content=True)
+        if len(raw) > _API_MAX:
+            raise RuntimeFailure(f"{resp.url}: the hub's answer is larger than {_API_MAX} bytes")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise RuntimeFailure(f"{resp.url}: the hub's answer is not JSON") from None
+
+    def commit(self, revision: str) -> str:
+        """The 40-hex commit a branch, tag or commit names, asked once."""
+        data = self._json(self._api(f"revision/{urllib.parse.quote(revision, safe='')}"))
+        sha = data.get("sha") if isinstance(data, dict) else None
+        if not isinstance(sha, str) or not COMMIT.match(sha):
+            raise RuntimeFailure(f"the hub names no commit for {self.repo}@{revision}")
+        if COMMIT.match(revision) and sha != revision:
+            raise IntegrityError(f"{self.repo}: asked for commit {revision}, the hub answers {sha}")
+        return sha
+
+    def tree(self, commit: str) -> dict[str, HubFile]:
+        """Every file of the repo at ``commit`` (the listing's pages, followed on the same host)."""
+        files: dict[str, HubFile] = {}
+        path = f"tree/{commit}?recursive=true"
+        resp = self._api(path)
+        for _page in range(10_000):
+            nxt = resp.links.get("next", {}).get("url")
+            entries = self._json(resp)
+            if not isinstance(entries, list):
+                raise RuntimeFailure(f"{self.repo}: the hub's tree listing is not a list")
+            for e in entries:
+                if not isinstance(e, dict) or e.get("type") != "file":
+                    continue
+                lfs = e.get("lfs") if isinstance(e.get("lfs"), dict) else {}
+                sha = lfs.get("oid") or lfs.get("sha256")
+                files[str(e.get("path"))] = HubFile(
+                    path=str(e.get("path")),
+                    size=int(lfs.get("size") or e.get("size") or 0),
+                    sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
+                )
+            if not nxt:
+                return files
+            target = urllib.parse.urlsplit(urllib.parse.urljoin(resp.url, nxt))
+            if target.netloc != urllib.parse.urlsplit(self.base).netloc:
+                raise IntegrityError(f"{self.repo}: the tree listing's next page is on another host")
+            resp = self._api_url(urllib.parse.urlunsplit(target))
+        raise RuntimeFailure(f"{self.repo}: the tree listing does not end")
+
+    def _api_url(self, url: str) -> requests.Response:
+        resp = open_url(url, self.origin, {"Accept": "application/json"}, self.policy, self.stats,
+                        session=self.session, credential=self.credential)
+        try:
+            if resp.status_code == 404:
+                raise ConfigurationError(
+                    f"the hub at {self.base} has no {self.repo} or no such revision ({url})",
+                    hint="check OWNER/REPO@REVISION (a gated repo without a token may also answer 404)",
+                )
+            check_status(resp, url, self.credential)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def download(
+        self,
+        commit: str,
+        entry: HubFile,
+        dest: Path,
+        chunk_size: int,
+        *,
+        on_bytes: Callable[[int], None] = lambda n: None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[str, Any]:
+        """Download ``entry`` into ``dest`` (resuming what is there), hashing as bytes land; returns
+        size, sha256, blake3 and chunk digests, held against the hub's metadata."""
+        url = resolve_url(self.base, self.repo, commit, entry.path)
+        sink = _Sink(dest, entry.size, chunk_size, on_bytes)
+        linked: list[dict[str, str]] = []
+        try:
+            retry_loop(
+                entry.path,
+                lambda: self._download_span(url, sink, linked),
+                lambda: sink.have,
+                self.policy,
+                self.stats,
+                sleep,
+                incomplete=lambda: f"{sink.have} of {entry.size} bytes",
+                done=lambda: sink.have >= entry.size,
+            )
+            digests = sink.finish()
+        finally:
+            sink.close()
+        try:
+            _hold(entry, digests, linked, url)
+        except IntegrityError:
+            dest.unlink(missing_ok=True)
+            raise
+        return digests
+
+    def _download_span(self, url: str, sink: _Sink, linked: list[dict[str, str]]) -> None:
+        headers = {"Accept-Encoding": "identity"}
+        if sink.have:
+            headers["Range"] = f"bytes={sink.have}-{sink.size - 1}"
+        hops: list[dict[str, str]] = []
+        resp = open_url(url, self.origin, headers, self.policy, self.stats, session=self.session,
+                        credential=self.credential, hops=hops)
+        linked.extend(hops)
+        try:
+            check_status(resp, url, self.credential)
+            if resp.status_code == 200:
+                sink.restart()
+                check_whole_length(resp, url, sink.size)
+            else:
+                check_content_range(resp, url, sink.have, sink.size, sink.size)
+            body = response_body(resp)
+            while sink.have < sink.size:
+                view = sink.next_view()
+                read_exact(body, view, self.stats)
+                sink.land(view)
+            if resp.status_code == 200:
+                check_no_more(body, url, sink.size)
+        finally:
+            finish_response(resp)
+
+
+def _hold(entry: HubFile, digests: dict[str, Any], linked: list[dict[str, str]], url: str) -> None:
+    """The bytes must be what the hub says this commit holds: size and sha256 (tree, linked headers)."""
+    if digests["size"] != entry.size:
+        raise IntegrityError(
+            f"{entry.path}: {digests['size']} bytes landed, the hub's tree says {entry.size}"
+        )
+    stated = {entry.sha256} if entry.sha256 else set()
+    for h in linked:
+        lower = {k.lower(): v for k, v in h.items()}
+        etag = lower.get("x-linked-etag", "").strip().removeprefix("W/").strip('"')
+        if re.fullmatch(r"[0-9a-f]{64}", etag):
+            stated.add(etag)
+        size = lower.get("x-linked-size", "").strip()
+        if size.isdigit() and int(size) != entry.size:
+            raise IntegrityError(f"{url}: X-Linked-Size {size}, the hub's tree says {entry.size}")
+    if not stated:
+        raise IntegrityError(
+            f"{entry.path}: the hub states no sha256 for it (not an LFS file); refusing to seal it unchecked"
+        )
+    if stated != {digests["sha256"]}:
+        raise IntegrityError(
+            f"{entry.path}: sha256 {digests['sha256']} landed, the hub states {', '.join(sorted(stated))}",
+            hint="the staged copy was removed; run the seal again",
+        )
+
+
+class _Sink:
+    """The staged file and its running digests; only whole chunks are written (a re-run resumes at the
+    last one, after hashing what is there)."""
+
+    def __init__(self, dest: Path, size: int, chunk_size: int, on_bytes: Callable[[int], None]) -> None:
+        self.dest, self.size, self.chunk_size, self.on_bytes = dest, size, chunk_size, on_bytes
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self.buffer = memoryview(bytearray(chunk_size))
+        self._reset()
+        have = min(os.fstat(self.fd).st_size, size)
+        if have != size:
+            have -= have % chunk_size  # a chunk cut short is asked for again
+        os.ftruncate(self.fd, have)
+        while self.have < have:  # what an earlier run left: hashed again, counted as done
+            view = self.next_view()
+            n = os.preadv(self.fd, [view], self.have)
+            if n != len(view):
+                raise RuntimeFailure(f"{dest}: short read at byte {self.have}")
+            self._feed(view)
+
+    def _reset(self) -> None:
+        self.have = 0
+        self.sha = hashlib.sha256()
+        self.whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        self.chunks: list[str] = []
+
+    def restart(self) -> None:
+        """A 200: the body starts at byte 0."""
+        if self.have:
+            os.ftruncate(self.fd, 0)
+            self._reset()
+
+    def next_view(self) -> memoryview:
+        return self.buffer[: min(self.chunk_size, self.size - self.have)]
+
+    def land(self, view: memoryview) -> None:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], self.have + done)
+        self._feed(view)
+        self.on_bytes(len(view))
+
+    def _feed(self, view: memoryview) -> None:
+        self.sha.update(view)
+        self.whole.update(view)
+        self.chunks.append(chunk_digest(view))
+        self.have += len(view)
+
+    def finish(self) -> dict[str, Any]:
+        os.fsync(self.fd)
+        return {"size": self.have, "sha256": self.sha.hexdigest(), "blake3": self.whole.hexdigest(),
+                "chunks": list(self.chunks)}
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def open_hub(
+    repo: str,
+    *,
+    origin: Origin,
+    env: Mapping[str, str],
+    policy: RetryPolicy,
+    session: requests.Session,
+) -> Hub:
+    eff = effective(origin, env)
+    assert eff.base_url is not None
+    return Hub(origin=eff, repo=repo, session=session, credential=credential(eff.base_url, repo, env),
+               policy=policy)
