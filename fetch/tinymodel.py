@@ -42,8 +42,13 @@ DEFAULTS: dict[str, Any] = {
     "vocab": "models/ggml-vocab-llama-spm.gguf",
     "name": "dgr-tiny-llama",
     "ftype": "f32",
+    "weight_scales": False,
 }
 FTYPES = {"f32": 0, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_Q8_0
+# With ``weight_scales``: per-layer tensors llama.cpp's generic pass loads as per-tensor scales
+# (NVFP4 checkpoints carry them).  The weight scales multiply the matmul's result, so they change the
+# logits; the input scale is loaded but unused by a dense f32 graph.  Powers of two keep it exact.
+SCALES = {"attn_q.scale": 0.5, "ffn_down.scale": 2.0, "attn_q.input_scale": 1.0}
 
 
 def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
@@ -104,7 +109,7 @@ def _dims(p: Mapping[str, Any]) -> _Dims:
 def _open_writer(gguf: Any, out_dir: Path, p: Mapping[str, Any], dims: _Dims, variant: str) -> Any:
     """The pinned gguf-py writer, splitting the tensors evenly over ``splits`` files as
     llama-gguf-split does (token_embd, 9 per layer, output_norm and output)."""
-    n_tensors = 1 + 9 * dims.n_layer + 2
+    n_tensors = 1 + (9 + (len(SCALES) if p["weight_scales"] else 0)) * dims.n_layer + 2
     splits = int(p["splits"])
     per_file = -(-n_tensors // splits)
     return gguf.GGUFWriter(
@@ -162,5 +167,8 @@ def _add_tensors(gguf: Any, writer: Any, p: Mapping[str, Any], dims: _Dims, n_vo
         add(f"blk.{i}.ffn_gate.weight", (n_ff, n_embd))
         add(f"blk.{i}.ffn_up.weight", (n_ff, n_embd))
         add(f"blk.{i}.ffn_down.weight", (n_embd, n_ff))
+        if p["weight_scales"]:
+            for suffix, value in SCALES.items():
+                writer.add_tensor(f"blk.{i}.{suffix}", np.full((1,), value, dtype=np.float32))
     add("output_norm.weight", (n_embd,), norm=True)
     add("output.weight", (n_vocab, n_embd))
