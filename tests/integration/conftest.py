@@ -57,6 +57,16 @@ def tiny_model(real_ctx: Context) -> TinyModel:
 
 
 @pytest.fixture(scope="session")
+def arch_generator(real_ctx: Context, cpu_build, tmp_path_factory) -> Path:
+    """The pinned tree's model-fixture generator (tests/integration/arch_fixtures.py), built once."""
+    from patches.stack import ensure_patched
+    from tests.integration import arch_fixtures
+
+    tree = ensure_patched(real_ctx).path
+    return arch_fixtures.build_generator(tree, cpu_build.dir, tmp_path_factory.mktemp("archs") / "gen")
+
+
+@pytest.fixture(scope="session")
 def stubs(real_ctx: Context) -> stubs_mod.Stubs:
     return stubs_mod.load(real_ctx.workspace)
 

@@ -101,3 +101,29 @@ def test_an_unasked_tensor_in_an_owned_layer_is_named_with_the_range(
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "ev").rglob("*.log"))
     text = f"{caught.value.one_line()} {caught.value.hint or ''} {logs}"
     assert "wrong number of tensors" in text and "loading layers [2, 4) of 4" in text, text[-2000:]
+
+
+# Token ids, not text: the tree's fixtures carry a 128-token vocabulary and no tokenizer.
+FIXTURE_PROMPTS = [[1, 5, 9, 17, 33, 2], [3, 4, 100, 7]]
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_tree_fixture_generators_llamas_split(kind, arch_generator, tree, worker_command, stubs,
+                                                  worker_env, tmp_path) -> None:
+    """The file the failure was found with: upstream's own llama fixture (2 layers, every optional
+    scale, rope_freqs shared by both layers).  Before the fix: "expected 64, got 50" on both stages."""
+    from tests.integration import arch_fixtures
+
+    model = arch_fixtures.generate(arch_generator, "llama", tmp_path / "m")[kind]
+    names = {t.name for t in import_gguf(tree).GGUFReader(model).tensors}
+    assert {"blk.1.attn_q.scale", "blk.1.attn_q.input_scale", "rope_freqs.weight"} <= names
+    command = dataclasses.replace(worker_command, model=model, ctx_size=256)
+    traces = []
+    for placement in ([(0, 2)], [(0, 1), (1, 2)]):
+        with launch(command, placement, stubs=stubs, evidence=tmp_path / f"ev{len(placement)}",
+                    env=worker_env) as p:
+            traces.append(drive.run_placement(p.clients, FIXTURE_PROMPTS, N_DECODE))
+    mono, staged = traces
+    for m, s in zip(mono.prompts, staged.prompts, strict=True):
+        assert np.array_equal(m.logits, s.logits), float(np.abs(m.logits - s.logits).max())
+        assert m.tokens == s.tokens

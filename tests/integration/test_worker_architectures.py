@@ -44,21 +44,40 @@ def _relabel_as_qwen2(files: list[Path], dest: Path, tree: Path) -> Path:
     return copies[0]
 
 
-@pytest.fixture(scope="module")
-def qwen2_command(real_ctx, worker_command, tiny_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["relabelled", "tree-fixture"])
+def qwen2_command(request, real_ctx, worker_command, tiny_model, tmp_path_factory):
+    """tiny-llama relabelled in place, and upstream's own qwen2 fixture (tests/integration/arch_fixtures.py:
+    2 layers, q/k/v biases, every optional scale)."""
+    if request.param == "tree-fixture":
+        from tests.integration import arch_fixtures
+
+        generator = request.getfixturevalue("arch_generator")
+        model = arch_fixtures.generate(generator, "qwen2", tmp_path_factory.mktemp("qwen2-fixture"))["dense"]
+        return dataclasses.replace(worker_command, model=model, ctx_size=256)
     tree = source.ensure_pristine(real_ctx).path
     first = _relabel_as_qwen2(list(tiny_model.files), tmp_path_factory.mktemp("qwen2") / "m", tree)
     return dataclasses.replace(worker_command, model=first)
 
 
+PROMPT = [1, 5, 9, 17, 33]  # token ids: the tree's fixture has a 128-token vocabulary and no tokenizer
+
+
+def _n_layer(command) -> int:
+    """The model's block count, from its GGUF header."""
+    from fetch.gguf_header import read_header
+
+    return int(read_header(command.model).arch_value("block_count"))
+
+
 def test_a_capture_is_refused_and_the_worker_stays_up(qwen2_command, stubs, worker_env, tmp_path) -> None:
-    with launch(qwen2_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
+    n_layer = _n_layer(qwen2_command)
+    with launch(qwen2_command, [(0, n_layer)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
                 call_deadline=60) as p:
         client = p.clients[0]
         assert client.info().architecture == "qwen2"
-        prompt = client.tokenize("The quick brown fox", add_special=True)
+        prompt = PROMPT
         with pytest.raises(StageFailed, match="FAILED_PRECONDITION") as caught:
-            client.forward("s", 1, list(range(len(prompt))), tokens=prompt, capture_layers=[3])
+            client.forward("s", 1, list(range(len(prompt))), tokens=prompt, capture_layers=[1])
         print(f"\n[architectures] capture on qwen2: {caught.value}")
         assert "architecture qwen2" in str(caught.value) and "llama, gemma3, deepseek4" in str(caught.value)
         assert client.health()[0] is True
@@ -67,9 +86,10 @@ def test_a_capture_is_refused_and_the_worker_stays_up(qwen2_command, stubs, work
 
 
 def test_a_layer_range_is_refused_at_start(qwen2_command, stubs, worker_env, tmp_path) -> None:
+    n_layer = _n_layer(qwen2_command)
     with pytest.raises(RuntimeFailure) as caught:
-        with launch(qwen2_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                    start_timeout=120):
+        with launch(qwen2_command, [(0, 1), (1, n_layer)], stubs=stubs, evidence=tmp_path / "ev",
+                    env=worker_env, start_timeout=120):
             pass
     text = f"{caught.value.one_line()} {caught.value.hint or ''}"
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "ev").rglob("*.log"))
