@@ -230,13 +230,14 @@ def open_url(
     base = urllib.parse.urlsplit(origin.base_url or url)
     current = urllib.parse.urlsplit(url)
     for _hop in range(policy.max_redirects + 1):
-        shown = urllib.parse.urlunsplit(current)
+        asked = urllib.parse.urlunsplit(current)
+        shown = _shown(current)
         hop = dict(headers)
         if credential is not None and credential.header and credential.applies(current):
             hop["Authorization"] = credential.header
         try:
             resp = session.get(
-                shown,
+                asked,
                 headers=hop,
                 stream=True,
                 allow_redirects=False,
@@ -250,7 +251,7 @@ def open_url(
                 ) from None
             raise Transient(f"{shown}: SSLError: {exc}") from None
         except (*_TRANSIENT_ERRORS, OSError) as exc:  # refused, unreachable, name lookup failed, reset
-            raise Transient(f"{shown}: {exc.__class__.__name__}: {exc}") from None
+            raise Transient(f"{shown}: {_why(exc)}") from None
         stats.requests += 1
         if resp.status_code not in _REDIRECTS:
             return resp
@@ -258,15 +259,30 @@ def open_url(
         if hops is not None:
             hops.append(dict(resp.headers))
         _discard(resp)
-        target = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
+        target = urllib.parse.urlsplit(urllib.parse.urljoin(asked, location))
         if not _host_allowed(target, base, origin):
             raise IntegrityError(
                 f"refused redirect from {shown} to "
-                f"{urllib.parse.urlunsplit(target)}: another scheme or a host the manifest does not allow",
+                f"{_shown(target)}: another scheme or a host the manifest does not allow",
                 hint="add the host to the origin's allowed_redirect_hosts if it is trusted",
             )
         current = target
     raise IntegrityError(f"refused {url}: more than {policy.max_redirects} redirects")
+
+
+def _shown(url: urllib.parse.SplitResult) -> str:
+    """A URL for messages and logs: no user-info, no query (a storage host's redirect carries a
+    signature there)."""
+    netloc = (url.hostname or "") + (f":{url.port}" if url.port else "")
+    return urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
+
+
+def _why(exc: BaseException) -> str:
+    """The failure under requests' wrapping ("Max retries exceeded" says nothing: we retry ourselves)."""
+    inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
+    reason = getattr(inner, "reason", None)
+    shown = reason if isinstance(reason, BaseException) else exc
+    return f"{shown.__class__.__name__}: {shown}"
 
 
 def _discard(resp: requests.Response) -> None:
