@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -354,3 +355,37 @@ def test_progress_counts_resumed_bytes_as_done(case: HubCase) -> None:
     fetch = [b for b in bars.bars if b["label"] == f"fetch {PATHS[0]}"]
     assert fetch == [{"label": f"fetch {PATHS[0]}", "total": len(first), "initial": 2 * CHUNK,
                       "done": len(first) - 2 * CHUNK}]
+
+
+def _cli(case: HubCase, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    from cli.main import main
+
+    monkeypatch.setitem(seal_hub.__kwdefaults__, "root", case.manifests)  # never the shipped manifests
+    for key in [k for k in os.environ if k.startswith(("HF_", "DGR_"))]:
+        monkeypatch.delenv(key)
+    for key, value in case.env.items():
+        if key.startswith(("HF_", "DGR_")) or key == "HOME":
+            monkeypatch.setenv(key, value)
+    return main(list(argv))
+
+
+def test_cli_seal_from_the_hub(case: HubCase, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    rc = _cli(case, monkeypatch, "seal", "--artifacts", "hubset", "--from", f"hub:{REPO}@main",
+              "--include", "Q4/*.gguf")
+    assert rc == 0
+    assert f"({REPO} at {case.hub.repos[REPO].commit})" in capsys.readouterr().out
+    assert case.manifest()["origins"][0]["revision"] == case.hub.repos[REPO].commit
+
+
+def test_cli_gated_repo_without_a_token_is_one_line_exit_2(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case.hub.repos[REPO].gated = True
+    del case.env["HF_TOKEN"]
+    before = (case.manifests / "hubset.json").read_text()
+    rc = _cli(case, monkeypatch, "seal", "--artifacts", "hubset", "--from", f"hub:{REPO}@main")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith("dgr: configuration error: ") and "set HF_TOKEN" in err[0]
+    assert (case.manifests / "hubset.json").read_text() == before
