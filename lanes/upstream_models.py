@@ -1,0 +1,57 @@
+"""The model files upstream's suites load: upstream's own random fixtures and the store's tiny-llama.
+
+``test-llama-archs -a ARCH -s 1 -o DIR`` (built from the pristine tree) writes ARCH-dense.gguf the
+way upstream's ctest does for test-recurrent-state-rollback; tiny-llama is provisioned (and verified)
+from the store like any recipe's artifact set.  Names: ``gen:ARCH`` and ``tiny``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from core.context import Context
+from core.errors import RuntimeFailure
+
+GENERATOR_SEED = "1"
+
+
+def generated(generator: Path, arch: str, out: Path) -> Path:
+    """``out/ARCH-dense.gguf``, written by upstream's generator when absent."""
+    path = out / f"{arch}-dense.gguf"
+    if path.is_file():
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([str(generator), "-a", arch, "-s", GENERATOR_SEED, "-o", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0 or not path.is_file():
+        raise RuntimeFailure(f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
+                             f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    return path
+
+
+def tiny_llama(ctx: Context) -> Path:
+    from fetch.provision import provision
+    from lanes.build import fetch_tools
+
+    return provision(ctx, "tiny-llama", tools=fetch_tools(ctx)).files[0]
+
+
+def models(
+    ctx: Context, generator: Path, out: Path, *, wanted: Collection[str], say: Callable[[str], None]
+) -> dict[str, Path]:
+    """The files named in ``wanted`` (``gen:ARCH``, ``tiny``); another name is left out (its suite
+    then reports NOT_RUN naming it)."""
+    archs = [n.removeprefix("gen:") for n in sorted(wanted) if n.startswith("gen:")]
+    found = {}
+    for arch in archs:
+        try:
+            found[f"gen:{arch}"] = generated(generator, arch, out)
+        except RuntimeFailure as exc:  # its suites say NOT_RUN ("no model gen:ARCH here") on both sides
+            say(str(exc))
+    if "tiny" in wanted:
+        found["tiny"] = tiny_llama(ctx)
+    if found:
+        say(f"models: {', '.join(f'{k}={v.name}' for k, v in found.items())}")
+    return found
