@@ -154,3 +154,20 @@ def test_netrc_credentials_are_not_sent(
         clean_proxy_env.setenv("http_proxy", f"http://{proxy.netloc}")
         assert _provision(ctx, tmp_path).read_bytes() == blob
         assert "Authorization" not in proxy.seen[0].headers
+
+
+def test_retry_after_is_capped_and_an_unreadable_one_falls_back_to_the_backoff(
+    tmp_path: Path, ctx: Context, clean_proxy_env: pytest.MonkeyPatch
+) -> None:
+    from fetch.download import open_session
+
+    with open_session(RetryPolicy(max_retry_after_s=2.0)) as session:
+        retry = session.get_adapter("http://127.0.0.1/").max_retries
+        assert retry.parse_retry_after("3600") == 2 and retry.parse_retry_after("soon") == 0.0
+    with FaultServer() as server:
+        name, blob = _set(tmp_path, server.base_url)
+        server.files[name] = blob
+        server.faults.status, server.faults.status_times = 503, 1
+        server.faults.status_headers = {"Retry-After": "soon"}
+        assert _provision(ctx, tmp_path).read_bytes() == blob
+        assert [s.status for s in server.log] == [503, 206]
