@@ -1,6 +1,7 @@
 """`dgr patch`: apply patches/series onto a copy of the pristine tree (thin; logic in patches.stack).
 
-`--dev DIR` and `--refresh DIR` are the patch-writer's loop (see patches/dev.py).
+`--dev DIR` and `--refresh DIR` are the patch-writer's loop (see patches/dev.py); `--rebase-onto
+COMMIT` replays the series onto a candidate llama.cpp commit (see patches/rebase.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import argparse
 from pathlib import Path
 
 from core.context import Context
+from core.errors import ConfigurationError, GateFailed
+
+_REBASE_ONLY = ("from_git", "tree", "out", "write_patches")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +24,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="regenerate patches/NNNN-*.patch and patches/series from the commits in DIR")
     mode.add_argument("--reverify", action="store_true",
                       help="recompute the patched tree's digest instead of trusting its record")
+    mode.add_argument("--rebase-onto", metavar="COMMIT",
+                      help="replay the series onto llama.cpp COMMIT (40 hex): which patches apply "
+                      "cleanly, need a 3-way merge or conflict; writes the refreshed series")
+    rebase = parser.add_argument_group("--rebase-onto options")
+    rebase.add_argument("--from-git", metavar="URL|DIR",
+                        help="git repository holding COMMIT (default: DGR_LLAMA_GIT_URL, else the pin's "
+                        "upstream)")
+    rebase.add_argument("--tree", metavar="DIR", type=Path,
+                        help="a directory holding COMMIT's files (e.g. an sdist's vendor/llama.cpp)")
+    rebase.add_argument("--out", metavar="DIR", type=Path,
+                        help="where the report and refreshed series go (default .work/rebase/<commit>)")
+    rebase.add_argument("--write-patches", action="store_true",
+                        help="also replace patches/ with the refreshed series (only when nothing conflicts)")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    if args.rebase_onto is not None:
+        return _rebase(args, ctx)
+    given = [f"--{n.replace('_', '-')}" for n in _REBASE_ONLY if getattr(args, n) not in (None, False)]
+    if given:
+        raise ConfigurationError(f"{', '.join(given)} only go with --rebase-onto COMMIT")
     if args.dev is not None:
         from patches.dev import make_dev_tree
 
@@ -43,4 +65,21 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     patched = ensure_patched(ctx, reverify=args.reverify)
     n = len(patched.provenance["patches"])
     print(f"patched tree {patched.digest} ({n} patch(es)) at {patched.path}")
+    return 0
+
+
+def _rebase(args: argparse.Namespace, ctx: Context) -> int:
+    from patches.rebase import CONFLICT, rebase_onto, table
+
+    result = rebase_onto(ctx, args.rebase_onto, from_git=args.from_git, tree=args.tree, out=args.out,
+                         write_patches=args.write_patches)
+    print(table(result))
+    print(f"report: {result.out / 'rebase.json'}")
+    if not result.ok:
+        bad = [o.name for o in result.outcomes if o.status == CONFLICT]
+        raise GateFailed(f"{len(bad)} of {len(result.outcomes)} patch(es) conflict on "
+                         f"{args.rebase_onto[:12]}: {', '.join(bad)}; no refreshed series written",
+                         hint=f"resolve them in {result.kept_tree} (candidate + the patches that applied)")
+    print(f"refreshed series: {result.out / 'patches'} ({len(result.outcomes)} patch(es))"
+          + ("; patches/ replaced" if args.write_patches else ""))
     return 0
