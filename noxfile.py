@@ -59,6 +59,14 @@ def patch(session: nox.Session) -> None:
     session.run("dgr", "patch", *_posargs(session))
 
 
+@nox.session(requires=["patch"])
+def upstream(session: nox.Session) -> None:
+    """The patch stack as mails `git am` applies onto the pin, checked to give the patched tree
+    (`.work/upstream/`; docs/upstream/)."""
+    _install(session)
+    session.run("dgr", "upstream", *_posargs(session))
+
+
 def _build_session(lane: str) -> None:
     @nox.session(name=f"build-{lane}", requires=["deps", "patch"])
     def build(session: nox.Session) -> None:
@@ -91,6 +99,14 @@ def certify(session: nox.Session) -> None:
     """Certify a recipe on a lane (default: the embedded tiny-llama recipe on the CPU lane)."""
     _install(session)
     session.run("dgr", "certify", *_posargs(session))
+
+
+@nox.session(requires=["deps", "build-cpu", "provision"])
+def reference(session: nox.Session) -> None:
+    """`nox -s reference -- --recipe R --lane L`: make and seal a recipe's monolithic reference
+    (`dgr certify --reference <set>.json` then certifies against it with no monolithic worker)."""
+    _install(session)
+    session.run("dgr", "reference", *_posargs(session))
 
 
 @nox.session(name="device-bundle")

@@ -105,10 +105,9 @@ def make_from(
     tensors = _tensors("free", ref.trace, cuts)
     if ref.forced is not None:
         tensors += _tensors("forced", ref.forced, cuts)
-    file = folder / f"{set_name}.gguf"
-    size = reference_file.write(file, header, _pinned_kv(header), tensors)
     t1 = time.perf_counter()
-    manifest = _seal(set_name, folder, file, header)
+    file, manifest = write_sealed(folder, set_name, header, tensors)
+    size = file.stat().st_size
     write_json(run.evidence / "run.json", {"run_id": run_id, "status": "REFERENCE", "recipe": recipe.name,
                                           "lane": lane, "reference": str(manifest),
                                           "seconds": round(seconds, 3)})
@@ -174,6 +173,15 @@ def _pinned_kv(header: Mapping[str, Any]) -> dict[str, str]:
     ident = header["identity"]
     return {"recipe_digest": header["recipe"]["digest"], "patch_digest": ident["patches"]["digest"],
             "lane": header["lane"], "build_key": ident["build"]["key"]}
+
+
+def write_sealed(
+    folder: Path, set_name: str, header: Mapping[str, Any], tensors: list[reference_file.Tensor]
+) -> tuple[Path, Path]:
+    """Write the reference file ``<set>.gguf`` and seal it (``<set>.json`` beside it)."""
+    file = folder / f"{set_name}.gguf"
+    reference_file.write(file, header, _pinned_kv(header), tensors)
+    return file, _seal(set_name, folder, file, header)
 
 
 def _seal(set_name: str, folder: Path, file: Path, header: Mapping[str, Any]) -> Path:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     per_k = made.size / made.positions * 1000
     print(f"reference: {made.file} ({made.size} bytes, {made.positions} positions, "
           f"{per_k / 2**20:.1f} MiB per 1k positions; monolithic run {made.seconds:.1f} s, "
-          f"seal {made.seal_seconds:.1f} s)")
+          f"write + seal {made.seal_seconds:.1f} s)")
     print(f"manifest: {made.manifest}")
     print(f"certify against it: dgr certify --recipe {recipe.name} --lane {args.lane} "
           f"--reference {made.manifest}")
