@@ -20,6 +20,7 @@ from core.errors import DgrError, Terminated
 COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("cli.fetch", "fetch llama.cpp at the pinned commit into the workspace (verified)"),
     "patch": ("cli.patch", "apply the numbered patch stack onto a copy of the pristine tree"),
+    "upstream": ("cli.upstream", "write the patch stack as a series `git am` applies onto the pin"),
     "build": ("cli.build", "configure and build a lane (libllama + the shard worker)"),
     "doctor": ("cli.doctor", "probe every lane's toolchain and print a table"),
     "seal": ("cli.seal", "compute an artifact set's digests and write them into its manifest"),

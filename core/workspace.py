@@ -100,6 +100,11 @@ class Workspace:
     def reports(self) -> Path:
         return self.root / "reports"
 
+    @property
+    def upstream(self) -> Path:
+        """`dgr upstream`'s series and upstream test results."""
+        return self.root / "upstream"
+
     def ensure(self, path: Path) -> Path:
         """Create ``path`` under the workspace or cache, refusing any symlink on the way."""
         base = self.root if _is_under(path, self.root) else self.cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from core.canonical import atomic_write_bytes, sha256_bytes
@@ -49,8 +50,19 @@ def slug_of(subject: str) -> str:
     return slug
 
 
-def make_dev_tree(ctx: Context, dest: Path, *, pin: Pin | None = None, patches_dir: Path = PATCHES) -> str:
-    """Create the dev work tree at ``dest``; returns the base commit id."""
+def dev_message(name: str, data: bytes) -> str:
+    """A dev-tree commit message: the patch's name, then its description (what refresh reads back)."""
+    about = describe(data)
+    return name + ("\n\n" + about if about else "") + "\n"
+
+
+def make_dev_tree(
+    ctx: Context, dest: Path, *, pin: Pin | None = None, patches_dir: Path = PATCHES,
+    message: Callable[[str, bytes], str] = dev_message, identity: Mapping[str, str] | None = None,
+) -> str:
+    """Create the dev work tree at ``dest``; returns the base commit id.  ``message`` gives each
+    patch's commit message and ``identity`` the GIT_AUTHOR_*/GIT_COMMITTER_* of its commits (the
+    upstream series uses both; the defaults are what ``refresh`` reads back)."""
     pristine = ensure_pristine(ctx, pin=pin)
     entries = read_series(patches_dir)
     contents = load_stack(entries, pristine.path)
@@ -70,10 +82,9 @@ def make_dev_tree(ctx: Context, dest: Path, *, pin: Pin | None = None, patches_d
                         stdin_data=data)
         except CommandFailed as exc:
             raise IntegrityError(f"patch {entry.name} does not apply in {dest}: {exc.message}") from None
-        about = describe(data)
-        message = entry.name + ("\n\n" + about if about else "") + "\n"
-        gittree.git(["commit", "-q", "--no-verify", "--allow-empty", "-F", "-"], env=env, cwd=dest,
-                    stdin_data=message.encode("utf-8"))
+        gittree.git(["commit", "-q", "--no-verify", "--allow-empty", "-F", "-"],
+                    env={**env, **(identity or {})}, cwd=dest,
+                    stdin_data=message(entry.name, data).encode("utf-8"))
     return base
 
 
