@@ -4,6 +4,7 @@ thresholds tightened past what the lane reaches (exit 5, signed FAIL); refused r
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -151,10 +152,16 @@ def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_repo
     assert paths["certificate"].parent.parent.parent == tight_reports
     check = run_dgr(ENV, "verify", str(paths["certificate"]))
     assert check.returncode == 0 and "verdict FAIL" in check.stdout, check.stdout + check.stderr
-    # The same recipe through DGR_RECIPES_DIR, by name.
+    # The same recipe through DGR_RECIPES_DIR, by name: it resolves to the recipe just certified (same
+    # digest in the worker identity it writes; a second whole certification would add nothing).
     env = dict(ENV, DGR_RECIPES_DIR=str(tmp_path))
-    by_name = run_dgr(env, "certify", "--recipe", "tiny-llama-tight")
-    assert by_name.returncode == 5, by_name.stderr
+    identity = tmp_path / "identity.json"
+    by_name = run_dgr(env, "certify", "--recipe", "tiny-llama-tight", "--write-identity", str(identity))
+    assert by_name.returncode == 0, by_name.stderr
+    envelope = json.loads(paths["certificate"].read_text())
+    predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    assert json.loads(identity.read_text())["recipe"] == {"name": "tiny-llama-tight",
+                                                          "digest": predicate["recipe"]["digest"]}
 
 
 @pytest.mark.parametrize(
