@@ -12,7 +12,7 @@ from pathlib import Path
 from core.context import Context
 from core.errors import ConfigurationError, GateFailed
 
-_REBASE_ONLY = ("from_git", "tree", "out", "write_patches")
+_REBASE_ONLY = ("from_git", "tree", "sdist", "out", "write_patches")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="git repository holding COMMIT (default: DGR_LLAMA_GIT_URL, else the pin's "
                         "upstream)")
     rebase.add_argument("--tree", metavar="DIR", type=Path,
-                        help="a directory holding COMMIT's files (e.g. an sdist's vendor/llama.cpp)")
+                        help="a directory holding COMMIT's files")
+    rebase.add_argument("--sdist", metavar="VERSION|FILE",
+                        help="the llama-cpp-python sdist (a file, or a version from the package index) "
+                        "whose vendored llama.cpp is COMMIT")
     rebase.add_argument("--out", metavar="DIR", type=Path,
                         help="where the report and refreshed series go (default .work/rebase/<commit>)")
     rebase.add_argument("--write-patches", action="store_true",
@@ -71,8 +74,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 def _rebase(args: argparse.Namespace, ctx: Context) -> int:
     from patches.rebase import CONFLICT, rebase_onto, table
 
-    result = rebase_onto(ctx, args.rebase_onto, from_git=args.from_git, tree=args.tree, out=args.out,
-                         write_patches=args.write_patches)
+    result = rebase_onto(ctx, args.rebase_onto, from_git=args.from_git, tree=args.tree, sdist=args.sdist,
+                         out=args.out, write_patches=args.write_patches)
     print(table(result))
     print(f"report: {result.out / 'rebase.json'}")
     if not result.ok:

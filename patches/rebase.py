@@ -37,10 +37,19 @@ from core.canonical import atomic_write_bytes, sha256_bytes, write_json
 from core.clock import utc_now
 from core.context import Context
 from core.errors import CommandFailed, CommandTimeout, ConfigurationError, IntegrityError, ToolchainMissing
+from core.hashing import digest_fd
 from core.locks import lock_file
 from core.workspace import PATCHES, refuse_links_below, sweep_leftovers
-from fetch import gittree
-from fetch.source import Pin, SourceUnavailable, ensure_pristine, git_url, load_pin, redact
+from fetch import archive, gittree
+from fetch.source import (
+    Pin,
+    SourceUnavailable,
+    ensure_pristine,
+    git_url,
+    load_pin,
+    pip_download,
+    redact,
+)
 from patches.dev import describe, make_dev_tree
 from patches.stack import PatchEntry, load_stack, read_series, touched_paths, write_series
 
@@ -107,17 +116,18 @@ def default_out(ctx: Context, commit: str) -> Path:
 
 def rebase_onto(
     ctx: Context, commit: str, *, from_git: str | None = None, tree: Path | None = None,
-    out: Path | None = None, pin: Pin | None = None, patches_dir: Path = PATCHES,
-    write_patches: bool = False,
+    sdist: str | None = None, out: Path | None = None, pin: Pin | None = None, patches_dir: Path = PATCHES,
+    write_patches: bool = False, download: Any = pip_download,
 ) -> Rebase:
     """Replay ``patches_dir``'s series onto ``commit``; the candidate's tree comes from ``tree`` (a
-    directory holding it), else from the git repository ``from_git`` (URL or local path), else from
-    ``DGR_LLAMA_GIT_URL`` or the pin's upstream."""
+    directory holding it), or ``sdist`` (a llama-cpp-python sdist file, or a version of it fetched
+    from the package index, whose vendored llama.cpp the user says is ``commit``), else from the git
+    repository ``from_git`` (URL or local path), else from ``DGR_LLAMA_GIT_URL`` or the pin's upstream."""
     if not COMMIT.match(commit):
         raise ConfigurationError(f"--rebase-onto {commit!r} is not a 40-hex commit id",
                                  hint="name the candidate llama.cpp commit in full")
-    if tree is not None and from_git is not None:
-        raise ConfigurationError("give the candidate's tree (--tree) or a git source (--from-git), not both")
+    if sum(x is not None for x in (tree, sdist, from_git)) > 1:
+        raise ConfigurationError("name one source of the candidate: --tree, --sdist or --from-git")
     if tree is not None and not tree.is_dir():
         raise ConfigurationError(f"--tree {tree} is not a directory")
     pin = pin or load_pin()
@@ -131,7 +141,11 @@ def rebase_onto(
         sweep_leftovers(out.parent, f".{out.name}.tmp-*")
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            result = _replay(ctx, commit, pin, patches_dir, work, out, from_git=from_git, tree=tree)
+            where = None
+            if sdist is not None:
+                tree, where = _sdist_tree(ctx, sdist, pin, work, download)
+            result = _replay(ctx, commit, pin, patches_dir, work, out, from_git=from_git, tree=tree,
+                             where=where)
             if out.exists():
                 shutil.rmtree(out)
             work.chmod(0o755)
@@ -145,14 +159,17 @@ def rebase_onto(
 
 
 def _replay(ctx: Context, commit: str, pin: Pin, patches_dir: Path, work: Path, out: Path, *,
-            from_git: str | None, tree: Path | None) -> Rebase:
+            from_git: str | None, tree: Path | None, where: str | None) -> Rebase:
     repo = work / "tree"
     env = gittree.git_env(ctx.env)
     base = make_dev_tree(ctx, repo, pin=pin, patches_dir=patches_dir)
     entries = read_series(patches_dir)
     originals = load_stack(entries, ensure_pristine(ctx, pin=pin).path)
     if tree is not None:
-        head, source = _import_tree(repo, tree, base, commit, env), str(Path(os.path.abspath(tree)))
+        head = _import_tree(repo, tree, base, commit, env)
+        source = where or str(Path(os.path.abspath(tree)))
+        if where is not None:
+            shutil.rmtree(tree)  # the extracted sdist: its objects are in the repository now
     else:
         head, source = _fetch(repo, commit, from_git, pin, ctx.env, env)
     candidate_tree = gittree.git(["rev-parse", f"{head}^{{tree}}"], env=env, cwd=repo)
@@ -187,6 +204,44 @@ def _import_tree(repo: Path, tree: Path, base: str, commit: str, env: Mapping[st
     finally:
         index.unlink(missing_ok=True)
     return gittree.git(["commit-tree", tree_id, "-p", base, "-m", f"candidate {commit}"], env=env, cwd=repo)
+
+
+def _sdist_tree(ctx: Context, sdist: str, pin: Pin, work: Path, download: Any) -> tuple[Path, str]:
+    """The vendored llama.cpp of a llama-cpp-python sdist (a file, or a version fetched with pip),
+    extracted under the pin's caps into ``work/candidate``; returns it and a description naming the
+    sdist's sha256 (nothing vouches for it yet: the report records it for the next pin)."""
+    sd = pin.sources.sdist
+    given = Path(sdist)
+    if given.is_file():
+        path = Path(os.path.abspath(given))
+    else:
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", sdist):
+            raise ConfigurationError(f"--sdist {sdist!r} is neither a file nor a version of {sd.package}")
+        got = work / "sdist"
+        got.mkdir()
+        want = replace(pin, sources=replace(pin.sources, sdist=replace(sd, version=sdist)))
+        try:
+            download(ctx, want, got)
+        except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
+            raise SourceUnavailable(f"sdist {sd.package}=={sdist}: download failed: {exc.message}",
+                                    hint="give the sdist file, or the commit's files with --tree DIR",
+                                    ) from None
+        found = sorted(p for p in got.iterdir() if p.name.endswith(".tar.gz") and p.is_file())
+        if len(found) != 1:
+            raise SourceUnavailable(f"sdist {sd.package}=={sdist}: download gave {[p.name for p in found]}")
+        path = found[0]
+    if not path.name.endswith(".tar.gz"):
+        raise ConfigurationError(f"--sdist {path} is not a .tar.gz sdist")
+    dest = work / "candidate"
+    dest.mkdir()
+    with open(path, "rb") as fh:
+        digest = digest_fd(fh.fileno(), sha256=True, blake3=False).sha256
+        fh.seek(0)
+        archive.extract_subtree(path, f"{path.name[:-len('.tar.gz')]}/{sd.subtree}", dest,
+                                archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
+                                where=f"sdist {path.name}", drop=(".git",), fileobj=fh)
+    shutil.rmtree(work / "sdist", ignore_errors=True)
+    return dest, f"sdist {path.name} sha256 {digest}"
 
 
 def _fetch(repo: Path, commit: str, from_git: str | None, pin: Pin, user_env: Mapping[str, str],

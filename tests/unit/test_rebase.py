@@ -5,8 +5,10 @@ candidate from a git source or a directory, and the exit codes (0 all applied, 5
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +180,42 @@ def test_the_candidate_from_a_directory_gives_the_same_answer(ctx: Context, stac
                                  ("0004", "clean")]
     assert result.candidate_tree == git("rev-parse", f"{stack.moved}^{{tree}}", cwd=stack.work)
     assert result.source == str(files)
+
+
+def _sdist(stack: Stack, tmp_path: Path, commit: str, version: str) -> Path:
+    """A llama-cpp-python-shaped sdist whose vendored tree is ``commit``'s files (and a .git pointer)."""
+    files = tmp_path / f"files-{version}"
+    files.mkdir()
+    git("--work-tree", str(files), "checkout", commit, "--", ".", cwd=stack.work)
+    (files / ".git").write_text("gitdir: ../../.git/modules/vendor/tiny\n")
+    out = tmp_path / f"tiny-{version}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(files, arcname=f"tiny-{version}/vendor/tiny")
+    return out
+
+
+def test_the_candidate_from_an_sdist_file_or_version(ctx: Context, stack: Stack, tmp_path: Path) -> None:
+    sdist = _sdist(stack, tmp_path, stack.moved, "1.1")
+    result = rebase.rebase_onto(ctx, stack.moved, sdist=str(sdist), out=tmp_path / "o1", pin=stack.pin,
+                                patches_dir=stack.patches)
+    assert _statuses(result) == [("0001", "clean"), ("0002", "3-way"), ("0003", "conflict"),
+                                 ("0004", "clean")]
+    assert result.candidate_tree == git("rev-parse", f"{stack.moved}^{{tree}}", cwd=stack.work)
+    assert result.source == f"sdist tiny-1.1.tar.gz sha256 {hashlib.sha256(sdist.read_bytes()).hexdigest()}"
+    assert sorted(p.name for p in (tmp_path / "o1").iterdir()) == ["rebase.json", "tree"]
+    asked: list[str] = []
+
+    def download(ctx_: Context, pin: Pin, into: Path) -> None:  # pip's stand-in: the package index
+        asked.append(f"{pin.sources.sdist.package}=={pin.sources.sdist.version}")
+        shutil.copy(_sdist(stack, tmp_path, stack.taken, pin.sources.sdist.version), into)
+
+    result = rebase.rebase_onto(ctx, stack.taken, sdist="1.2", out=tmp_path / "o2", pin=stack.pin,
+                                patches_dir=stack.patches, download=download)
+    assert asked == ["tiny==1.2"] and result.ok and result.source.startswith("sdist tiny-1.2.tar.gz sha256 ")
+    assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["patches", "rebase.json"]
+    with pytest.raises(ConfigurationError, match="neither a file nor a version"):
+        rebase.rebase_onto(ctx, stack.taken, sdist="../x", out=tmp_path / "o3", pin=stack.pin,
+                           patches_dir=stack.patches)
 
 
 def test_write_patches_replaces_the_series_only_when_asked_and_only_without_conflict(
