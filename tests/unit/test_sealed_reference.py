@@ -177,3 +177,19 @@ def test_the_file_keeps_float32_exactly(tmp_path: Path) -> None:
     assert path.read_bytes() == first  # same inputs, same bytes
     got = reference_file.read(path)
     assert np.array_equal(got.tensors["free.p0.logits"], a) and got.kv["dgr_reference.lane"] == "cpu"
+
+
+def test_a_lane_reference_forced_on_the_cpu_one_compares_without_running_either(tmp_path: Path) -> None:
+    from certify import reference
+
+    ctx, recipe, cpu = _made(tmp_path)
+    base = sealed.load(ctx, cpu.manifest, store=tmp_path / "store")
+    lane = make_from(ctx, recipe, "vulkan", fake_prepared(tmp_path), out=tmp_path / "lane", base=base)
+    result = reference.compare(ctx, recipe, cpu.manifest, lane.manifest, store=tmp_path / "store")
+    assert result.status.value == "PASS", result.reason
+    assert result.name == "backend-agreement/vulkan-vs-cpu"
+    assert result.details["figures"]["bitwise_logits"] and result.details["hardware_class"] == "vulkan-software"
+    # A lane reference not forced on this CPU reference cannot be scored against it.
+    alone = make_from(ctx, recipe, "vulkan", fake_prepared(tmp_path), out=tmp_path / "alone")
+    with pytest.raises(ConfigurationError, match="was not teacher-forced on"):
+        reference.compare(ctx, recipe, cpu.manifest, alone.manifest, store=tmp_path / "store")
