@@ -34,11 +34,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from core.canonical import canonical_bytes, parse_json
-from core.errors import IntegrityError
+from core.errors import ConfigurationError, IntegrityError
 from fetch import gguf_header
+from manifests.loader import validate
 
 ARCH = "dgr_reference"
 HEADER_KIND = "dgr.sealed-reference"
+SCHEMA = "reference"  # manifests/schemas/reference.schema.json
 FORMAT_VERSION = 1
 ALIGNMENT = 32
 _F32 = 0  # ggml type
@@ -136,6 +138,10 @@ def read(path: Path) -> Contents:
     header = parse_json(raw, source=f"{name} header")
     if not isinstance(header, dict) or header.get("kind") != HEADER_KIND:
         raise IntegrityError(f"{name}: the header is not a {HEADER_KIND}")
+    try:  # everything the checks and the traces index, typed and bounded before anything reads it
+        validate(header, SCHEMA, source=f"{name} header")
+    except ConfigurationError as exc:
+        raise IntegrityError(exc.message) from None
     infos = {t.name: t for t in h.tensors}
     tensors: dict[str, np.ndarray] = {}
     with open(path, "rb") as fh:

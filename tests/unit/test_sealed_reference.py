@@ -166,8 +166,16 @@ def test_the_file_keeps_float32_exactly(tmp_path: Path) -> None:
     import numpy as np
 
     a = (np.arange(12, dtype=np.float32).reshape(3, 4) / np.float32(7)).astype(np.float32)
-    header = {"kind": reference_file.HEADER_KIND, "n_layer": 2, "n_vocab": 4, "width": 4, "cuts": [1],
-              "free": {"prompts": [{"logit_positions": [0, 1, 2]}]}}
+    header = {"kind": reference_file.HEADER_KIND, "recipe": {"name": "r", "digest": "a" * 64},
+              "placement": "mono", "lane": "cpu", "n_layer": 2, "n_vocab": 4, "width": 4, "cuts": [1],
+              "run_id": "x", "made": "t",
+              "identity": {"source": {"commit": "c", "tree": "t"}, "patches": {"digest": "p"},
+                           "artifacts": {"set": "s", "variant": "v", "manifest_digest": "m"},
+                           "build": {"lane": "cpu", "key": "k"}},
+              "hardware": {}, "speed": None, "forced": None,
+              "route_change": {"placement": "mono", "switch_at": 1, "reprefill_tokens": 2,
+                               "cache_miss": "MISS", "reference": [1, 2], "switched": [1, 2]},
+              "free": {"prompts": [{"prompt": [1, 2], "tokens": [3, 4], "logit_positions": [0, 1, 2]}]}}
     path = tmp_path / "r.gguf"
     tensors = [reference_file.Tensor(name="free.p0.logits", array=a),
                reference_file.Tensor(name="free.p0.capture.1", array=-a)]
@@ -177,6 +185,11 @@ def test_the_file_keeps_float32_exactly(tmp_path: Path) -> None:
     assert path.read_bytes() == first  # same inputs, same bytes
     got = reference_file.read(path)
     assert np.array_equal(got.tensors["free.p0.logits"], a) and got.kv["dgr_reference.lane"] == "cpu"
+    # A header the schema refuses (a sealed file made by anything but `dgr reference`) is exit 3.
+    reference_file.write(path, {**header, "lane": "../cpu"}, {}, tensors)
+    with pytest.raises(IntegrityError, match="/lane") as err:
+        reference_file.read(path)
+    assert err.value.exit_code == 3
 
 
 def test_a_lane_reference_forced_on_the_cpu_one_compares_without_running_either(tmp_path: Path) -> None:
@@ -188,7 +201,8 @@ def test_a_lane_reference_forced_on_the_cpu_one_compares_without_running_either(
     result = reference.compare(ctx, recipe, cpu.manifest, lane.manifest, store=tmp_path / "store")
     assert result.status.value == "PASS", result.reason
     assert result.name == "backend-agreement/vulkan-vs-cpu"
-    assert result.details["figures"]["bitwise_logits"] and result.details["hardware_class"] == "vulkan-software"
+    assert result.details["figures"]["bitwise_logits"]
+    assert result.details["hardware_class"] == "vulkan-software"
     # A lane reference not forced on this CPU reference cannot be scored against it.
     alone = make_from(ctx, recipe, "vulkan", fake_prepared(tmp_path), out=tmp_path / "alone")
     with pytest.raises(ConfigurationError, match="was not teacher-forced on"):
