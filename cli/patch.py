@@ -82,7 +82,8 @@ def _rebase(args: argparse.Namespace, ctx: Context) -> int:
         bad = [o.name for o in result.outcomes if o.status == CONFLICT]
         raise GateFailed(f"{len(bad)} of {len(result.outcomes)} patch(es) conflict on "
                          f"{args.rebase_onto[:12]}: {', '.join(bad)}; no refreshed series written",
-                         hint=f"resolve them in {result.kept_tree} (candidate + the patches that applied)")
-    print(f"refreshed series: {result.out / 'patches'} ({len(result.outcomes)} patch(es))"
+                         hint=f"resolve them in {result.kept_tree}: see docs/upstream/rebase.md")
+    kept = sum(o.refreshed is not None for o in result.outcomes)
+    print(f"refreshed series: {result.out / 'patches'} ({kept} patch(es))"
           + ("; patches/ replaced" if args.write_patches else ""))
     return 0

@@ -17,9 +17,11 @@ it out and replays the series onto it patch by patch, each judged in this order:
 When nothing conflicts the refreshed series (each patch's own preamble, then `git diff` of its
 replayed commit with the same flags as ``dgr patch --refresh``, so the bytes match when nothing
 moved) is written into the output directory with its ``series``; ``rebase.json`` records every
-outcome either way.  With a conflict the repository is kept there (``tree/``, HEAD = candidate + the
-patches that applied) for the patch-writer to resolve.  The checkout's ``patches/`` is only written
-when asked (``write_patches=True``) and only when nothing conflicts.
+outcome either way.  The candidate is the root commit "pristine <commit>" of the branch the patches
+are replayed on, as `dgr patch --dev` makes it, so with a conflict the repository kept there
+(``tree/``) is a dev tree for the candidate: branch ``judged`` holds every patch that applied, and
+``rebased`` stops at the first conflict with its markers in place.  The checkout's ``patches/`` is
+only written when asked (``write_patches=True``) and only when nothing conflicts.
 """
 
 from __future__ import annotations
@@ -162,36 +164,61 @@ def _replay(ctx: Context, commit: str, pin: Pin, patches_dir: Path, work: Path, 
             from_git: str | None, tree: Path | None, where: str | None) -> Rebase:
     repo = work / "tree"
     env = gittree.git_env(ctx.env)
-    base = make_dev_tree(ctx, repo, pin=pin, patches_dir=patches_dir)
+    make_dev_tree(ctx, repo, pin=pin, patches_dir=patches_dir)
     entries = read_series(patches_dir)
     originals = load_stack(entries, ensure_pristine(ctx, pin=pin).path)
     if tree is not None:
-        head = _import_tree(repo, tree, base, commit, env)
+        candidate_tree = _import_tree(repo, tree, env)
         source = where or str(Path(os.path.abspath(tree)))
         if where is not None:
             shutil.rmtree(tree)  # the extracted sdist: its objects are in the repository now
     else:
-        head, source = _fetch(repo, commit, from_git, pin, ctx.env, env)
-    candidate_tree = gittree.git(["rev-parse", f"{head}^{{tree}}"], env=env, cwd=repo)
-    gittree.git(["checkout", "-q", "-B", "rebased", head], env=env, cwd=repo)
+        candidate_tree, source = _fetch(repo, commit, from_git, pin, ctx.env, env)
+    # The candidate as `dgr patch --dev` would have made it once the pin names it: one root commit
+    # "pristine <commit>" (the pin's commits stay in the object store for the 3-way merges), so the
+    # kept repository becomes a dev tree that `dgr patch --refresh` reads after the pin moves.
+    root = gittree.git(["commit-tree", candidate_tree, "-m", f"pristine {commit}"], env=env, cwd=repo)
+    gittree.git(["checkout", "-q", "-B", "rebased", root], env=env, cwd=repo)
     load_stack(entries, repo)  # the paths judged again on the candidate (a path now through a link)
-    outcomes = [_one(repo, entry, data, env) for entry, data in zip(entries, originals, strict=True)]
-    outcomes = _write_refreshed(repo, head, outcomes, dict(zip((e.name for e in entries), originals,
+    outcomes: list[Outcome] = []
+    stop: tuple[str, PatchEntry, bytes] | None = None  # HEAD before the first conflict, and its patch
+    for entry, data in zip(entries, originals, strict=True):
+        before = gittree.git(["rev-parse", "HEAD"], env=env, cwd=repo)
+        outcomes.append(_one(repo, entry, data, env))
+        if outcomes[-1].status == CONFLICT and stop is None:
+            stop = (before, entry, data)
+    outcomes = _write_refreshed(repo, root, outcomes, dict(zip((e.name for e in entries), originals,
                                                                strict=True)), work / "patches", env)
-    ok = all(o.status != CONFLICT for o in outcomes)
-    if ok:
+    if stop is None:
         shutil.rmtree(repo)
+    else:
+        _leave_at_conflict(repo, *stop, env)
     result = Rebase(pin=pin, candidate=commit, candidate_tree=candidate_tree, source=source,
-                    outcomes=tuple(outcomes), out=out, series_written=ok,
-                    kept_tree=None if ok else out / "tree")
+                    outcomes=tuple(outcomes), out=out, series_written=stop is None,
+                    kept_tree=None if stop is None else out / "tree")
     write_json(work / "rebase.json", dict(result.record(), created_at=utc_now()))
     return result
 
 
+def _leave_at_conflict(repo: Path, before: str, entry: PatchEntry, data: bytes,
+                       env: Mapping[str, str]) -> None:
+    """The kept repository for the patch-writer: branch ``judged`` holds every patch that applied;
+    ``rebased`` is reset to just before the first conflict, with that patch applied 3-way (conflict
+    markers in the files, the patch's message ready for a plain `git commit`).  After resolving:
+    `git commit`, `git cherry-pick HEAD..judged`, move the pin, `dgr patch --refresh`."""
+    gittree.git(["branch", "-f", "judged", "HEAD"], env=env, cwd=repo)
+    gittree.git(["reset", "-q", "--hard", before], env=env, cwd=repo)
+    try:
+        gittree.git([*_APPLY, "--3way", "--index", "-"], env=env, cwd=repo, stdin_data=data)
+    except CommandFailed:
+        pass  # the conflict, as judged: its markers are what the patch-writer resolves
+    (repo / ".git" / "MERGE_MSG").write_text(_message(entry, data), encoding="utf-8")
+
+
 # --- the candidate's tree ------------------------------------------------------------------------
-def _import_tree(repo: Path, tree: Path, base: str, commit: str, env: Mapping[str, str]) -> str:
-    """Commit the directory ``tree`` as it is on disk (force-add, like the pin's tree id) on top of the
-    pin's pristine commit, in the repository's own object store."""
+def _import_tree(repo: Path, tree: Path, env: Mapping[str, str]) -> str:
+    """The git tree id of the directory ``tree`` as it is on disk (force-add, like the pin's tree id),
+    its objects written into the repository's own store."""
     tree = Path(os.path.abspath(tree))
     if (tree / ".git").exists():
         raise ConfigurationError(f"--tree {tree} contains a .git entry",
@@ -200,10 +227,9 @@ def _import_tree(repo: Path, tree: Path, base: str, commit: str, env: Mapping[st
     genv = dict(env, GIT_DIR=str(repo / ".git"), GIT_WORK_TREE=str(tree), GIT_INDEX_FILE=str(index))
     try:
         gittree.git(["add", "-A", "-f", "."], env=genv, cwd=tree)
-        tree_id = gittree.git(["write-tree"], env=genv, cwd=tree)
+        return gittree.git(["write-tree"], env=genv, cwd=tree)
     finally:
         index.unlink(missing_ok=True)
-    return gittree.git(["commit-tree", tree_id, "-p", base, "-m", f"candidate {commit}"], env=env, cwd=repo)
 
 
 def _sdist_tree(ctx: Context, sdist: str, pin: Pin, work: Path, download: Any) -> tuple[Path, str]:
@@ -263,7 +289,7 @@ def _fetch(repo: Path, commit: str, from_git: str | None, pin: Pin, user_env: Ma
                                 "or the commit's files with --tree DIR") from None
     if got != commit:
         raise IntegrityError(f"{where}: asked for {commit}, got {got}")
-    return got, redact(url)
+    return gittree.git(["rev-parse", f"{commit}^{{tree}}"], env=env, cwd=repo), redact(url)
 
 
 # --- one patch -----------------------------------------------------------------------------------
@@ -299,10 +325,15 @@ def _three_way(repo: Path, entry: PatchEntry, data: bytes, files: tuple[str, ...
     return Outcome(name=entry.name, status=THREE_WAY, files=files)
 
 
-def _commit(repo: Path, entry: PatchEntry, data: bytes, env: Mapping[str, str]) -> None:
+def _message(entry: PatchEntry, data: bytes) -> str:
+    """What `dgr patch --dev` names a patch's commit (and `--refresh` reads back)."""
     about = describe(data)
-    message = entry.name + ("\n\n" + about if about else "") + "\n"
-    gittree.git(["commit", "-q", "--no-verify", "-F", "-"], env=env, cwd=repo, stdin_data=message.encode())
+    return entry.name + ("\n\n" + about if about else "") + "\n"
+
+
+def _commit(repo: Path, entry: PatchEntry, data: bytes, env: Mapping[str, str]) -> None:
+    gittree.git(["commit", "-q", "--no-verify", "-F", "-"], env=env, cwd=repo,
+                stdin_data=_message(entry, data).encode("utf-8"))
 
 
 def offsets(verbose: str) -> tuple[str, ...]:

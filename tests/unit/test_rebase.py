@@ -133,16 +133,44 @@ def test_upstream_moved_clean_with_offset_3way_and_a_named_conflict(ctx: Context
     assert by["0002"].conflicts == () and by["0002"].files == ("src/b.cpp",)
     assert all(o.refreshed is None for o in result.outcomes)  # no series, no new names
     assert not result.ok and not result.series_written and not (out / "patches").exists()
-    # The repository stays for the patch-writer: candidate + the three patches that applied.
+    # The repository stays for the patch-writer: a dev tree rooted at the candidate, `judged` with the
+    # three patches that applied, `rebased` stopped at 0003 with its conflict markers in place.
     kept = result.kept_tree
     assert kept == out / "tree"
-    log = git("log", "--format=%s", f"{stack.moved}..HEAD", cwd=kept).splitlines()
-    assert log == ["0004-change-d-cpp.patch", "0002-change-b-cpp.patch", "0001-change-a-cpp.patch"]
-    assert git("status", "--porcelain", cwd=kept) == ""
-    assert "int line_20 = 2000;" in (kept / "src" / "c.cpp").read_text()  # upstream's, no markers
+    root = git("rev-list", "--max-parents=0", "rebased", cwd=kept)
+    assert git("log", "-1", "--format=%s", root, cwd=kept) == f"pristine {stack.moved}"
+    assert git("rev-parse", f"{root}^{{tree}}", cwd=kept) == result.candidate_tree
+    judged = git("log", "--format=%s", f"{root}..judged", cwd=kept).splitlines()
+    assert judged == ["0004-change-d-cpp.patch", "0002-change-b-cpp.patch", "0001-change-a-cpp.patch"]
+    assert git("log", "--format=%s", f"{root}..HEAD", cwd=kept).splitlines() == judged[1:]
+    assert git("ls-files", "-u", cwd=kept).count("src/c.cpp") == 3
+    assert "<<<<<<<" in (kept / "src" / "c.cpp").read_text()
+    assert (kept / ".git" / "MERGE_MSG").read_text().startswith("0003-change-c-cpp.patch\n\n")
     record = json.loads((out / "rebase.json").read_text())
     assert record["patches"][2]["conflicts"] == ["src/c.cpp"] and record["series_written"] is False
     assert {p.name: p.read_bytes() for p in stack.patches.iterdir()} == patches_before
+
+
+def test_a_conflict_resolved_in_the_kept_tree_refreshes_once_the_pin_moves(ctx: Context, stack: Stack,
+                                                                           tmp_path: Path) -> None:
+    """The documented way on: resolve, `git commit`, cherry-pick the rest, move the pin, refresh."""
+    result = rebase.rebase_onto(ctx, stack.moved, from_git=str(stack.bare), out=tmp_path / "out",
+                                pin=stack.pin, patches_dir=stack.patches)
+    kept = result.kept_tree
+    assert kept is not None
+    _write(kept, "c.cpp", _edited(19, "int line_20 = 3300;  // patch 3 on upstream's 2000"))
+    git("add", "src/c.cpp", cwd=kept)
+    git("commit", "-q", "--no-edit", cwd=kept)  # the prepared message
+    git("cherry-pick", "HEAD..judged", cwd=kept)
+    new_pin = _pin(stack.bare, stack.moved, result.candidate_tree)
+    new_patches = tmp_path / "new-patches"
+    written = refresh(ctx, kept, pin=new_pin, patches_dir=new_patches)
+    assert [name for name, _ in written] == [e.name for e in read_series(stack.patches)]
+    c = (new_patches / "0003-change-c-cpp.patch").read_text()
+    assert c.startswith("# 0003-change-c-cpp.patch\n# Patch 3 rewrites line 20 of c.cpp.\n")
+    assert "-int line_20 = 2000;  // upstream rewrote 0003's line\n+int line_20 = 3300;" in c
+    patched = ensure_patched(ctx, pin=new_pin, patches_dir=new_patches)
+    assert "int line_20 = 3300;" in (patched.path / "src" / "c.cpp").read_text()
 
 
 def test_a_patch_upstream_took_is_dropped_and_the_refreshed_series_applies(ctx: Context, stack: Stack,
@@ -259,6 +287,7 @@ def test_cli_exit_codes(ctx: Context, stack: Stack, tmp_path: Path, monkeypatch,
     assert main(["patch", "--rebase-onto", stack.taken, "--from-git", str(stack.bare)]) == 0
     said = capsys.readouterr().out
     assert "0002-change-b-cpp.patch  upstream" in said and "-> 0002-change-c-cpp.patch" in said
+    assert "(3 patch(es))" in said
     assert (ctx.workspace.root / "rebase" / stack.taken[:12] / "patches" / "series").is_file()
     assert main(["patch", "--rebase-onto", stack.moved, "--from-git", str(stack.bare)]) == 5
     captured = capsys.readouterr()
