@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def test_upstream_moved_each_classification(real_ctx: Context, moved, tmp_path) 
     tree, paths = moved
     out = tmp_path / "out"
     done = run_dgr(user_env(), "patch", "--rebase-onto", MOVED, "--tree", str(tree), "--out", str(out))
-    print(f"\n{done.stdout}{done.stderr}")
+    print(f"\nedited: {paths}\n{done.stdout}{done.stderr}")
     assert done.returncode == 5, done.stderr[-2000:]
     assert "gate failed" in done.stderr and "0003-" in done.stderr
     record = json.loads((out / "rebase.json").read_text())
@@ -133,4 +134,7 @@ def test_upstream_moved_each_classification(real_ctx: Context, moved, tmp_path) 
     assert by["0002"]["status"] == "3-way" and by["0002"]["conflicts"] == []
     assert by["0003"]["status"] == "conflict" and paths["0003"] in by["0003"]["conflicts"]
     assert not (out / "patches").exists() and (out / "tree" / ".git").is_dir()
+    unmerged = subprocess.run(["git", "ls-files", "-u"], cwd=out / "tree", capture_output=True, text=True,
+                              check=True, env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"}).stdout
+    assert paths["0003"] in unmerged  # the kept tree stops at 0003 with its markers in place
     assert record["candidate"]["commit"] == MOVED and record["pin"]["commit"] == load_pin().commit
