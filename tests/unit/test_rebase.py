@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,12 @@ def _commit(work: Path, message: str) -> str:
     return git("rev-parse", "HEAD", cwd=work)
 
 
-@pytest.fixture
-def stack(ctx: Context, tmp_path: Path) -> Stack:
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Stack:
+    """The small upstream and its patch stack, made once for the module (the tests copy the patches)."""
+    tmp_path = tmp_path_factory.mktemp("stack")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "GIT_"))}
+    ctx = Context.from_env(dict(env, DGR_WORK=str(tmp_path / "work"), DGR_CACHE=str(tmp_path / "cache")))
     work = tmp_path / "upstream-work"
     (work / "src").mkdir(parents=True)
     for name in ("a.cpp", "b.cpp", "c.cpp", "d.cpp"):
@@ -93,6 +98,13 @@ def stack(ctx: Context, tmp_path: Path) -> Stack:
         "0001-change-a-cpp.patch", "0002-change-b-cpp.patch", "0003-change-c-cpp.patch",
         "0004-change-d-cpp.patch"]
     return Stack(pin=pin, bare=bare, patches=patches, moved=moved, taken=taken, work=work)
+
+
+@pytest.fixture
+def stack(built: Stack, tmp_path: Path) -> Stack:
+    patches = tmp_path / "patches"
+    shutil.copytree(built.patches, patches)
+    return replace(built, patches=patches)
 
 
 def _statuses(result: rebase.Rebase) -> list[tuple[str, str]]:
