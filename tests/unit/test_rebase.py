@@ -274,6 +274,13 @@ def test_write_patches_replaces_the_series_only_when_asked_and_only_without_conf
     assert (stack.patches / "series").read_bytes() == (tmp_path / "o3" / "patches" / "series").read_bytes()
 
 
+def test_the_default_git_source_is_dgr_llama_git_url(ctx: Context, stack: Stack, tmp_path: Path) -> None:
+    mirror = Context.from_env(dict(ctx.env, DGR_LLAMA_GIT_URL=stack.bare.as_uri()))
+    result = rebase.rebase_onto(mirror, stack.taken, out=tmp_path / "out", pin=stack.pin,
+                                patches_dir=stack.patches)
+    assert result.ok and result.source == stack.bare.as_uri()
+
+
 def test_refusals(ctx: Context, stack: Stack, tmp_path: Path) -> None:
     call = functools.partial(rebase.rebase_onto, ctx, pin=stack.pin, patches_dir=stack.patches,
                              out=tmp_path / "out")
