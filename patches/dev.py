@@ -23,8 +23,9 @@ from fetch import gittree
 from fetch.source import Pin, ensure_pristine
 from patches.stack import NAME, load_stack, read_series, write_series
 
-_DIFF = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--full-index",
-         "--binary", "--src-prefix=a/", "--dst-prefix=b/"]
+# The flags patches are written with: the same bytes for the same commit on every machine.
+DIFF = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--full-index",
+        "--binary", "--src-prefix=a/", "--dst-prefix=b/"]
 
 
 def describe(data: bytes) -> str:
@@ -118,7 +119,7 @@ def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None,
             name = f"{number:04d}-{slug_of(subject)}.patch"
             assert NAME.match(name), name
             out = Path(tmp) / name
-            gittree.git([*_DIFF, f"--output={out}", f"{commit}^", commit], env=env, cwd=dev)
+            gittree.git([*DIFF, f"--output={out}", f"{commit}^", commit], env=env, cwd=dev)
             diff = out.read_bytes()
             if not diff:
                 raise ConfigurationError(f"{dev}: commit {commit[:12]} ({subject}) changes nothing")

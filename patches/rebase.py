@@ -52,16 +52,12 @@ from fetch.source import (
     pip_download,
     redact,
 )
-from patches.dev import describe, make_dev_tree
+from patches.dev import DIFF, describe, make_dev_tree
 from patches.stack import PatchEntry, load_stack, read_series, touched_paths, write_series
 
 SCHEMA_VERSION = 1
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 CLEAN, THREE_WAY, UPSTREAM, CONFLICT = "clean", "3-way", "upstream", "conflict"
-# The flags `dgr patch --refresh` writes patches with (patches/dev.py): the same bytes when nothing
-# moved, which the rebase-onto-the-pin test holds byte for byte.
-DIFF = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--full-index",
-        "--binary", "--src-prefix=a/", "--dst-prefix=b/"]
 _APPLY = ["apply", "--whitespace=nowarn", "-p1"]
 _CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
