@@ -23,9 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from certify import gates, metrics
-from certify.sealed import BACKEND_AGREEMENT, Mode, Sealed
+from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
-from core.errors import ConfigurationError
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
 from pipeline import drive, physics
 from worker.launcher import WorkerCommand, launch
@@ -225,7 +224,7 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
     }
 
 
-def _gate_figures(
+def gate_figures(
     parity: Mapping[str, Any] | None,
     speed: Mapping[str, Any] | None,
     seam_model: Mapping[str, Any] | None = None,
@@ -265,7 +264,7 @@ def run(plan: Plan) -> Outcome:
     out = Outcome()
     cuts = sorted({c for p in recipe.placements.values() for c in p.cuts})
     if plan.sealed is not None:
-        return _run_sealed(plan, plan.sealed, out)
+        raise ValueError("a plan with a sealed reference is run by certify.measure_sealed")
     limits = hc.agreement_for(plan.lane)
     cpu_ref = _cpu_reference(plan, cuts, out) if limits is not None else None
     ref = _lane_reference(plan, cuts, out, cpu_ref=cpu_ref)
@@ -276,67 +275,15 @@ def run(plan: Plan) -> Outcome:
             "applies": False,
             "reason": f"lane {plan.lane} is the reference every other lane is held to",
         }
-    _staged_placements(plan, ref, out)
-    rc_placement, _ = _route_change_at(recipe)
+    staged_placements(plan, ref, out)
+    rc_placement, _ = route_change_at(recipe)
     if "route_change" not in out.figures:
-        out.results.append(_route_change_not_run(out.results, rc_placement))
+        out.results.append(route_change_not_run(out.results, rc_placement))
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
     return out
 
 
-def _run_sealed(plan: Plan, sealed: Sealed, out: Outcome) -> Outcome:
-    """Every staged placement against a sealed reference; the monolithic placement is not run."""
-    recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
-    mode = sealed.mode_for(plan.lane, plan.build_key, plan.fingerprint)
-    limits = hc.backend_agreement if mode.gate == BACKEND_AGREEMENT else None
-    if mode.gate == BACKEND_AGREEMENT and limits is None:
-        raise ConfigurationError(
-            f"recipe {recipe.name}: {mode.why}, but hardware class {hc.name} has no backend_agreement limits",
-            hint="certify against a reference made by this lane and build, or add the limits to the recipe")
-    same = mode.gate != BACKEND_AGREEMENT
-    ref = Reference(trace=sealed.trace, prompts=sealed.prompts,
-                    speed=sealed.speed if mode.speed_carried else None, route=sealed.route if same else None)
-    _reference_figures(plan, ref, out, lane=sealed.lane, sealed=sealed.record["sha256"])
-    out.figures["sealed_reference"] = {**dict(sealed.record), "gate": mode.gate, "why": mode.why,
-                                       "speed_carried": mode.speed_carried, "speed_reason": mode.speed_reason,
-                                       "monolithic_worker_started": False}
-    out.figures["placements"] = [{"name": mono.name, "stages": [list(s) for s in mono.stages], "n_stages": 1,
-                                  "cuts": [], "boundary_dtype": "f32", "lane": sealed.lane,
-                                  "role": "sealed reference", "speed": sealed.speed}]
-    out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS, reason=mode.why,
-                              details={"lane": sealed.lane, "sealed_sha256": sealed.record["sha256"],
-                                       "gate": mode.gate}))
-    if mode.speed_carried:
-        carried = gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono),
-                                 _gate_figures(None, sealed.speed))
-        carried_from = {**carried.details, "carried_from": "sealed reference"}
-        out.results.append(dataclasses.replace(carried, details=carried_from))
-    else:
-        out.results.append(Result(name=f"speed/{mono.name}", status=Status.SKIPPED,
-                                  reason=f"NOT_APPLICABLE: {mode.speed_reason}"))
-    if same and plan.lane != "cpu" and hc.agreement_for(plan.lane) is not None:
-        reason = ("the sealed reference is this lane's own; its agreement with a CPU reference is checked "
-                  "between references (`dgr reference --compare CPU_REF LANE_REF`)")
-    elif same:
-        reason = f"lane {plan.lane} is the reference every other lane is held to"
-    else:
-        reason = ""
-    if reason:
-        out.figures["backend_agreement"] = {"applies": False, "reason": reason}
-    else:
-        out.figures["backend_agreement"] = {"applies": True, "lane": plan.lane, "reference_lane": sealed.lane,
-                                            "placement": f"sealed {mono.name}", "teacher_forced": True,
-                                            "cuts": sorted({c for p in recipe.staged for c in p.cuts}),
-                                            "divergence_starts_at": None, "per_placement": True}
-    _staged_placements(plan, ref, out, mode=mode, agreement=limits)
-    rc_placement, _ = _route_change_at(recipe)
-    if "route_change" not in out.figures:
-        out.results.append(_route_change_not_run(out.results, rc_placement))
-    out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
-    return out
-
-
-def _route_change_at(recipe: Recipe) -> tuple[str, int]:
+def route_change_at(recipe: Recipe) -> tuple[str, int]:
     """Where the route change runs and after how many tokens (the recipe's, else the first staged
     placement halfway through the decode)."""
     rc = recipe.route_change
@@ -345,7 +292,7 @@ def _route_change_at(recipe: Recipe) -> tuple[str, int]:
     return recipe.staged[0].name, max(1, recipe.n_decode // 2)
 
 
-def _route_change_not_run(results: Sequence[Result], rc_placement: str) -> Result:
+def route_change_not_run(results: Sequence[Result], rc_placement: str) -> Result:
     """The route change's result when it did not run: SKIPPED with its placement's reason where that
     placement was SKIPPED (shaped seams this machine cannot make), otherwise FAIL (it should have run)."""
     name = f"route-change/{rc_placement}"
@@ -389,7 +336,7 @@ def lane_monolithic(
     ``prompts``: token ids to use (else the recipe's texts, tokenized by the worker).  Returns the
     reference and its placement record; ``dgr reference`` stores what this returns."""
     recipe, mono = plan.recipe, plan.recipe.monolithic
-    _, rc_after = _route_change_at(recipe)
+    _, rc_after = route_change_at(recipe)
     capture = cuts if plan.lane in CAPTURING_LANES else ()
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
         prompts = [list(p) for p in prompts] if prompts is not None else [
@@ -427,17 +374,17 @@ def _lane_reference(
     continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
     ref, record = lane_monolithic(plan, cuts, prompts=cpu_ref.prompts if cpu_ref else None,
                                   continuations=continuations)
-    _reference_figures(plan, ref, out)
+    reference_figures(plan, ref, out)
     out.figures.setdefault("placements", []).append(record)
     out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
                               duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
     out.results.append(
-        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), _gate_figures(None, ref.speed))
+        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), gate_figures(None, ref.speed))
     )
     return ref
 
 
-def _reference_figures(plan: Plan, ref: Reference, out: Outcome, **where: Any) -> None:
+def reference_figures(plan: Plan, ref: Reference, out: Outcome, **where: Any) -> None:
     recipe = plan.recipe
     out.figures.update(
         {
@@ -492,7 +439,7 @@ def _backend_agreement(
     """The lane's teacher-forced monolithic run scored against the CPU reference."""
     assert ref.forced is not None
     figures = agreement_figures(cpu_ref.trace, ref.forced, ref.trace, margin=limits.top1_margin_min)
-    result = gates.evaluate_agreement(plan.lane, limits, cuts, _gate_figures(figures, None),
+    result = gates.evaluate_agreement(plan.lane, limits, cuts, gate_figures(figures, None),
                                       duration_s=cpu_ref.seconds + ref.forced_seconds)
     out.figures["backend_agreement"] = {
         "applies": True,
@@ -507,7 +454,7 @@ def _backend_agreement(
     out.results.append(result)
 
 
-def _staged_placements(
+def staged_placements(
     plan: Plan, ref: Reference, out: Outcome, *, mode: Mode | None = None,
     agreement: BackendAgreement | None = None,
 ) -> None:
@@ -530,7 +477,7 @@ def _staged_placement(
     agreement: BackendAgreement | None = None,
 ) -> None:
     recipe, hc = plan.recipe, plan.hardware_class
-    rc_placement, rc_after = _route_change_at(recipe)
+    rc_placement, rc_after = route_change_at(recipe)
     t0 = time.perf_counter()
     dtype = recipe.dtype_of(p)
     with where.start(plan.worker, p, p.name) as pipe:
@@ -568,7 +515,7 @@ def _staged_placement(
                                     margin=agreement.top1_margin_min, cuts=p.cuts)
         record["agreement"] = figures
         out.results.append(gates.evaluate_agreement(
-            plan.lane, agreement, p.cuts, _gate_figures(figures, None), duration_s=time.perf_counter() - t0,
+            plan.lane, agreement, p.cuts, gate_figures(figures, None), duration_s=time.perf_counter() - t0,
             placement=p.name))
     else:
         parity = staging_parity_figures(ref.trace, trace)
@@ -578,7 +525,7 @@ def _staged_placement(
                 gates.STAGING_PARITY,
                 p.name,
                 gates.staging_parity_checks(hc.staging_parity_for(dtype), p),
-                _gate_figures(parity, None),
+                gate_figures(parity, None),
                 duration_s=time.perf_counter() - t0,
             )
         )
@@ -589,8 +536,8 @@ def _staged_placement(
             "speed",
             p.name,
             gates.speed_checks(hc.speed, p, ratio_not_applicable=not_applicable),
-            _gate_figures(None, speed, record.get("seam_model")),
-            _gate_figures(None, ref.speed) if ref.speed is not None else None,
+            gate_figures(None, speed, record.get("seam_model")),
+            gate_figures(None, ref.speed) if ref.speed is not None else None,
         )
     )
     if route is not None:

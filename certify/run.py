@@ -189,7 +189,12 @@ def _measure(
             attached.preflight()  # every listed worker checked before any measurement
             if plan.sealed is not None:
                 plan = dataclasses.replace(plan, build_key=attached_build_key(attached))
-        outcome = measure.run(plan)
+        if plan.sealed is not None:
+            from certify import measure_sealed
+
+            outcome = measure_sealed.run(plan)
+        else:
+            outcome = measure.run(plan)
         outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.
         device = lane_device(run.lane, outcome.figures.get("placements", []))
