@@ -1,11 +1,13 @@
 """A test build of one llama.cpp tree (pristine or patched) for upstream's own suites, CPU only.
 
-Unlike a lane build (worker/ on top, tests off), this configures the llama.cpp tree itself as the
-top-level project with ``LLAMA_BUILD_TESTS=ON`` and builds only the test executables asked for.
-Everything else is the CPU lane's: the pipeline switches, static libraries, GGML_NATIVE=OFF, the
-ccache launcher.  Both trees are seen through ``<build dir>/llama-src`` (lanes.build.source_link), so
-with CCACHE_BASEDIR at the workspace root the second tree's unchanged files (all of ggml/, common/ and
-most of src/) are cache hits of the first's.
+The lane builds configure worker/, which adds the patched tree as ``add_subdirectory(... llama)``
+with tests off (and refuses a tree without the stage API).  This configures a four-line project that
+adds the tree the same way with ``LLAMA_BUILD_TESTS=ON`` and builds only the test executables asked
+for; the rest is the CPU lane's: the pipeline switches, static libraries, GGML_NATIVE=OFF, the
+identity defines, the ccache launcher.  Both trees are seen through ``<build dir>/llama-src``
+(lanes.build.source_link) and objects land under ``llama/`` as in a lane build, so with CCACHE_BASEDIR
+at the workspace root every library object is the same compile as the CPU lane's: the patched side
+hits the lane build's cache, the pristine side misses only on the files the stack changes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from core.canonical import canonical_digest
 from core.context import Context
 from core.errors import CommandFailed, ToolchainMissing
+from core.locks import hold
 from lanes import base, cmake
 from lanes.build import source_link
 
@@ -43,12 +46,37 @@ class TestBuild:
         return self.dir / "bin" / target
 
 
+# What worker/CMakeLists.txt sets before its add_subdirectory of the tree (the C++ standard reaches
+# llama's compile lines), so both compile every library file alike.
+PROJECT = """\
+cmake_minimum_required(VERSION 3.19)
+project(dgr-upstream-tests C CXX)
+set(CMAKE_CXX_STANDARD 17)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(CMAKE_CXX_EXTENSIONS OFF)
+set(DGR_LLAMA_SOURCE_DIR "" CACHE PATH "the llama.cpp tree whose tests to build")
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_subdirectory(${DGR_LLAMA_SOURCE_DIR} llama)
+"""
+
+
 def test_args(options: base.BuildOptions, *, commit: str) -> list[str]:
+    """The CPU lane's keyed arguments (lanes.cpu + identity) with the tests switched on."""
     args = [cmake.define("CMAKE_BUILD_TYPE", options.build_type)]
     args += [cmake.define(k, v) for k, v in TEST_SWITCHES]
     args.append(cmake.define("GGML_NATIVE", "ON" if options.native else "OFF"))
-    args += [cmake.define("LLAMA_BUILD_COMMIT", commit[:8]), cmake.define("LLAMA_BUILD_NUMBER", "0")]
-    return args
+    return [*args, *cmake.identity_args(lane="cpu", commit=commit)]
+
+
+def project_dir(root: Path) -> Path:
+    """The wrapper project, written once under ``root``."""
+    where = root / "project"
+    where.mkdir(parents=True, exist_ok=True)
+    listing = where / "CMakeLists.txt"
+    if not listing.is_file() or listing.read_text() != PROJECT:
+        listing.write_text(PROJECT)
+    return where
 
 
 def build_key(*, tree_digest: str, args: Sequence[str], versions: Mapping[str, str]) -> str:
@@ -91,15 +119,22 @@ def ensure_test_build(
     key = build_key(tree_digest=tree_digest, args=args, versions=host.versions)
     where = root / f"build-{side}-{key[:16]}"
     ctx.workspace.ensure(where)
+    with hold(root / f"{where.name}.lock", what=f"the test build {where}", wait_s=0):
+        return _configure_and_build(ctx, host, side=side, tree=tree, key=key, where=where, args=args,
+                                    root=root, targets=targets, jobs=jobs, say=say)
+
+
+def _configure_and_build(
+    ctx: Context, host: cmake.HostTools, *, side: str, tree: Path, key: str, where: Path, args: list[str],
+    root: Path, targets: Sequence[str], jobs: int, say: Callable[[str], None],
+) -> TestBuild:
     env = environment(ctx, tree)
-    launcher = [a for a in cmake.location_args(host, llama_source=tree) if "LAUNCHER" in a]
-    located = [*args, *launcher]
-    source = source_link(where, tree)
+    located = [*args, *cmake.location_args(host, llama_source=source_link(where, tree))]
     configure_s = 0.0
     if not (where / "CMakeCache.txt").is_file():
         say(f"configuring the {side} test build in {where}")
         t0 = time.monotonic()
-        cmake.configure(host, source=source, build_dir=where, args=located, env=env)
+        cmake.configure(host, source=project_dir(root), build_dir=where, args=located, env=env)
         configure_s = round(time.monotonic() - t0, 3)
     say(f"building {len(targets)} test targets of the {side} tree ({jobs} jobs)")
     t1 = time.monotonic()

@@ -1,8 +1,9 @@
-"""The model files upstream's suites load: upstream's own random fixtures and the store's tiny-llama.
+"""The model files upstream's suites load: upstream's own random fixtures and the store's small models.
 
 ``test-llama-archs -a ARCH -s 1 -o DIR`` (built from the pristine tree) writes ARCH-dense.gguf the
-way upstream's ctest does for test-recurrent-state-rollback; tiny-llama is provisioned (and verified)
-from the store like any recipe's artifact set.  Names: ``gen:ARCH`` and ``tiny``.
+way upstream's ctest does for test-recurrent-state-rollback; tiny-llama and gemma-3-270m are
+provisioned (and verified) from the store like any recipe's artifact set.  Names: ``gen:ARCH``,
+``tiny``, ``gemma3``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ def generated(generator: Path, arch: str, out: Path) -> Path:
     return path
 
 
-def tiny_llama(ctx: Context) -> Path:
+# Names a suite may use for a provisioned artifact set (its default variant's first split file).
+STORE_SETS = {"tiny": "tiny-llama", "gemma3": "gemma3-270m-q4"}
+
+
+def provisioned(ctx: Context, set_name: str) -> Path:
     from fetch.provision import provision
     from lanes.build import fetch_tools
 
-    return provision(ctx, "tiny-llama", tools=fetch_tools(ctx)).files[0]
+    return provision(ctx, set_name, tools=fetch_tools(ctx)).files[0]
 
 
 def models(
@@ -50,8 +55,9 @@ def models(
             found[f"gen:{arch}"] = generated(generator, arch, out)
         except RuntimeFailure as exc:  # its suites say NOT_RUN ("no model gen:ARCH here") on both sides
             say(str(exc))
-    if "tiny" in wanted:
-        found["tiny"] = tiny_llama(ctx)
+    for name, set_name in STORE_SETS.items():
+        if name in wanted:
+            found[name] = provisioned(ctx, set_name)
     if found:
         say(f"models: {', '.join(f'{k}={v.name}' for k, v in found.items())}")
     return found

@@ -122,3 +122,15 @@ def test_every_suite_target_is_an_upstream_test_and_names_are_unique() -> None:
     archs = next(s for s in us.SUITES if s.archs_table)
     assert archs.args == ("-s", "1234")
     json.dumps(us.NOT_RUN)
+
+
+def test_changed_dirs_names_changed_and_added_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "pristine", tmp_path / "patched"
+    for root in (a, b):
+        for rel in ("ggml/g.c", "src/s.cpp", "include/llama.h"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("same\n")
+    (b / "src/s.cpp").write_text("changed\n")
+    (b / "tests").mkdir()
+    (b / "tests/test-new.cpp").write_text("new\n")
+    assert us.changed_dirs(a, b) == ["src", "tests"]
