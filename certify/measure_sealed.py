@@ -49,7 +49,10 @@ def run(plan: Plan) -> Outcome:
         carried = gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono),
                                  measure.gate_figures(None, sealed.speed))
         carried_from = {**carried.details, "carried_from": "sealed reference"}
-        out.results.append(dataclasses.replace(carried, details=carried_from))
+        reason = carried.reason and (
+            f"{carried.reason} (the sealed reference's monolithic speed, measured when it was made, run "
+            f"{sealed.header.get('run_id')}: make the reference again on an idle machine)")
+        out.results.append(dataclasses.replace(carried, details=carried_from, reason=reason))
     else:
         out.results.append(Result(name=f"speed/{mono.name}", status=Status.SKIPPED,
                                   reason=f"NOT_APPLICABLE: {mode.speed_reason}"))

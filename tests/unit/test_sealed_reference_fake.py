@@ -207,3 +207,14 @@ def test_a_lane_reference_forced_on_the_cpu_one_compares_without_running_either(
     alone = make_from(ctx, recipe, "vulkan", fake_prepared(tmp_path), out=tmp_path / "alone")
     with pytest.raises(ConfigurationError, match="was not teacher-forced on"):
         reference.compare(ctx, recipe, cpu.manifest, alone.manifest, store=tmp_path / "store")
+
+
+def test_a_carried_monolithic_speed_below_the_floor_says_where_it_was_measured(tmp_path: Path) -> None:
+    ctx, strict, made = _made(tmp_path, small_recipe_doc(decode_tok_s_min=1e9))
+    ref = sealed.load(ctx, made.manifest, store=tmp_path / "store")
+    sealed.check_recipe(ref, strict)
+    fp = hardware.fingerprint(ctx.env)
+    w = run_certification(ctx, strict, "cpu", fake_prepared(tmp_path), sealed=ref, fingerprint=fp,
+                          render=render)
+    mono = next(r for r in w.verdict.reasons if r.startswith("speed/mono:"))
+    assert "measured when it was made" in mono and ref.header["run_id"] in mono
