@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from core.canonical import canonical_digest
+from core.canonical import canonical_digest, read_json, write_json
+from core.clock import utc_now
 from core.context import Context
 from core.errors import CommandFailed, ToolchainMissing
 from core.locks import hold
@@ -30,6 +32,7 @@ TEST_SWITCHES: tuple[tuple[str, str], ...] = tuple(
     (k, "ON" if k == "LLAMA_BUILD_TESTS" else v) for k, v in cmake.PIPELINE_SWITCHES
 )
 DEFAULT_JOBS = 2
+RECORD = "upstream-build.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +44,8 @@ class TestBuild:
     configure_s: float
     build_s: float
     error: str = ""  # the build's failure (its binaries are then missing: NOT_BUILT in the table)
+    recorded: Mapping[str, Any] = field(default_factory=dict)  # the last call that compiled anything
+
 
     def binary(self, target: str) -> Path:
         return self.dir / "bin" / target
@@ -138,12 +143,18 @@ def _configure_and_build(
         configure_s = round(time.monotonic() - t0, 3)
     say(f"building {len(targets)} test targets of the {side} tree ({jobs} jobs)")
     t1 = time.monotonic()
-    error = ""
+    error, compiled = "", True
     try:
-        cmake.build(host, build_dir=where, targets=list(targets), jobs=jobs, env=env)
+        done = cmake.build(host, build_dir=where, targets=list(targets), jobs=jobs, env=env)
+        compiled = "no work to do" not in done.output
     except CommandFailed as exc:  # a test that does not compile on one tree is a row, not a crash
         lines = exc.tail.strip().splitlines()
         error = next((x for x in lines if "error" in x or x.startswith("FAILED:")), str(exc))[:300]
     build_s = round(time.monotonic() - t1, 3)
+    record = where / RECORD
+    if compiled:  # the seconds a real build took stay visible after later no-op calls
+        write_json(record, {"side": side, "key": key, "configure_s": configure_s, "build_s": build_s,
+                            "targets": list(targets), "jobs": jobs, "error": error, "created_at": utc_now()})
+    recorded = read_json(record) if record.is_file() else {}
     return TestBuild(side=side, dir=where, tree=tree, key=key, configure_s=configure_s, build_s=build_s,
-                     error=error)
+                     error=error, recorded=recorded)

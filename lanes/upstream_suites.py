@@ -23,12 +23,12 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from core.canonical import write_json
+from core.clock import utc_now
 from core.context import Context
 
 SCHEMA_VERSION = 1
@@ -325,10 +325,13 @@ def render_markdown(rows: Sequence[Row], meta: Mapping[str, Any]) -> str:
         lines.append(f"| {name} | not run | not run | - | {why} |")
     builds = meta.get("builds", {})
     if builds:
-        lines += ["", "| build | configure s | build s | dir | error |", "|---|---|---|---|---|"]
+        lines += ["", "| build | this run: configure / build s | last compile: configure / build s (UTC) "
+                  "| dir | error |", "|---|---|---|---|---|"]
         for side, b in builds.items():
             error = b.get("error") or "-"
-            lines.append(f"| {side} | {b['configure_s']} | {b['build_s']} | {b['dir']} | {error} |")
+            last = b.get("last_compile") or {}
+            when = f"{last['configure_s']} / {last['build_s']} ({last['created_at']})" if last else "-"
+            lines.append(f"| {side} | {b['configure_s']} / {b['build_s']} | {when} | {b['dir']} | {error} |")
     regressions = [r.suite.name for r in rows if r.regression]
     lines += ["", f"Tests failing only on the patched tree: {len(regressions)}"
               + (f" ({', '.join(regressions)})" if regressions else ""), ""]
@@ -428,9 +431,9 @@ def run_suites(
         "patched_tree": patched.digest,
         "changed_dirs": dirs,
         "ggml_unchanged": "ggml" not in dirs,
-        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_at": utc_now(),
         "builds": {s: {"dir": str(b.dir), "configure_s": b.configure_s, "build_s": b.build_s,
-                       "error": b.error} for s, b in builds.items()},
+                       "error": b.error, "last_compile": dict(b.recorded)} for s, b in builds.items()},
         "models": {k: str(v) for k, v in models.items()},
         "seconds": round(time.monotonic() - started, 1),
     }
