@@ -32,6 +32,9 @@ from core.clock import utc_now
 from core.context import Context
 
 SCHEMA_VERSION = 1
+# The architectures the patch stack stages (0002 llama, 0004 deepseek4, 0005 gemma3): their
+# test-llama-archs rows are named in the table's notes.
+STAGED_ARCHS = ("llama", "deepseek4", "gemma3")
 SIDES = ("pristine", "patched")
 ARCHS_SEED = "1234"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -96,7 +99,9 @@ _TOKENIZER_VOCABS = ("llama-spm", "llama-bpe", "gpt-2", "qwen2", "deepseek-llm",
 SUITES: tuple[Suite, ...] = (
     Suite(name="test-llama-archs -s 1234", target="test-llama-archs", args=("-s", ARCHS_SEED),
           timeout_s=2400.0, archs_table=True,
-          note="random tiny model of every architecture: logits NMSE vs CPU and a save/load roundtrip"),
+          note="random tiny model of every architecture: logits NMSE vs CPU and a save/load roundtrip "
+          "(with only the CPU the NMSE is CPU against itself: what a row shows is that the model loads, "
+          "builds its graph and decodes, and that the roundtrip is bitwise)"),
     Suite(name="test-gguf", target="test-gguf", timeout_s=900.0, note="ggml's GGUF reader/writer"),
     Suite(name="test-batch-alloc", target="test-batch-alloc", note="llama_batch_allocr (src/)"),
     Suite(name="test-c", target="test-c", note="include/llama.h compiled as C; building it is the test"),
@@ -290,6 +295,10 @@ def compare(
             diff = worse_rows(a.rows, b.rows)
             notes.append("rows identical pristine vs patched" if not diff and a.rows
                          else f"rows differing: {', '.join(diff[:10])}" if diff else "no rows")
+            staged = [r for r in b.rows if r.split("|")[0] in STAGED_ARCHS and r.split("|")[1] != "Meta"]
+            if staged:
+                notes.append("the stack's architectures (patched; config, NMSE, roundtrip): "
+                             + ", ".join(f"{r.split('|')[0]} {' '.join(r.split('|')[2:])}" for r in staged))
         rows.append(Row(suite=suite, pristine=a, patched=b, notes=tuple(notes)))
     return rows
 

@@ -54,7 +54,7 @@ def test_a_row_that_fails_or_vanishes_on_the_patched_tree_is_a_regression() -> N
     rows = us.compare([suite], {"archs": Outcome(status=Status.PASS, rows=a)},
                       {"archs": Outcome(status=Status.PASS, rows=failed)})
     assert rows[0].regression  # both exited 0, yet a row got worse
-    assert "llama|CPU|Dense" in rows[0].notes[-1]
+    assert "rows differing: llama|CPU|Dense" in rows[0].notes
 
 
 def test_regression_only_when_the_pristine_tree_passes() -> None:
@@ -134,3 +134,13 @@ def test_changed_dirs_names_changed_and_added_files(tmp_path: Path) -> None:
     (b / "tests").mkdir()
     (b / "tests/test-new.cpp").write_text("new\n")
     assert us.changed_dirs(a, b) == ["src", "tests"]
+
+
+def test_the_stacks_architectures_are_named_in_the_notes() -> None:
+    rows = _archs(ARCHS_OUT)
+    suite = Suite(name="archs", target="test-llama-archs", archs_table=True)
+    [row] = us.compare([suite], {"archs": Outcome(status=Status.PASS, rows=rows)},
+                       {"archs": Outcome(status=Status.PASS, rows=rows)})
+    assert row.notes[-2:] == ("rows identical pristine vs patched",
+                              "the stack's architectures (patched; config, NMSE, roundtrip): "
+                              "llama Dense OK (1.23e-07) OK")  # the Meta row and qwen3moe are left out
