@@ -23,7 +23,7 @@ from tests.integration.conftest import our_workers
 from tests.integration.dgr_cli import run_dgr, user_env
 from worker.launcher import WorkerCommand, launch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # gemma3: a sealed and a live run, ~10 min
 
 ENV = user_env()
 
