@@ -19,8 +19,15 @@ from core.context import Context
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
+# Not in the default test command: on CI's cold 2 cores the pristine build alone is 15-25 min, which
+# would put the run at 60-70 of its 90 minutes for a check of upstream's tests, not ours.  The patches'
+# own upstream-style tests (test_upstream_ctests.py) stay in it.  Opt in, or run `dgr upstream --suites`.
+OPT_IN = "DGR_TEST_UPSTREAM_SUITES"
+
 
 def test_llama_archs_and_gguf_pass_on_both_trees_row_for_row(real_ctx: Context, tmp_path: Path) -> None:
+    if real_ctx.env.get(OPT_IN) != "1":
+        pytest.skip(f"builds the pristine tree's tests (15-25 min cold): set {OPT_IN}=1 to run it")
     from lanes import upstream_suites as us
 
     chosen = [s for s in us.SUITES if s.target in ("test-llama-archs", "test-gguf")]
