@@ -82,6 +82,23 @@ def worker_env() -> dict[str, str]:
     return dict(os.environ)
 
 
+@pytest.fixture(scope="session")
+def live_certification():
+    """``get(*args)``: `dgr certify ARGS` through the CLI as a user runs it (the live monolithic run
+    included), made once per argument list per session.  The certify tests inspect it and the sealed-
+    reference tests compare against it, so each model is certified live once, not once per suite."""
+    from tests.integration.dgr_cli import Certified, certified, user_env
+
+    made: dict[tuple[str, ...], Certified] = {}
+
+    def get(*args: str) -> Certified:
+        if args not in made:
+            made[args] = certified(user_env(), *args)
+        return made[args]
+
+    return get
+
+
 proc_alive = running  # a live, non-zombie process with this pid (a /proc read)
 
 

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,30 @@ def certify_pass_and_verify(
     check = run_dgr(env, "verify", str(cert))
     assert check.returncode == 0 and "verdict PASS" in check.stdout, check.stdout + check.stderr
     return cert, json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Certified:
+    """One `dgr certify` run and what it wrote."""
+
+    done: subprocess.CompletedProcess[str]
+    wall_s: float
+    certificate: Path
+    report: Path
+    predicate: dict[str, Any]
+    record: dict[str, Any]  # the run's run.json
+
+
+def certified(env: Mapping[str, str], *args: str) -> Certified:
+    """`dgr certify ARGS` must end with a certificate (PASS or a signed FAIL); returns what it wrote."""
+    started = time.monotonic()
+    done = run_dgr(env, "certify", *args)
+    wall = time.monotonic() - started
+    assert done.returncode in (0, 5), done.stdout + done.stderr
+    paths = {k: Path(v.strip()) for k, _, v in (ln.partition(": ") for ln in done.stdout.splitlines())
+             if k in ("certificate", "report")}
+    cert = paths["certificate"]
+    predicate = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
+    record = json.loads((Path(predicate["evidence"]) / "run.json").read_text())
+    return Certified(done=done, wall_s=wall, certificate=cert, report=paths["report"], predicate=predicate,
+                     record=record)

@@ -70,10 +70,9 @@ def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
     return path
 
 
-def test_default_certify_passes_and_verifies() -> None:
-    started = time.monotonic()
-    done = run_dgr(ENV, "certify")
-    wall = time.monotonic() - started
+def test_default_certify_passes_and_verifies(live_certification) -> None:
+    live = live_certification()  # plain `dgr certify`: the embedded recipe on the CPU lane
+    done, wall = live.done, live.wall_s
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdict: PASS" in done.stdout
     paths = paths_from(done.stdout)

@@ -27,7 +27,7 @@ import pytest
 from lanes.build import fetch_tools
 from manifests.artifact_sets import ARTIFACTS
 from tests.integration.conftest import THREADS
-from tests.integration.dgr_cli import certify_pass_and_verify, user_env
+from tests.integration.dgr_cli import run_dgr, user_env
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -100,10 +100,14 @@ def test_stages_keep_only_their_own_caches_of_both_kinds(gemma_model, cpu_build,
 
 
 
-def test_certify_gemma_signed_pass(gemma_model, cpu_build) -> None:
-    started = time.monotonic()
-    cert, predicate = certify_pass_and_verify(ENV, SET)
-    print(f"\ndgr certify --recipe {SET}: {time.monotonic() - started:.0f} s")
+def test_certify_gemma_signed_pass(gemma_model, cpu_build, live_certification) -> None:
+    live = live_certification("--recipe", SET, "--lane", "cpu")
+    done = live.done
+    assert done.returncode == 0 and "verdict: PASS" in done.stdout, done.stdout + done.stderr
+    check = run_dgr(ENV, "verify", str(live.certificate))
+    assert check.returncode == 0 and "verdict PASS" in check.stdout, check.stdout + check.stderr
+    cert, predicate = live.certificate, live.predicate
+    print(f"\ndgr certify --recipe {SET}: {live.wall_s:.0f} s")
     staged = [p for p in predicate["figures"]["placements"] if p["role"] != "reference"]
     cuts = {c for p in staged for c in p["cuts"]}
     assert {5, 6} <= cuts, "cuts on both sides of global layer 5"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import our_workers
-from tests.integration.dgr_cli import run_dgr, user_env
+from tests.integration.dgr_cli import Certified, run_dgr, user_env
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # gemma3: a sealed and a live run, ~10 min
@@ -56,23 +56,26 @@ def _parity(pred: dict[str, Any]) -> dict[str, Any]:
     return {p["name"]: p["parity"] for p in pred["figures"]["placements"] if p["role"] == "under test"}
 
 
-def _same_figures_as_live(recipe: str, manifest: Path, store: Path) -> dict[str, Any]:
+def _same_figures_as_live(recipe: str, manifest: Path, store: Path, live_run: Certified) -> dict[str, Any]:
+    """Certify against the sealed reference and hold its figures to the session's live run of the same
+    recipe (conftest.live_certification: made once, shared with the certify tests)."""
     cert, pred, record = _certify(recipe, "--reference", str(manifest), "--store", str(store))
     assert pred["verdict"]["status"] == "PASS"
     assert record["monolithic_worker_started"] is False and record["workers_started"]
     check = run_dgr(ENV, "verify", str(cert), "--store", str(store))
     assert check.returncode == 0, check.stdout + check.stderr
-    _, live, live_record = _certify(recipe)
-    assert live_record["monolithic_worker_started"] is True
+    live, live_record = live_run.predicate, live_run.record
+    assert live["recipe"]["name"] == recipe and live_record["monolithic_worker_started"] is True
     assert _parity(pred) == _parity(live)  # the same figures, to the last bit
     assert pred["figures"]["reference_tokens"] == live["figures"]["reference_tokens"]
     assert pred["figures"]["route_change"]["switched"] == live["figures"]["route_change"]["switched"]
     return pred
 
 
-def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build) -> None:
+def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_certification) -> None:
     manifest = _make("tiny-llama", tmp_path / "ref")
-    pred = _same_figures_as_live("tiny-llama", manifest, tmp_path / "empty-store")
+    # plain `dgr certify` is tiny-llama on the CPU lane: the run test_certify_e2e checks too
+    pred = _same_figures_as_live("tiny-llama", manifest, tmp_path / "empty-store", live_certification())
     assert all(p["bitwise_logits"] for n, p in _parity(pred).items() if not n.endswith("-f16"))
     sha = json.loads(manifest.read_text())["variants"]["f32"]["files"][0]["sha256"]
     assert pred["identity"]["sealed_reference"]["sha256"] == sha
@@ -152,7 +155,10 @@ def test_attached_placement_file_against_a_sealed_reference(
     assert our_workers(cpu_build.worker) == []
 
 
-def test_gemma3_sealed_reference_gives_the_live_figures(tmp_path: Path, cpu_build) -> None:
+def test_gemma3_sealed_reference_gives_the_live_figures(
+    tmp_path: Path, cpu_build, live_certification
+) -> None:
     manifest = _make("gemma3-270m-q4", tmp_path / "ref")
-    pred = _same_figures_as_live("gemma3-270m-q4", manifest, tmp_path / "empty-store")
+    live = live_certification("--recipe", "gemma3-270m-q4", "--lane", "cpu")  # also test_certify_gemma's
+    pred = _same_figures_as_live("gemma3-270m-q4", manifest, tmp_path / "empty-store", live)
     assert pred["gates"]["staging_parity"]["status"] == "PASS"
