@@ -15,7 +15,6 @@ The mails are reproducible: commit hashes are zeroed (``--zero-commit``) and the
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -101,7 +100,7 @@ def write_upstream(
         stats = _stats(ctx, dev, base, entries)
         mails = _format_patch(ctx, dev, base, out, who)
         _write_cover(out / COVER, pristine, stats)
-        applied = am_tree_id(ctx, pristine, mails[1:], Path(tmp) / "am", who)
+        applied = am_tree_id(ctx, dev, base, mails[1:], who)
     if applied != patched.digest:
         raise IntegrityError(f"git am of the series gives tree {applied}, not the patched {patched.digest}",
                              hint="the mails lost something the patches carry (whitespace, modes, binary)")
@@ -162,20 +161,16 @@ def _write_cover(path: Path, pristine: Pristine, stats: Sequence[PatchStat]) -> 
                     encoding="utf-8")
 
 
-def am_tree_id(
-    ctx: Context, pristine: Pristine, mails: Sequence[Path], repo: Path, who: dict[str, str]
-) -> str:
-    """The git tree id after ``git am`` of ``mails`` onto a fresh repository of the pristine tree."""
-    shutil.copytree(pristine.path, repo, symlinks=True)
+def am_tree_id(ctx: Context, repo: Path, base: str, mails: Sequence[Path], who: dict[str, str]) -> str:
+    """The git tree id after ``git am`` of ``mails`` onto ``base`` of ``repo`` (a dev tree, whose base
+    make_dev_tree has already held to the pristine tree id), detached so the patch commits stay."""
     env = gittree.git_env(ctx.env, **who)
-    gittree.git(["init", "-q", str(repo)], env=env)
-    gittree.git(["add", "-A", "-f"], env=env, cwd=repo)
-    gittree.git(["commit", "-q", "--no-verify", "-m", f"pristine {pristine.commit}"], env=env, cwd=repo)
+    gittree.git(["checkout", "-q", "--detach", base], env=env, cwd=repo)
     try:
         gittree.git(["am", "--quiet", "--whitespace=nowarn", *map(str, mails)], env=env, cwd=repo)
     except CommandFailed as exc:
         why = [ln.strip() for ln in exc.tail.splitlines() if ln.startswith(("error:", "Patch failed"))]
-        raise IntegrityError(f"git am does not apply the series onto {pristine.commit[:12]}: "
+        raise IntegrityError(f"git am does not apply the series onto the pin ({base[:12]}): "
                              f"{'; '.join(why) or exc.tail.strip()[-300:]}") from None
     return gittree.git(["rev-parse", "HEAD^{tree}"], env=env, cwd=repo)
 

@@ -18,6 +18,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from lanes import upstream_models
+
 SOURCE = "tests/test-llama-archs.cpp"
 # Link order: each archive before the ones it uses.
 ARCHIVES = ("libllama-common.a", "libllama-common-base.a", "libllama.a", "libggml.a", "libggml-cpu.a",
@@ -49,13 +51,9 @@ def build_generator(tree: Path, build_dir: Path, out: Path) -> Path:
     return out
 
 
-def generate(generator: Path, arch: str, out_dir: Path, *, seed: int = 1) -> dict[str, Path]:
-    """The generator's models of ``arch`` ({"dense": path, "moe": path} as it wrote them)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([str(generator), "-a", arch, "-s", str(seed), "-o", str(out_dir)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, f"{generator.name} -a {arch}: {done.stderr[-2000:]}"
-    models = {kind: out_dir / f"{arch}-{kind}.gguf" for kind in ("dense", "moe")}
-    models = {kind: path for kind, path in models.items() if path.is_file()}
-    assert models, f"{generator.name} wrote no {arch} model: {done.stderr[-2000:]}"
-    return models
+def generate(generator: Path, arch: str, out_dir: Path) -> dict[str, Path]:
+    """The generator's models of ``arch`` ({"dense": path, "moe": path} as it wrote them), through
+    lanes.upstream_models (the upstream suites' own call, same seed)."""
+    dense = upstream_models.generated(generator, arch, out_dir)
+    moe = out_dir / f"{arch}-moe.gguf"
+    return {"dense": dense, **({"moe": moe} if moe.is_file() else {})}

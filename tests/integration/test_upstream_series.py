@@ -77,9 +77,11 @@ def test_a_mail_that_lost_a_line_is_refused(series, real_ctx, tmp_path) -> None:
     lines = mail.read_text().splitlines(keepends=True)
     added = next(i for i, ln in enumerate(lines) if ln.startswith("+") and not ln.startswith("+++"))
     mail.write_text("".join(lines[:added] + lines[added + 1:]))
+    from patches.dev import make_dev_tree
+
     who = upstream.identity(upstream.DEFAULT_AUTHOR, upstream.DEFAULT_DATE)
+    base = make_dev_tree(real_ctx, tmp_path / "dev")
     with pytest.raises(IntegrityError, match="git am does not apply") as caught:
-        upstream.am_tree_id(real_ctx, ensure_pristine(real_ctx), sorted(broken.glob("000[1-9]-*.patch")),
-                            tmp_path / "am", who)
+        upstream.am_tree_id(real_ctx, tmp_path / "dev", base, sorted(broken.glob("000[1-9]-*.patch")), who)
     print(f"\n[upstream] broken mail: {caught.value.one_line()}")
     assert caught.value.exit_code == 3 and "0003" in str(caught.value)
