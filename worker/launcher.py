@@ -57,6 +57,21 @@ def _kill_leftovers() -> None:
 
 atexit.register(_kill_leftovers)
 
+# (pid, read end, write end): a pipe whose write end only this process holds (os.pipe's ends are not
+# inherited, and Popen closes every other descriptor).  Each worker gets the read end as stdin and
+# --stop-on-stdin-eof: when this process dies, even by SIGKILL where no atexit hook runs, the kernel
+# closes the write end and every worker sees the end of its stdin and stops.
+_LAUNCHER_PIPE: tuple[int, int, int] | None = None
+
+
+def launcher_pipe() -> int:
+    """The read end of this process's launcher pipe (a forked child makes its own)."""
+    global _LAUNCHER_PIPE
+    if _LAUNCHER_PIPE is None or _LAUNCHER_PIPE[0] != os.getpid():
+        read_end, write_end = os.pipe()
+        _LAUNCHER_PIPE = (os.getpid(), read_end, write_end)
+    return _LAUNCHER_PIPE[1]
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerCommand:
@@ -231,6 +246,7 @@ def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Pa
         prefix = list(placed.prefix)
         prefix[0] = proc.resolve(prefix[0], env)
         argv = prefix + argv
+    argv.append("--stop-on-stdin-eof")  # with the launcher pipe as stdin: our death is the worker's stop
     stem = f"stage-{index}-layers-{layers[0]}-{layers[1]}"
     out_path, err_path = evidence / f"{stem}.stdout", evidence / f"{stem}.stderr"
     log.info("$ %s", shlex.join(argv))
@@ -238,7 +254,7 @@ def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Pa
     # A session of its own keeps a terminal's Ctrl-C away from workers: we stop them ourselves.
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         offset = out.tell()
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        process = subprocess.Popen(argv, stdin=launcher_pipe(), stdout=out, stderr=err,
                                    env=dict(env), start_new_session=True)
     _LIVE.add(process)
     return Stage(index=index, layers=layers, argv=argv, process=process, stdout_path=out_path,

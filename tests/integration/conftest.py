@@ -102,6 +102,22 @@ def live_certification():
 proc_alive = running  # a live, non-zombie process with this pid (a /proc read)
 
 
+def live_workers(marker: str) -> list[int]:
+    """Live shard workers whose command line mentions ``marker`` (a run's evidence folder): the workers
+    of one certification, wherever they were re-parented, and none of another session's."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if marker in cmd and "--layers" in cmd and proc_alive(int(d.name)):
+            pids.append(int(d.name))
+    return pids
+
+
 def our_workers(binary: Path) -> list[int]:
     """Pids of live children of this test process running ``binary`` (a /proc scan, so it also finds
     workers the launcher lost track of; other sessions' workers of the same binary are not ours)."""

@@ -18,6 +18,7 @@ import pytest
 
 from core.workspace import PROJECT_ROOT, Workspace
 from manifests.recipe_model import RECIPES
+from tests.integration.conftest import live_workers
 from tests.integration.dgr_cli import run_dgr, user_env
 
 pytestmark = pytest.mark.slow
@@ -35,22 +36,6 @@ def paths_from(stdout: str) -> dict[str, Path]:
         if key in ("certificate", "report"):
             found[key] = Path(value.strip())
     return found
-
-
-def live_workers(marker: str) -> list[int]:
-    """Processes whose command line mentions ``marker`` (the run's evidence folder)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmd and "--layers" in cmd and state != "Z":
-            pids.append(int(d.name))
-    return pids
 
 
 def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
@@ -86,7 +71,8 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
 
 
-def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
+def _start_certify() -> tuple[subprocess.Popen[str], set[str]]:
+    """``dgr certify`` (the default recipe) as a user starts it, and the runs that existed before it."""
     WS.runs.mkdir(parents=True, exist_ok=True)
     before = set(os.listdir(WS.runs))
     proc = subprocess.Popen(
@@ -97,31 +83,41 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    killed = None
-    run_dir = None
+    return proc, before
+
+
+def _stage_listening(proc: subprocess.Popen[str], before: set[str]) -> tuple[Path, int] | None:
+    """Wait until stage 1 (layers 6:12) of two-middle serves: the run's folder and that worker's pid."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        new = set(os.listdir(WS.runs)) - before
+        if new:
+            run_dir = WS.runs / sorted(new)[0]
+            out = run_dir / "two-middle" / "stage-1-layers-6-12.stdout"
+            if out.is_file() and "DGR-WORKER-LISTENING" in out.read_text(errors="replace"):
+                pids = [
+                    p
+                    for p in live_workers(str(run_dir))
+                    if "6:12" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                ]
+                if pids:
+                    return run_dir, pids[0]
+        time.sleep(0.01)
+    return None
+
+
+def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
+    proc, before = _start_certify()
     try:
-        deadline = time.monotonic() + 600
-        while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            new = set(os.listdir(WS.runs)) - before
-            if new:
-                run_dir = WS.runs / sorted(new)[0]
-                out = run_dir / "two-middle" / "stage-1-layers-6-12.stdout"
-                if out.is_file() and "DGR-WORKER-LISTENING" in out.read_text(errors="replace"):
-                    pids = [
-                        p
-                        for p in live_workers(str(run_dir))
-                        if "6:12" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                    ]
-                    if pids:
-                        os.kill(pids[0], signal.SIGKILL)
-                        killed = pids[0]
-            time.sleep(0.01)
+        found = _stage_listening(proc, before)
+        assert found is not None, "never saw stage 1 of two-middle running"
+        run_dir, stage = found
+        os.kill(stage, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert killed is not None and run_dir is not None, "never saw stage 1 of two-middle running"
     assert proc.returncode == 6, stdout + stderr
     line = stderr.strip().splitlines()[-1]
     assert "stage 1 (layers 6:12) failed" in line and "nothing was signed" in line, stderr
@@ -131,6 +127,32 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
     assert (run_dir / "two-middle" / "stage-1-layers-6-12.stderr").is_file()
     assert (run_dir / "two-middle" / "stages.json").is_file()
     assert live_workers(str(run_dir)) == []
+
+
+def test_a_sigkilled_certifier_leaves_no_worker_running() -> None:
+    # SIGKILL runs no cleanup in the certifier; its workers see their stdin (the launcher pipe) end.
+    # Before, they served on, orphaned, and a later test's scan for leftover workers failed on them.
+    proc, before = _start_certify()
+    try:
+        found = _stage_listening(proc, before)
+        assert found is not None, "never saw stage 1 of two-middle running"
+        run_dir, _ = found
+        assert len(live_workers(str(run_dir))) == 2
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 60  # generous for a loaded box: they stop at once when idle
+        while live_workers(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = live_workers(str(run_dir))
+        stderr = (run_dir / "two-middle" / "stage-1-layers-6-12.stderr").read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in live_workers(str(run_dir)) if found else []:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"workers {left} outlived their SIGKILLed certifier"
+    assert "stdin ended (the launcher is gone); stopping" in stderr
 
 
 @pytest.fixture

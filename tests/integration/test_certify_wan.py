@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from core.workspace import Workspace
 from manifests import recipe_model as recipes
+from tests.integration.conftest import live_workers, proc_alive
 from tests.integration.dgr_cli import certify_pass_and_verify, user_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -40,17 +42,17 @@ def _links() -> set[str]:
     return {line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line}
 
 
-def _workers() -> list[int]:
-    """Pids of running shard workers or shapers (a /proc scan)."""
-    found = []
+def _shapers() -> set[int]:
+    """Pids of running seam shapers (a /proc scan)."""
+    found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"dgr-shard-worker" in cmdline or b"pipeline.shaper" in cmdline:
-                found.append(int(entry))
+            if b"pipeline.shaper" in cmdline and proc_alive(int(entry)):
+                found.add(int(entry))
     return found
 
 
@@ -60,7 +62,7 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
     support = seams.probe(ENV)
     if not support.available:
         pytest.skip(f"seam fabrics cannot be made here: {support.reason}")
-    before_ns, before_links = _netns(), _links()
+    before_ns, before_links, before_shapers = _netns(), _links(), _shapers()
     cert, pred = certify_pass_and_verify(ENV, RECIPE)
     recipe = recipes.load(RECIPE, {})
     factor = recipe.hardware_class("cpu", 2).speed.seam_bound_factor_max
@@ -93,6 +95,10 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
     assert "Seams against the physical bound" in text and "Scaling with the stage count" in text
     assert "20 ms one way (RTT 40 ms), 1 Gbit/s" in text
 
-    assert _workers() == [], "a worker or shaper was left running"
+    # This run's workers (their command lines name its evidence folder) and the shapers it started:
+    # another session's on the same machine are not this run's leftovers.
+    run_dir = Workspace.from_env(ENV).runs / cert.parent.name
+    assert live_workers(str(run_dir)) == [], "a worker was left running"
+    assert _shapers() - before_shapers == set(), "a shaper was left running"
     assert _netns() - before_ns == set(), "a namespace was left behind"
     assert {x for x in _links() - before_links if x.startswith("dgr")} == set(), "a link was left behind"

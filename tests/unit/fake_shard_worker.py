@@ -221,6 +221,13 @@ def _tensor(x: np.ndarray, dtype: int) -> pb.Tensor:
     return pb.Tensor(dtype=dtype, shape=list(x.shape), data=np.ascontiguousarray(x, dtype=np_dtype).tobytes())
 
 
+def _stop_at_stdin_eof(stop: threading.Event) -> None:
+    """Read fd 0 raw (a daemon thread inside a buffered stdin read aborts the interpreter's exit)."""
+    while os.read(0, 256):
+        pass
+    stop.set()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -231,6 +238,7 @@ def main() -> None:
     ap.add_argument("--max-sessions", type=int, default=4)
     ap.add_argument("--identity")
     ap.add_argument("--lane")
+    ap.add_argument("--stop-on-stdin-eof", action="store_true")
     args = ap.parse_args()
     begin, end = (int(v) for v in args.layers.split(":"))
     fault = os.environ.get("DGR_FAKE_FAULT", "")
@@ -253,6 +261,8 @@ def main() -> None:
     stop = threading.Event()
     if fault != "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.stop_on_stdin_eof:  # the real worker's contract: the launcher gone, the worker stops
+        threading.Thread(target=_stop_at_stdin_eof, args=(stop,), daemon=True).start()
     while not stop.wait(0.1):
         pass
     server.stop(grace=0.5).wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,3 +179,39 @@ def test_placed_must_name_every_stage(stubs, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="2 stages but 1 places"):
         with _launch(stubs, tmp_path, [(0, 6), (6, 12)], placed=[Placed()]):
             pass
+
+
+_LAUNCH_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from tests.unit.fake_stages import fake_command, fake_env, load_stubs
+from worker.launcher import launch
+
+tmp = Path(sys.argv[1])
+stubs = load_stubs(tmp / "stubs")
+with launch(fake_command(tmp), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp / "evidence",
+            env=fake_env(stubs)) as pipeline:
+    print(" ".join(str(p) for p in pipeline.pids), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_launcher_killed_by_sigkill_takes_its_workers_with_it(tmp_path: Path) -> None:
+    # No atexit hook or finally runs on SIGKILL; before the launcher pipe the workers (each in a session
+    # of its own) served on, orphaned, until someone killed them by hand.
+    pids: list[int] = []
+    with subprocess.Popen([sys.executable, "-c", _LAUNCH_AND_WAIT, str(tmp_path)], stdout=subprocess.PIPE,
+                          text=True, cwd=Path(__file__).parents[2]) as launcher:
+        try:
+            pids = [int(p) for p in launcher.stdout.readline().split()]
+            assert len(pids) == 2 and all(running(p) for p in pids)
+            launcher.kill()
+            launcher.wait()
+            deadline = time.monotonic() + 60  # generous for a loaded box; stopping is immediate when idle
+            while any(running(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(running(p) for p in pids), "a worker outlived its SIGKILLed launcher"
+        finally:
+            launcher.kill()
+            for pid in filter(running, pids):
+                os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <future>
+#include <unistd.h>
 
 #ifndef DGR_WORKER_VERSION
 #define DGR_WORKER_VERSION "0.0.0"
@@ -88,6 +90,24 @@ constexpr int kStopBoundSeconds = 3;
     std::_Exit(0);
 }
 
+// The launcher holds the write end of our stdin: when it dies, however it dies, the read sees the end
+// of the pipe and we stop through the same path as SIGTERM (raised at the process, so the blocked
+// signal reaches the sigwait thread).  Without this a SIGKILLed launcher leaves its workers running.
+static void watch_launcher_pipe() {
+    std::thread([] {
+        char buf[256];
+        for (;;) {
+            const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+            if (n > 0 || (n < 0 && errno == EINTR)) {
+                continue;
+            }
+            break;
+        }
+        std::fprintf(stderr, "dgr-shard-worker: stdin ended (the launcher is gone); stopping\n");
+        kill(getpid(), SIGTERM);
+    }).detach();
+}
+
 int main(int argc, char ** argv) {
     dgr::WorkerOptions opts;
     try {
@@ -121,6 +141,9 @@ int main(int argc, char ** argv) {
         stop_requested.set_value(sig);
     });
     signal_thread.detach();
+    if (opts.stop_on_stdin_eof) {
+        watch_launcher_pipe();
+    }
 
     llama_log_set(log_to_stderr, nullptr);
     ggml_backend_load_all();

@@ -15,13 +15,15 @@ const char * usage_text() {
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
         "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
-        "                        [--peers HOST:PORT,HOST:*,...] [--verbose]\n"
+        "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
         "\n"
         "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
         "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
         "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n"
         "--peers: the only addresses a chained Forward may make this worker connect to (the next stages;\n"
-        "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n";
+        "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n"
+        "--stop-on-stdin-eof: stop as on SIGTERM when stdin reaches its end (a launcher that holds the\n"
+        "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -99,6 +101,10 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         }
         if (arg == "--verbose") {
             out.verbose = true;
+            continue;
+        }
+        if (arg == "--stop-on-stdin-eof") {
+            out.stop_on_stdin_eof = true;
             continue;
         }
         if (i + 1 >= argc) {
