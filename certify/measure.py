@@ -26,7 +26,7 @@ from certify import gates, metrics
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
-from pipeline import drive, physics
+from pipeline import drive, physics, transport_floor
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
 
@@ -276,11 +276,22 @@ def run(plan: Plan) -> Outcome:
             "reason": f"lane {plan.lane} is the reference every other lane is held to",
         }
     staged_placements(plan, ref, out)
+    finish(recipe, out)
+    return out
+
+
+def finish(recipe: Recipe, out: Outcome) -> None:
+    """What a run adds once every placement is in: the route change's result when it did not run,
+    the physical model, and the transport floor each seam is read against (pipeline.transport_floor,
+    measured here, on this machine, for each boundary size the run's seams carried)."""
     rc_placement, _ = route_change_at(recipe)
     if "route_change" not in out.figures:
         out.results.append(route_change_not_run(out.results, rc_placement))
     out.figures["physical_model"] = physical_model(recipe, out.figures["placements"])
-    return out
+    speeds = [p.get("speed") or {} for p in out.figures["placements"]]
+    sizes = {b for sp in speeds for b in sp.get("seam_bytes_per_token", [])}
+    if sizes:
+        out.figures["transport_floor"] = transport_floor.measure(sizes)
 
 
 def route_change_at(recipe: Recipe) -> tuple[str, int]:

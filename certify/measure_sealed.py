@@ -71,8 +71,5 @@ def run(plan: Plan) -> Outcome:
                                             "cuts": sorted({c for p in recipe.staged for c in p.cuts}),
                                             "divergence_starts_at": None, "per_placement": True}
     measure.staged_placements(plan, ref, out, mode=mode, agreement=limits)
-    rc_placement, _ = measure.route_change_at(recipe)
-    if "route_change" not in out.figures:
-        out.results.append(measure.route_change_not_run(out.results, rc_placement))
-    out.figures["physical_model"] = measure.physical_model(recipe, out.figures["placements"])
+    measure.finish(recipe, out)
     return out

@@ -280,6 +280,8 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         physical=_optional_table(physical_frame(figures)),
         seam_tokens=_optional_table(seams.token_frame(placements)),
         seam_rows=_optional_table(seams.seam_frame(placements)),
+        floor_rows=_optional_table(seams.floor_frame(placements, figures.get("transport_floor"))),
+        floor_note=seams.floor_note(figures.get("transport_floor")),
         shaping_notes=seams.shaping_notes(placements),
         scaling=seams.scaling_chart(
             placements, title="Scaling with the stage count: decode tok/s and seam share"

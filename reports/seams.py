@@ -73,6 +73,68 @@ def seam_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
+def _floor_row(floor: Mapping[str, Any], size: int) -> Mapping[str, Any] | None:
+    return next((r for r in floor.get("sizes", []) if r["bytes"] == size), None)
+
+
+def _times_floor(measured: float | None, floor_s: float) -> str:
+    return "—" if measured is None or floor_s <= 0 else f"{measured / floor_s:.1f}×"
+
+
+def floor_frame(
+    placements: Sequence[Mapping[str, Any]], floor: Mapping[str, Any] | None
+) -> pd.DataFrame | None:
+    """One row per seam of every staged placement: its measured cost next to the transport floor of the
+    same bytes on this machine (pipeline.transport_floor).  A chained seam is one crossing, read against
+    half a round trip; a relayed seam is a round trip (the boundary in, the reply out), read against a
+    whole one at the boundary's size (the last stage's reply carries logits: more bytes, so its floor
+    is higher than shown)."""
+    if not floor:
+        return None
+    rows = []
+    for p in placements:
+        m = p.get("seam_model")
+        if not m or p.get("role") != "under test":
+            continue
+        crossings = 1 if m["forwarding"] == "chained" else 2
+        for s in m["seams"]:
+            row = _floor_row(floor, s["bytes_per_token"])
+            if row is None:
+                continue
+            grpc_s = row["grpc_round_trip_s"]["median"] * crossings / 2
+            tcp_s = row["tcp_round_trip_s"]["median"] * crossings / 2
+            rows.append(
+                {
+                    "placement": p["name"],
+                    "forwarding": m["forwarding"],
+                    "seam (cut)": f"{s['seam']} (layer {s['cut']})",
+                    "bytes / token": f"{s['bytes_per_token']:,}",
+                    "crossings": crossings,
+                    "measured ms": _ms(s["measured_s"]),
+                    "gRPC floor ms": _ms(grpc_s),
+                    "measured / gRPC floor": _times_floor(s["measured_s"], grpc_s),
+                    "TCP floor ms": _ms(tcp_s),
+                    "measured / TCP floor": _times_floor(s["measured_s"], tcp_s),
+                    "shaped bound ms": _ms(s["bound_s"]) if m.get("shaped") else "—",
+                }
+            )
+    return pd.DataFrame(rows) if rows else None
+
+
+def floor_note(floor: Mapping[str, Any] | None) -> str | None:
+    """How the floor was taken, for the line above its table."""
+    if not floor or not floor.get("sizes"):
+        return None
+    sizes = ", ".join(
+        f"{r['bytes']:,} bytes: gRPC {r['grpc_round_trip_s']['median'] * 1e3:.3f} ms "
+        f"(IQR {r['grpc_round_trip_s']['q1'] * 1e3:.3f}-{r['grpc_round_trip_s']['q3'] * 1e3:.3f}), "
+        f"TCP {r['tcp_round_trip_s']['median'] * 1e3:.3f} ms"
+        for r in floor["sizes"]
+    )
+    return (f"median loopback round trips over {floor['round_trips']} calls each, no model, load average "
+            f"{floor['load_average']:.2f}: {sizes}")
+
+
 def token_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
     """One row per placement: the decode token's bound against what was measured."""
     rows = []

@@ -35,6 +35,12 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     assert all(p["parity"]["bitwise_logits"] for p in staged)
     assert all(p["speed"]["decode_tok_s"]["n"] == 5 for p in staged)
     assert pred["figures"]["route_change"]["reference"] == pred["figures"]["route_change"]["switched"]
+    # The transport floor is measured in the run, for exactly the boundary sizes the seams carried.
+    floor = pred["figures"]["transport_floor"]
+    carried = {b for p in staged for b in p["speed"]["seam_bytes_per_token"]}
+    assert {row["bytes"] for row in floor["sizes"]} == carried and carried
+    assert all(0 < row["tcp_round_trip_s"]["median"] and 0 < row["grpc_round_trip_s"]["median"]
+               for row in floor["sizes"])
     gates_run = {r["name"] for r in pred["results"]}
     expected = {"staging-parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"}
     assert expected <= gates_run

@@ -66,3 +66,36 @@ def test_scaling_chart_is_valid_svg_with_a_line_per_group() -> None:
     assert len(lines) == 6
     assert "Scaling &lt;with&gt; stages" in svg
     assert seams.scaling_chart([{"name": "mono", "n_stages": 1}], title="x") == ""
+
+
+FLOOR = {
+    "round_trips": 300,
+    "load_average": 1.5,
+    "sizes": [{"bytes": 1024, "tcp_round_trip_s": {"median": 2e-5, "q1": 1.9e-5, "q3": 2.2e-5},
+               "grpc_round_trip_s": {"median": 4e-4, "q1": 3.8e-4, "q3": 4.4e-4}}],
+}
+
+
+def _under_test(records: list[dict]) -> list[dict]:
+    return [{**r, "role": "under test"} for r in records if r.get("seam_model")]
+
+
+def test_floor_table_reads_a_chained_seam_against_half_a_round_trip_and_a_relayed_one_against_one() -> None:
+    frame = seams.floor_frame(_under_test(PLACEMENTS), FLOOR)
+    assert frame is not None and len(frame) == 1 + 3 + 11 + 3
+    chained = frame[frame["forwarding"] == "chained"].iloc[0]
+    relayed = frame[frame["forwarding"] == "relayed"].iloc[0]
+    assert (chained["crossings"], chained["gRPC floor ms"], chained["TCP floor ms"]) == (1, "0.200", "0.010")
+    assert (relayed["crossings"], relayed["gRPC floor ms"], relayed["TCP floor ms"]) == (2, "0.400", "0.020")
+    assert chained["measured / gRPC floor"] == f"{0.0205 / 2e-4:.1f}×"  # 20.5 ms of shaped delay
+    assert chained["shaped bound ms"] != "—"
+
+
+def test_floor_table_skips_what_it_cannot_read_against_a_floor() -> None:
+    assert seams.floor_frame(_under_test(PLACEMENTS), None) is None  # an older certificate: no floor
+    other_size = {**FLOOR, "sizes": [{**FLOOR["sizes"][0], "bytes": 2048}]}
+    assert seams.floor_frame(_under_test(PLACEMENTS), other_size) is None
+    assert seams.floor_frame(PLACEMENTS, FLOOR) is None  # no placement under test
+    note = seams.floor_note(FLOOR)
+    assert note is not None and "1,024 bytes: gRPC 0.400 ms (IQR 0.380-0.440), TCP 0.020 ms" in note
+    assert "load average 1.50" in note
