@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -543,3 +543,32 @@ def route_change(
             _reset_all(group, session, quiet=True)
     return RouteChange(reference=tuple(reference), switched=tuple(before + rest), switch_at=switch_at,
                        reprefill_tokens=len(history), cache_miss=miss)
+
+
+# For drivers of several sessions at once (pipeline.concurrency) ------------------------------------
+def open_route(
+    stages: Sequence[StageClient], forwarding: str = "relayed", addresses: Sequence[str] | None = None,
+    sink_host: str = "127.0.0.1",
+) -> AbstractContextManager[ChainRoute | None]:
+    """The route one driver thread decodes through (None for relayed; its own sink when chained)."""
+    return _routing(stages, describe(stages), forwarding, addresses, sink_host)
+
+
+def greedy_session(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
+    session: str, route: ChainRoute | None, boundary_dtype: str = "f32",
+) -> tuple[list[int], np.ndarray]:
+    """One session's prefill + greedy decode as a speed run makes it (last logits row of each pass, no
+    boundaries kept): the tokens chosen and those rows.  The caller resets the session."""
+    tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
+                             boundary_dtype=boundary_dtype, all_logits=False, capture=(),
+                             keep_boundaries=False, route=route)
+    return tokens, np.concatenate([p.logits for p in passes])
+
+
+def new_session(tag: str) -> str:
+    return _session(tag)
+
+
+def reset_session(stages: Sequence[StageClient], session: str) -> None:
+    _reset_all(stages, session, quiet=True)

@@ -1,0 +1,82 @@
+"""Aggregate decode throughput with several sessions in flight (issue 19 item 4), in one run.
+
+tiny-llama on the CPU lane, loopback, one thread per worker: the monolithic worker and 2, 4 and 12
+stages, relayed and chained, each at concurrency 1, 4 and n_stages (sessions decoded at the same time,
+each its own (session, epoch); pipeline.concurrency).  Every concurrent session is checked bitwise
+against the same session alone.  Figures: aggregate tok/s median and IQR over the rounds, and the ratio
+to the monolithic worker's single-stream figure, with the cores and the load average printed.
+
+Goal (issue 19): at concurrency n_stages a 4-stage placement >= 1.5x the monolithic single stream,
+"each stage on its own core where the machine has them" - with fewer cores than stages (this box: 2)
+the stages share them and the figure says what sharing costs; it is reported, not asserted.
+
+Run: ``nox -s bench`` (or ``pytest tests/bench -s -k concurrency``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from certify.metrics import median_iqr
+from pipeline.concurrency import decode_together, diverging
+from tests.integration import conftest as shared
+from worker.launcher import launch
+
+real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
+stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+N_DECODE = 24
+ROUNDS = 3
+PLACEMENTS = {
+    "mono": [(0, 12)],
+    "2-stages": [(0, 6), (6, 12)],
+    "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
+    "12-stages": [(k, k + 1) for k in range(12)],
+}
+
+
+def _levels(n_stages: int) -> list[int]:
+    return sorted({1, 4, n_stages})
+
+
+def _aggregate(clients, prompt, sessions: int, forwarding: str) -> tuple[list[float], int]:
+    """Aggregate tok/s per round, and how many concurrent sessions diverged from the lone one."""
+    alone = decode_together(clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
+    rates, bad = [], 0
+    for _ in range(ROUNDS):
+        together = decode_together(clients, prompt, N_DECODE, sessions, forwarding=forwarding)
+        bad += len(diverging(together, alone))
+        rates.append(together.aggregate_tok_s)
+    return rates, bad
+
+
+def test_bench_aggregate_throughput(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
+    cmd = dataclasses.replace(worker_command, threads=1, max_sessions=12)
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for name, stages in PLACEMENTS.items():
+        modes = ["relayed"] if name == "mono" else ["relayed", "chained"]
+        with launch(cmd, stages, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
+            prompt = p.clients[0].tokenize(PROMPT)[:16]
+            for mode in modes:
+                key = name if name == "mono" else f"{name} {mode}"
+                table[key] = {}
+                for sessions in _levels(len(stages)):
+                    rates, bad = _aggregate(p.clients, prompt, sessions, mode)
+                    assert bad == 0, f"{key}: {bad} concurrent sessions differ from the session alone"
+                    table[key][sessions] = median_iqr(rates).as_dict()
+    single = table["mono"][1]["median"]
+    print(f"\n[bench] aggregate decode tok/s, {N_DECODE} tokens per session, {ROUNDS} rounds, one thread per "
+          f"worker, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; ratio to the monolithic "
+          f"single stream ({single:.1f} tok/s)")
+    for key, levels in table.items():
+        cells = ", ".join(f"c={c}: {f['median']:.1f} (IQR {f['iqr']:.1f}) = {f['median'] / single:.2f}x"
+                          for c, f in levels.items())
+        print(f"[bench]   {key}: {cells}")
+    benchmark.extra_info.update({k: {str(c): f for c, f in v.items()} for k, v in table.items()})
+    benchmark.pedantic(lambda: None, rounds=1)  # the figures are the runs above
