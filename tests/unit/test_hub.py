@@ -389,3 +389,23 @@ def test_cli_gated_repo_without_a_token_is_one_line_exit_2(
     assert rc == 2 and len(err) == 1
     assert err[0].startswith("dgr: configuration error: ") and "set HF_TOKEN" in err[0]
     assert (case.manifests / "hubset.json").read_text() == before
+
+
+def test_a_client_hanging_up_leaves_no_traceback_in_our_stderr(
+    case: HubCase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Under load a downloader giving up on a 401 closed its connection while the fake hub still read
+    # or wrote it; socketserver printed "Exception occurred during processing of request" into this
+    # process's stderr, and the one-line-error test above counted 3 lines instead of 1.
+    import socket
+    import struct
+
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", case.hub.port)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            sock.sendall(b"GET /api/models HTTP/1.1\r\nHost: x\r\n")  # the request never ends
+    err, deadline = "", time.monotonic() + 5  # before the fix the traceback came within milliseconds
+    while "Exception occurred" not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capsys.readouterr().err
+    assert "Exception occurred" not in err
