@@ -88,6 +88,45 @@ ChainResult Chain::deliver(const grpc::ServerContext & parent, const std::string
     return r;
 }
 
+namespace {
+// One call in flight: gRPC needs the context, request and reply alive until the callback has run.
+struct AsyncForward {
+    std::unique_ptr<pb::ShardWorker::Stub> stub;
+    grpc::ClientContext                    ctx;
+    pb::ForwardRequest                     request;
+    pb::ForwardReply                       ack;
+};
+}  // namespace
+
+void Chain::forward_async(const std::string & address, pb::ForwardRequest request,
+                          std::chrono::milliseconds timeout, std::function<void(ChainResult)> done) {
+    auto call = std::make_shared<AsyncForward>();
+    call->stub = pb::ShardWorker::NewStub(channel(address));
+    call->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    call->request = std::move(request);
+    AsyncForward * raw = call.get();
+    raw->stub->async()->Forward(&raw->ctx, &raw->request, &raw->ack,
+                                [call = std::move(call), done = std::move(done)](grpc::Status status) {
+        ChainResult r;
+        r.status = std::move(status);
+        if (!r.status.ok()) {
+            r.failed_stage = trailer(call->ctx, kFailedStageKey);
+        }
+        done(r);
+    });
+}
+
+ChainResult Chain::deliver(const std::string & address, const pb::Delivery & delivery,
+                           std::chrono::milliseconds timeout) {
+    auto stub = pb::PipelineSink::NewStub(channel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    pb::DeliveryAck ack;
+    ChainResult r;
+    r.status = stub->Deliver(&ctx, delivery, &ack);
+    return r;
+}
+
 const char * status_code_name(grpc::StatusCode code) {
     switch (code) {
         case grpc::StatusCode::OK:                  return "OK";

@@ -14,6 +14,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -56,6 +58,13 @@ public:
                         const dgr::shard::v1::ForwardRequest & request);
     ChainResult deliver(const grpc::ServerContext & parent, const std::string & address,
                         const dgr::shard::v1::Delivery & delivery);
+
+    // Calls with no incoming call to take a deadline from (a ring's next pass and its deliveries):
+    // ``timeout`` from now. forward_async returns at once; ``done`` runs on a gRPC thread with the ack.
+    void        forward_async(const std::string & address, dgr::shard::v1::ForwardRequest request,
+                              std::chrono::milliseconds timeout, std::function<void(ChainResult)> done);
+    ChainResult deliver(const std::string & address, const dgr::shard::v1::Delivery & delivery,
+                        std::chrono::milliseconds timeout);
 
 private:
     std::shared_ptr<grpc::Channel> channel(const std::string & address);

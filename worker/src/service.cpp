@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -120,6 +121,10 @@ grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardR
             throw StageError(StageError::Kind::InvalidArgument, "downstream addresses without deliver_to: a chained "
                              "call needs the driver's sink address");
         }
+        if (req->has_ring()) {
+            throw StageError(StageError::Kind::InvalidArgument, "ring without deliver_to: a ring's tokens go to "
+                             "the driver's sink");
+        }
         ForwardResult r = stage_.forward(read_args(*req));
         if (r.has_boundary) {
             put_tensor(std::move(r.boundary), reply->mutable_boundary());
@@ -148,6 +153,22 @@ static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r
     std::fprintf(stderr, "dgr-shard-worker: chained Forward: %s\n", msg.c_str());
     ctx->AddTrailingMetadata(kFailedStageKey, std::to_string(stage));
     return grpc::Status(r.status.error_code(), msg);
+}
+
+// What a ring pass must carry; only the last stage can check the route's length against its index.
+static void check_ring(const pb::ForwardRequest & req, int32_t index, const StageInfo & in) {
+    const pb::Ring & ring = req.ring();
+    auto bad = [](const std::string & why) { throw StageError(StageError::Kind::InvalidArgument, "ring Forward: " + why); };
+    if (ring.budget() < 1) {
+        bad("budget 0: a ring pass chooses one token");
+    }
+    if (req.positions().empty()) {
+        bad("no positions");
+    }
+    if (in.last_stage && ring.stages_size() != index + 1) {
+        bad("this is stage " + std::to_string(index) + ", the last, but the ring names " +
+            std::to_string(ring.stages_size()) + " stage address(es)");
+    }
 }
 
 grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
@@ -179,6 +200,15 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         if (const std::string why = chain_.refusal(req->deliver_to()); !why.empty()) {
             throw StageError(StageError::Kind::PermissionDenied, "chained Forward: deliver_to " + why);
         }
+        if (req->has_ring()) {
+            check_ring(*req, index, in);
+            for (const std::string & address : req->ring().stages()) {
+                const std::string why = chain_.refusal(address);
+                if (!why.empty()) {
+                    throw StageError(StageError::Kind::PermissionDenied, "ring Forward: stage " + why);
+                }
+            }
+        }
         r = stage_.forward(read_args(*req));
     });
     if (!own.ok()) {
@@ -207,6 +237,9 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         next.set_deliver_to(req->deliver_to());
         next.set_request_id(req->request_id());
         next.set_keep_boundaries(req->keep_boundaries());
+        if (req->has_ring()) {
+            *next.mutable_ring() = req->ring();
+        }
         next.mutable_trace()->CopyFrom(req->trace());
         hop.set_boundary_bytes(next.boundary().data().size());
         if (req->keep_boundaries()) {
@@ -221,6 +254,11 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
             return hop_failure(ctx, res, index + 1, "stage " + std::to_string(index + 1) + " at " + address);
         }
         return grpc::Status::OK;
+    }
+
+    if (req->has_ring()) {
+        ring_on(*req, std::move(r), std::move(hop));
+        return grpc::Status::OK;  // the ack: the delivery and the next pass go from the ring's own threads
     }
 
     pb::Delivery d;
@@ -238,6 +276,63 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         return hop_failure(ctx, ChainResult{res.status, ""}, index, "delivering to the sink at " + req->deliver_to());
     }
     return grpc::Status::OK;
+}
+
+void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, pb::Hop && hop) {
+    const pb::Ring & ring = req.ring();
+    const StageInfo & in = stage_.info();
+    const int64_t rows = r.logits.shape.empty() ? 0 : r.logits.shape[0];
+    const float * last = reinterpret_cast<const float *>(r.logits.data.data()) + (rows - 1) * (int64_t) in.n_vocab;
+    const int32_t token = greedy_token(last, in.n_vocab);
+    const int32_t next_pos = req.positions(req.positions_size() - 1) + 1;
+    const int32_t limit = ring.max_position() > 0 ? std::min(ring.max_position(), in.n_ctx - 1) : in.n_ctx - 1;
+    pb::RingEnd end = pb::RING_CONTINUES;
+    if (std::find(ring.stop_tokens().begin(), ring.stop_tokens().end(), token) != ring.stop_tokens().end()) {
+        end = pb::RING_STOP_TOKEN;
+    } else if (ring.budget() <= 1) {
+        end = pb::RING_BUDGET;
+    } else if (next_pos > limit) {
+        end = pb::RING_CONTEXT_FULL;
+    }
+    const std::chrono::milliseconds timeout(ring.pass_timeout_ms() > 0 ? ring.pass_timeout_ms() : 30000);
+
+    pb::Delivery d;
+    d.set_request_id(req.request_id());
+    put_tensor(std::move(r.logits), d.mutable_reply()->mutable_logits());
+    d.mutable_reply()->set_compute_seconds(r.compute_seconds);
+    d.mutable_reply()->set_kv_used(r.kv_used);
+    d.mutable_trace()->CopyFrom(req.trace());
+    pb::Hop * mine = d.add_trace();
+    *mine = std::move(hop);
+    pb::RingToken * chosen = d.mutable_ring();
+    chosen->set_token(token);
+    chosen->set_index(ring.index());
+    chosen->set_end(end);
+
+    if (end == pb::RING_CONTINUES) {
+        pb::ForwardRequest next;
+        next.set_session_id(req.session_id());
+        next.set_epoch(req.epoch());
+        next.add_positions(next_pos);
+        next.add_tokens(token);
+        next.set_boundary_dtype(req.boundary_dtype());
+        next.set_all_logits(req.all_logits());
+        for (int i = 1; i < ring.stages_size(); ++i) {
+            next.add_downstream(ring.stages(i));
+        }
+        next.set_deliver_to(req.deliver_to());
+        next.set_request_id(req.request_id());
+        next.set_keep_boundaries(req.keep_boundaries());
+        pb::Ring * more = next.mutable_ring();
+        *more = ring;
+        more->set_budget(ring.budget() - 1);
+        more->set_index(ring.index() + 1);
+        mine->set_sent_ns(monotonic_ns());
+        ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
+        return;
+    }
+    mine->set_sent_ns(monotonic_ns());
+    ring_.deliver(req.deliver_to(), std::move(d), timeout);
 }
 
 grpc::Status ShardService::Reset(grpc::ServerContext *, const pb::ResetRequest * req, pb::ResetReply * reply) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "chain.h"
+#include "ring.h"
 #include "shard.grpc.pb.h"
 #include "stage.h"
 
@@ -20,7 +21,7 @@ struct BuildIdentity {
 class ShardService final : public dgr::shard::v1::ShardWorker::Service {
 public:
     ShardService(Stage & stage, BuildIdentity id, ChainPolicy chain = {})
-        : stage_(stage), id_(std::move(id)), chain_(std::move(chain)) {}
+        : stage_(stage), id_(std::move(id)), chain_(std::move(chain)), ring_(chain_) {}
 
     grpc::Status Info(grpc::ServerContext *, const dgr::shard::v1::InfoRequest *, dgr::shard::v1::InfoReply *) override;
     grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *, dgr::shard::v1::ForwardReply *) override;
@@ -32,10 +33,13 @@ public:
 private:
     // deliver_to set: compute, then hand the boundary to the next stage (or the logits to the sink)
     grpc::Status chained(grpc::ServerContext * ctx, const dgr::shard::v1::ForwardRequest * req, int64_t received_ns);
+    // the last stage of a ring pass: pick the token, queue its delivery and (unless the ring ends) the next pass
+    void ring_on(const dgr::shard::v1::ForwardRequest & req, ForwardResult && r, dgr::shard::v1::Hop && hop);
 
     Stage &       stage_;
     BuildIdentity id_;
     Chain         chain_;
+    RingRunner    ring_;  // after chain_: it calls through it
 };
 
 }  // namespace dgr

@@ -1,0 +1,216 @@
+#include "ring.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace pb = dgr::shard::v1;
+
+namespace dgr {
+
+int32_t greedy_token(const float * row, int64_t n) {
+    int32_t best = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(row[i])) {
+            return (int32_t) i;  // numpy: a NaN is the maximum, the first one wins
+        }
+        if (row[i] > row[best]) {
+            best = (int32_t) i;  // strictly greater: the first of equal maxima stays
+        }
+    }
+    return best;
+}
+
+namespace {
+using ms = std::chrono::milliseconds;
+
+struct DeliveryJob {
+    std::string  sink;
+    pb::Delivery delivery;
+    ms           timeout;
+};
+
+struct PassJob {
+    std::string        address;
+    pb::ForwardRequest request;
+    ms                 timeout;
+};
+
+// Rings told to stop, by request id: true when the sink refused them too (nothing more is sent).
+// Entries are made only when a ring fails, so a small bound keeps every ring that can still matter.
+constexpr size_t kStoppedKept = 1024;
+}  // namespace
+
+struct RingRunner::State {
+    explicit State(Chain & c) : chain(c) {}
+
+    Chain &                    chain;
+    std::mutex                 mu;
+    std::condition_variable    wake;
+    std::deque<DeliveryJob>    deliveries;
+    std::deque<PassJob>        passes;
+    int                        in_flight = 0;
+    bool                       stopping  = false;
+    std::map<std::string, bool> stopped;
+    std::deque<std::string>    stopped_order;
+    std::thread                delivery_thread, pass_thread;
+
+    void stop_ring(const std::string & id, bool sink_gone) {  // mu held
+        auto [it, fresh] = stopped.emplace(id, sink_gone);
+        it->second = it->second || sink_gone;
+        if (fresh) {
+            stopped_order.push_back(id);
+            if (stopped_order.size() > kStoppedKept) {
+                stopped.erase(stopped_order.front());
+                stopped_order.pop_front();
+            }
+        }
+    }
+
+    // The first failure of a ring's pass: stop the ring and tell its sink which stage failed.
+    void pass_failed(const std::string & address, const std::string & id, const std::string & sink, uint32_t index,
+                     const ChainResult & r) {
+        const std::string code = status_code_name(r.status.error_code());
+        pb::Delivery d;
+        d.set_request_id(id);
+        auto * ring = d.mutable_ring();
+        ring->set_token(-1);
+        ring->set_index(index);
+        ring->set_end(pb::RING_FAILED);
+        ring->set_code(code);
+        if (!r.failed_stage.empty()) {  // a hop further on named itself (chain.cpp's trailer)
+            ring->set_failed_stage(std::atoi(r.failed_stage.c_str()));
+            ring->set_detail(r.status.error_message());
+        } else {
+            ring->set_failed_stage(0);
+            ring->set_detail("stage 0 at " + address + ": " + code + ": " + r.status.error_message());
+        }
+        std::fprintf(stderr, "dgr-shard-worker: ring %s pass %u failed: %s\n", id.c_str(), index,
+                     ring->detail().c_str());
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopped.count(id)) {
+            return;  // only the first failure is news; later ones follow from it
+        }
+        stop_ring(id, false);
+        deliveries.push_back(DeliveryJob{sink, std::move(d), ms(30000)});
+        wake.notify_all();
+    }
+
+    void deliver_loop() {
+        for (;;) {
+            DeliveryJob job;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                wake.wait(lock, [&] { return stopping || !deliveries.empty(); });
+                if (stopping) {
+                    return;
+                }
+                job = std::move(deliveries.front());
+                deliveries.pop_front();
+                auto it = stopped.find(job.delivery.request_id());
+                if (it != stopped.end() && it->second) {
+                    continue;  // the sink refused this ring already
+                }
+            }
+            const ChainResult r = chain.deliver(job.sink, job.delivery, job.timeout);
+            if (!r.status.ok()) {
+                std::fprintf(stderr, "dgr-shard-worker: ring %s: delivering to the sink at %s: %s: %s; the ring stops\n",
+                             job.delivery.request_id().c_str(), job.sink.c_str(),
+                             status_code_name(r.status.error_code()), r.status.error_message().c_str());
+                std::lock_guard<std::mutex> lock(mu);
+                stop_ring(job.delivery.request_id(), true);
+            }
+        }
+    }
+
+    void pass_loop(const std::shared_ptr<State> & self) {
+        for (;;) {
+            PassJob job;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                wake.wait(lock, [&] { return stopping || (!passes.empty() && in_flight < kMaxPassesInFlight); });
+                if (stopping) {
+                    return;
+                }
+                job = std::move(passes.front());
+                passes.pop_front();
+                if (stopped.count(job.request.request_id())) {
+                    continue;
+                }
+                ++in_flight;
+            }
+            send(self, std::move(job));
+        }
+    }
+
+    // Start one pass (in_flight already counts it) without waiting for its ack.
+    static void send(const std::shared_ptr<State> & self, PassJob job) {
+        const std::string id = job.request.request_id(), sink = job.request.deliver_to(), address = job.address;
+        const uint32_t index = job.request.ring().index();
+        self->chain.forward_async(job.address, std::move(job.request), job.timeout,
+                                  [self, id, sink, address, index](ChainResult r) {
+            {
+                std::lock_guard<std::mutex> lock(self->mu);
+                --self->in_flight;
+                self->wake.notify_all();
+            }
+            if (!r.status.ok()) {
+                self->pass_failed(address, id, sink, index, r);
+            }
+        });
+    }
+};
+
+RingRunner::RingRunner(Chain & chain) : state_(std::make_shared<State>(chain)) {
+    State * s = state_.get();
+    s->delivery_thread = std::thread([s] { s->deliver_loop(); });
+    s->pass_thread = std::thread([s, self = state_] { s->pass_loop(self); });
+}
+
+RingRunner::~RingRunner() {
+    {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->stopping = true;
+    }
+    state_->wake.notify_all();
+    state_->delivery_thread.join();
+    state_->pass_thread.join();
+}
+
+void RingRunner::deliver(const std::string & sink, pb::Delivery delivery, ms timeout) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+    state_->wake.notify_all();
+}
+
+void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,
+                                   pb::ForwardRequest next, ms timeout) {
+    PassJob job{address, std::move(next), timeout};
+    {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+        if (state_->stopped.count(job.request.request_id())) {
+            state_->wake.notify_all();
+            return;  // the ring failed or its sink gave up: no further pass
+        }
+        const bool now = state_->passes.empty() && state_->in_flight < kMaxPassesInFlight && !state_->stopping;
+        if (!now) {
+            state_->passes.push_back(std::move(job));  // the pass thread keeps the order and the bound
+            state_->wake.notify_all();
+            return;
+        }
+        ++state_->in_flight;
+        state_->wake.notify_all();
+    }
+    // Nothing queued and room in flight: start it here, saving a thread hand-off per token. The call is
+    // asynchronous, so the handler still returns at once and no pass waits inside another.
+    State::send(state_, std::move(job));
+}
+
+}  // namespace dgr

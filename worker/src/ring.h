@@ -1,0 +1,49 @@
+// Ring decode: the last stage of a ring pass picks the greedy token, delivers it with the logits to
+// the driver's sink and starts the next pass at stage 0, so no driver call sits between two tokens.
+//
+// The next pass is an asynchronous call that nobody waits on (the ack of a pass comes back through
+// every stage after the next pass has begun; waiting would put n return hops between two tokens), so
+// no pass ever runs nested inside the handler of the one before. The handler starts it itself when
+// nothing is queued and fewer than kMaxPassesInFlight are outstanding; otherwise the ring's pass
+// thread starts it, in order, once there is room. A delivery thread sends deliveries one at a time in
+// the order they were queued (the driver reads a stream of tokens), off the critical path. A pass that fails, or a delivery the sink refuses,
+// stops that ring: the first failure reaches the sink as a RING_FAILED delivery naming the stage.
+#pragma once
+
+#include "chain.h"
+#include "shard.pb.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dgr {
+
+// numpy.argmax's rule on one row: the first index of the maximum, or the first NaN if there is one.
+int32_t greedy_token(const float * row, int64_t n);
+
+class RingRunner {
+public:
+    static constexpr int kMaxPassesInFlight = 8;
+
+    explicit RingRunner(Chain & chain);
+    ~RingRunner();
+    RingRunner(const RingRunner &) = delete;
+    RingRunner & operator=(const RingRunner &) = delete;
+
+    // Queue ``delivery`` for ``sink`` (sent after every delivery queued before it).
+    void deliver(const std::string & sink, dgr::shard::v1::Delivery delivery, std::chrono::milliseconds timeout);
+    // Queue ``delivery`` and then the ring's next pass for ``address`` (its stage 0), under one lock,
+    // so the delivery is ahead of the next pass's own; the pass's failure is delivered to
+    // next.deliver_to() as RING_FAILED.
+    void deliver_and_start(const std::string & sink, dgr::shard::v1::Delivery delivery, const std::string & address,
+                           dgr::shard::v1::ForwardRequest next, std::chrono::milliseconds timeout);
+
+    struct State;
+
+private:
+    std::shared_ptr<State> state_;  // shared with the threads and with callbacks of calls in flight
+};
+
+}  // namespace dgr
