@@ -12,6 +12,10 @@ Two ways to move a pass through the stages (``forwarding``):
   at stage k, meaningful when every stage runs on this machine, network namespaces included).  For
   parity runs each hop also returns its boundary (``keep_boundaries``), outside the timed traffic's
   meaning but on the same wire.  Layer captures are relayed-only (the monolithic reference).
+* ``ring`` (greedy decode only, pipeline/ring.py): the prefill as ``chained``, then the stages decode
+  on their own: the last stage picks each token and starts the next pass at stage 0 (n_stages
+  crossings per token); the driver reads the tokens and logits from its sink and checks each token
+  against the argmax of its logits.  A decode step's wall time is the time between two deliveries.
 
 Public API (numpy only; the gate math lives in certify/gates.py):
   * ``run_placement(stages, prompts, n_decode, capture=(), boundary_dtype="f32") -> Trace``
@@ -22,7 +26,7 @@ Public API (numpy only; the gate math lives in certify/gates.py):
   * ``route_change(stages, prompt, n_decode, switch_at, after=None) -> RouteChange`` (relayed only:
     the epoch logic lives in each stage and is the same whichever way the boundary travels)
 
-``run_placement`` and ``measure_speed`` take ``forwarding="relayed" | "chained"``, ``addresses`` (how
+``run_placement`` and ``measure_speed`` take ``forwarding="relayed" | "chained" | "ring"``, ``addresses`` (how
 the stages reach each other, default each client's address) and ``sink_host`` (where the driver's
 sink listens; it must be reachable from the last stage).
 
@@ -42,10 +46,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigurationError
-from pipeline.sink import ChainRoute, chain_route
+from pipeline.ring import RingRoute, ring_route
+from pipeline.sink import ChainedPass, ChainRoute, chain_route
 from worker.client import Forwarded, StageClient, StageFailed, StageInfo
 
-FORWARDING = ("relayed", "chained")
+FORWARDING = ("relayed", "chained", "ring")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,23 +252,29 @@ def _forward_chained(
 ) -> _Pass:
     got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
                     keep_boundaries=keep_boundaries)
+    return _delivered(route, got, len(positions), len(positions) if all_logits else 1)
+
+
+def _delivered(route: ChainRoute, got: ChainedPass, n: int, rows: int, *, ring: bool = False) -> _Pass:
+    """A chained pass (or one token of a ring: n_stages crossings, the delivery off the critical path)
+    as a _Pass."""
     # Everything arrives in the last stage's delivery, so a bad shape is reported against that stage.
-    n, rows, last = len(positions), len(positions) if all_logits else 1, route.stages[-1]
+    last = route.stages[-1]
     logits = _expect_shape(last, "logits", got.logits, (rows, route.infos[-1].n_vocab))
     width = route.infos[0].boundary_width
     boundaries = [_expect_shape(last, f"boundary of stage {k}", b, (n, width))
                   for k, b in enumerate(got.boundaries)]
     hops = got.hops
     step = Step(
-        n_tokens=len(positions),
+        n_tokens=n,
         wall_seconds=got.wall_seconds,
         # time inside each stage, request arrival to hand-off (compute plus encoding the boundary)
         stage_wall=tuple((h.sent_ns - h.received_ns) / 1e9 for h in hops),
         stage_compute=tuple(float(h.compute_seconds) for h in hops),
         seam_bytes=tuple(int(h.boundary_bytes) for h in hops[:-1]),
         seam_seconds=tuple((b.received_ns - a.sent_ns) / 1e9 for a, b in zip(hops, hops[1:], strict=False)),
-        crossings=len(hops) + 1,
-        forwarding="chained",
+        crossings=len(hops) if ring else len(hops) + 1,
+        forwarding="ring" if ring else "chained",
     )
     return _Pass(logits=logits, boundaries=boundaries, captures={}, step=step)
 
@@ -286,7 +297,8 @@ def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwardi
     if forwarding == "relayed":
         yield None
         return
-    with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
+    routed = ring_route if forwarding == "ring" else chain_route
+    with routed(stages, infos, addresses=addresses, sink_host=sink_host) as route:
         yield route
 
 
@@ -371,6 +383,13 @@ def _greedy_passes(
                                    all_logits=all_logits, **kw))
     passes = [_merge(chunks, all_logits=all_logits)]
     chosen = [pick(0, passes[-1].logits)]
+    if isinstance(route, RingRoute) and n_decode > 1:  # the stages choose the rest (forced: refused)
+        run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
+                           boundary_dtype=boundary_dtype, keep_boundaries=keep_boundaries)
+        if len(run.tokens) != n_decode - 1:
+            raise route.stages[-1].failure("BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} "
+                                           f"of {n_decode - 1} tokens")
+        return chosen + list(run.tokens), passes + [_delivered(route, p, 1, 1, ring=True) for p in run.passes]
     while len(chosen) < n_decode:
         pos = len(prompt) + len(chosen) - 1
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
@@ -405,9 +424,12 @@ def run_placement(
     wanted = sorted(set(int(il) for il in capture))
     if any(not 0 <= il < infos[0].n_layer for il in wanted):
         raise ConfigurationError(f"capture layers {wanted} fall outside 0:{infos[0].n_layer}")
-    if wanted and forwarding == "chained":
+    if wanted and forwarding != "relayed":
         raise ConfigurationError("layer captures need relayed forwarding "
                                  "(they are for the monolithic reference)")
+    if forced is not None and forwarding == "ring":
+        raise ConfigurationError("teacher forcing needs relayed or chained forwarding (a ring picks its own "
+                                 "tokens)")
     traces = []
     with _routing(stages, infos, forwarding, addresses, sink_host) as route:
         for i, prompt in enumerate(prompts):

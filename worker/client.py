@@ -321,14 +321,16 @@ class StageClient:
         all_logits: bool = False,
         keep_boundaries: bool = False,
         deadline: float | None = None,
+        ring: object | None = None,
     ) -> grpc.Future:
         """Start a chained pass at this (first) stage without waiting: the returned future is the ack,
         which completes once every stage has handed on and the last one has delivered to
-        ``deliver_to``.  Its error carries the ``dgr-failed-stage`` trailer naming the failing stage."""
+        ``deliver_to``.  Its error carries the ``dgr-failed-stage`` trailer naming the failing stage.
+        ``ring`` (a pb2 Ring) makes it the first pass of a ring (pipeline/ring.py)."""
         request = self._pb2.ForwardRequest(
             session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
             boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
             downstream=list(downstream), deliver_to=deliver_to, request_id=request_id,
-            keep_boundaries=keep_boundaries,
+            keep_boundaries=keep_boundaries, ring=ring,
         )
         return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)

@@ -1,0 +1,240 @@
+"""Ring decode for greedy runs, the driver's side: the stages decode on their own, the driver reads.
+
+After the prefill the driver sends one chained pass carrying a ``Ring`` (token budget, stop tokens,
+every stage's address).  The last stage picks the greedy token itself (numpy's argmax rule), delivers
+logits + token to the driver's sink and starts the next pass at stage 0 from its own thread, until
+the budget is spent, a stop token is chosen or the context is full (worker/README.md, "Ring decode").
+No driver call sits between two tokens; the driver consumes the deliveries as a stream and checks
+each one: its index is the next, its token is ``np.argmax`` of its own logits, its hops are the
+placement's.
+
+A failed pass reaches the sink as a RING_FAILED delivery naming the stage.  A stage that dies where
+no one is left to say so (the last stage itself) is found by the driver: while no token arrives it
+checks every worker it launched for an exit (each POLL_SECONDS) and, after SILENCE_SECONDS, asks
+every stage for Health; a stage that has died or does not answer is named.  Silence beyond the
+stages' call deadline with every stage healthy is DEADLINE_EXCEEDED.
+
+    with ring_route(stages, infos, addresses=None, sink_host="127.0.0.1") as route:
+        got = generate(route, prompt, budget=32, stop_tokens=(2,))   # Generated: tokens, logits, end
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from core.errors import ConfigurationError
+from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
+from worker.client import StageFailed, StageInfo, ended_stage
+
+POLL_SECONDS = 0.1  # how often a silent ring's workers are checked for an exit
+SILENCE_SECONDS = 0.5  # no token for this long: every stage is asked for Health (a slow one costs nothing)
+HEALTH_DEADLINE = 1.0  # generous: a loaded machine must not make a healthy stage look hung
+
+# RingEnd in shard.proto, by value
+ENDS = {0: "continues", 1: "budget", 2: "stop_token", 3: "context_full", 4: "failed"}
+
+
+class RingSink(Sink):
+    """A sink that also takes ring deliveries: each open ring's go, in arrival order, to its own queue.
+
+    A ring delivery for a ring nobody reads (unknown, or closed: the driver has its answer or gave
+    up) is refused with FAILED_PRECONDITION, which stops that ring at its last stage."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._rings: dict[str, queue.SimpleQueue[Received]] = {}
+
+    def open_ring(self, request_id: str) -> queue.SimpleQueue[Received]:
+        got: queue.SimpleQueue[Received] = queue.SimpleQueue()
+        with self._lock:
+            if request_id in self._rings:
+                raise ValueError(f"ring {request_id!r} is already open")
+            self._rings[request_id] = got
+        return got
+
+    def close_ring(self, request_id: str) -> None:
+        with self._lock:
+            self._rings.pop(request_id, None)
+
+    def _deliver(self, request: object, context: grpc.ServicerContext) -> object:
+        received_at = time.perf_counter()
+        ringed = request.HasField("ring")
+        with self._lock:
+            got = self._rings.get(request.request_id)
+            if ringed:
+                self.refused += got is None
+                self.delivered += got is not None
+        if not ringed:
+            if got is not None:  # refused: the first pass's ack carries this back to the driver
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"ring {request.request_id!r} came back as a plain chained pass: a stage "
+                              f"predates ring decode (update every worker)")
+            return super()._deliver(request, context)
+        if got is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"no ring {request.request_id!r} is read by this driver")
+        got.put(Received(delivery=request, received_at=received_at))
+        return self._pb2.DeliveryAck()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingRun:
+    """What a ring brought back, one entry per token it chose, in order."""
+
+    tokens: tuple[int, ...]
+    passes: tuple[ChainedPass, ...]  # wall_seconds: since the previous delivery (the first: the start)
+    end: str  # budget, stop_token or context_full
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generated:
+    """A prompt's greedy continuation: the driver's pick after the prefill, then the ring's."""
+
+    tokens: tuple[int, ...]
+    logits: np.ndarray  # [len(tokens), n_vocab]: row i is the logits token i was chosen from
+    end: str  # budget, stop_token or context_full
+    ring: RingRun | None  # None when the first token already ended the run
+
+
+class RingRoute(ChainRoute):
+    """A ChainRoute (chained prefill passes) whose sink also reads rings."""
+
+    sink: RingSink
+
+    def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
+               stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
+               keep_boundaries: bool = False) -> RingRun:
+        """Feed ``token`` at ``position`` and let the stages choose up to ``budget`` tokens after it."""
+        if budget < 1:
+            raise ConfigurationError("a ring needs a budget of at least one token")
+        first, pb2 = self.stages[0], self.stages[0].pb2
+        request_id = uuid.uuid4().hex
+        ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
+                        max_position=min(i.n_ctx for i in self.infos) - 1,
+                        pass_timeout_ms=int(first.deadline * 1000))
+        deliveries = self.sink.open_ring(request_id)
+        started = time.perf_counter()
+        try:
+            ack = first.forward_chained(
+                session, epoch, [position], tokens=[token], downstream=self.addresses[1:],
+                deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
+                all_logits=all_logits, keep_boundaries=keep_boundaries, ring=ring,
+            )
+            self._acks.append(ack)  # collected by drain(), like a chained pass's
+            return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries)
+        finally:
+            self.sink.close_ring(request_id)
+
+    def _read(self, deliveries: queue.SimpleQueue[Received], ack: grpc.Future, budget: int, started: float,
+              *, keep_boundaries: bool) -> RingRun:
+        tokens: list[int] = []
+        passes: list[ChainedPass] = []
+        last_at = probed_at = started
+        last = self.stages[-1]
+        while True:
+            try:
+                got = deliveries.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                now = time.perf_counter()
+                if now - max(last_at, probed_at) >= SILENCE_SECONDS:
+                    self._probe(now - last_at)
+                    probed_at = time.perf_counter()
+                self._check_silence(ack, time.perf_counter() - last_at)
+                continue
+            r = got.delivery.ring
+            end = ENDS.get(int(r.end))
+            if end == "failed":
+                raise self._failed(r)
+            if int(r.index) != len(tokens) or end is None:
+                raise last.failure("BAD_REPLY", f"the ring delivered token {r.index} (end {r.end}) where "
+                                   f"token {len(tokens)} was next")
+            passed = self._check(got, last_at, keep_boundaries=keep_boundaries)
+            pick = int(np.argmax(passed.logits[-1]))
+            if pick != int(r.token):
+                raise last.failure("BAD_REPLY", f"the ring chose token {r.token} at its step {r.index}, but "
+                                   f"the argmax of the logits it delivered is {pick}")
+            tokens.append(pick)
+            passes.append(passed)
+            last_at = got.received_at
+            if end != "continues":
+                return RingRun(tokens=tuple(tokens), passes=tuple(passes), end=end)
+            if len(tokens) >= budget:
+                raise last.failure("BAD_REPLY", f"the ring went on past its budget of {budget} tokens")
+
+    def _check_silence(self, ack: grpc.Future, quiet: float) -> None:
+        """Raise when the silence has an explanation: the first pass failed, a worker ended, or it
+        lasted past the stages' deadline."""
+        if ack.done():
+            self._raise_if_failed(ack)
+        dead = ended_stage(self.stages, None, settle=False)
+        if dead is not None:
+            raise dead.explain("ring decode", None, f"no token for {quiet:.2f} s", settle=False)
+        if quiet > self.stages[0].deadline:
+            raise self.stages[0].failure("DEADLINE_EXCEEDED", f"the ring delivered no token for "
+                                         f"{quiet:.1f} s though every stage answers Health")
+
+    def _probe(self, quiet: float) -> None:
+        for stage in self.stages:
+            try:
+                stage.health(deadline=HEALTH_DEADLINE)
+            except StageFailed as exc:
+                raise stage.failure(exc.code, f"the ring delivered no token for {quiet:.2f} s and "
+                                    f"Health failed: {exc.detail}") from None
+
+    def _failed(self, r: object) -> StageFailed:
+        """The StageFailed of a RING_FAILED delivery: a worker that died explains it best, else the
+        stage the delivery names, with the failed call's status."""
+        code = grpc.StatusCode.__members__.get(r.code)
+        dead = ended_stage(self.stages, code)
+        if dead is not None:
+            return dead.explain("ring Forward", code, r.detail, settle=False)
+        k = int(r.failed_stage) if 0 <= int(r.failed_stage) < len(self.stages) else 0
+        return self.stages[k].explain("ring Forward", code, r.detail, settle=False)
+
+
+def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_tokens: Sequence[int] = (),
+             session: str | None = None, epoch: int = 1, boundary_dtype: str = "f32") -> Generated:
+    """Prefill ``prompt`` (chained passes of at most the smallest n_batch), pick the first token here,
+    then let the ring choose the rest: at most ``budget`` tokens in all, ending early at a stop token
+    (which is returned) or when the context is full.  The session is the caller's to reset."""
+    if not prompt or budget < 1:
+        raise ConfigurationError("a ring run needs a prompt and a budget of at least one token")
+    session = session or f"dgr-ring-{uuid.uuid4().hex[:12]}"
+    batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
+    for begin in range(0, len(prompt), batch):
+        part = [int(t) for t in prompt[begin:begin + batch]]
+        passed = route.run(session, epoch, list(range(begin, begin + len(part))), part,
+                           boundary_dtype=boundary_dtype, all_logits=False, keep_boundaries=False)
+    first = int(np.argmax(passed.logits[-1]))
+    rows = [passed.logits[-1:]]
+    full = len(prompt) > min(i.n_ctx for i in route.infos) - 1
+    if first in stop_tokens or budget == 1 or full:
+        end = "stop_token" if first in stop_tokens else "budget" if budget == 1 else "context_full"
+        return Generated(tokens=(first,), logits=rows[0], end=end, ring=None)
+    run = route.decode(session, epoch, len(prompt), first, budget - 1, stop_tokens=stop_tokens,
+                       boundary_dtype=boundary_dtype)
+    route.drain()
+    rows += [p.logits[-1:] for p in run.passes]
+    return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)
+
+
+@contextmanager
+def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
+               sink_host: str) -> Iterator[RingRoute]:
+    """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit."""
+    first = stages[0]
+    with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
+        where = addresses if addresses is not None else [s.address for s in stages]
+        route = RingRoute(stages, infos, sink, where)
+        try:
+            yield route
+        finally:
+            route.drain(quiet=True)

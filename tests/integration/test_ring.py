@@ -1,0 +1,237 @@
+"""Issue 19 item 2: ring decode on the real worker and the embedded tiny model (CPU lane).
+
+The last stage picks each greedy token and starts the next pass at stage 0 itself; the driver only
+reads.  At 2, 3 and 12 stages on 127.0.0.1: ring logits == relayed logits == monolithic logits (max abs
+difference 0), the same tokens, the same seam boundaries; the budget, a stop token and a full context
+each end the ring where they should (and the stages stop there: the session continues relayed at the
+next position); a stage killed mid-ring (first, middle, last) ends the run within a bound, named DIED;
+a malformed ring is refused.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from pipeline import drive, ring
+from tests.integration.conftest import our_workers, proc_alive
+from worker.client import StageClient, StageFailed
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time",
+]
+N_DECODE = 24
+N_LAYER = 12
+PLACEMENTS = {
+    "2-stages": [(0, 6), (6, 12)],
+    "3-stages": [(0, 4), (4, 8), (8, 12)],
+    "12-stages": [(k, k + 1) for k in range(N_LAYER)],
+}
+THREE = PLACEMENTS["3-stages"]
+KILL_BOUND_S = 10.0  # generous for a loaded 2-core box; the measured time is printed
+
+
+@pytest.fixture(scope="module")
+def reference(worker_command, stubs, worker_env, tmp_path_factory):
+    """Monolithic, relayed with captures (the seams' reference), and the monolithic ring beside it."""
+    evidence = tmp_path_factory.mktemp("mono")
+    with launch(worker_command, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env) as p:
+        prompts = [p.clients[0].tokenize(text, add_special=True) for text in TEXTS]
+        trace = drive.run_placement(p.clients, prompts, N_DECODE, capture=list(range(1, N_LAYER)))
+        mono_ring = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="ring")
+    for r, c in zip(trace.prompts, mono_ring.prompts, strict=True):
+        assert r.tokens == c.tokens and np.array_equal(r.logits, c.logits), "a one-stage ring differs"
+    return prompts, trace
+
+
+def _max_diff(a: drive.Trace, b: drive.Trace) -> float:
+    return max(float(np.abs(x.logits - y.logits).max()) for x, y in zip(a.prompts, b.prompts, strict=True))
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_ring_equals_relayed_equals_monolithic(name, reference, worker_command, stubs, worker_env,
+                                               tmp_path) -> None:
+    prompts, mono = reference
+    placement = PLACEMENTS[name]
+    n = len(placement)
+    with launch(worker_command, placement, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        relayed = drive.run_placement(p.clients, prompts, N_DECODE)
+        ringed = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="ring")
+        pids = p.pids
+    assert [s.process.returncode for s in p.stages] == [0] * n, "clean exit on SIGTERM"
+    print(f"\n[ring] {name}: max |ring - relayed| = {_max_diff(ringed, relayed):.3g}, "
+          f"max |ring - monolithic| = {_max_diff(ringed, mono):.3g}; crossings per decode token "
+          f"ring {ringed.prompts[0].decode[-1].crossings} vs relayed "
+          f"{relayed.prompts[0].decode[-1].crossings}")
+    assert ringed.forwarding == "ring"
+    for g, r, m in zip(ringed.prompts, relayed.prompts, mono.prompts, strict=True):
+        assert g.tokens == r.tokens == m.tokens and len(g.tokens) == N_DECODE
+        assert np.array_equal(g.logits, r.logits) and np.array_equal(g.logits, m.logits)
+        for cut in ringed.cuts:
+            assert np.array_equal(g.boundaries[cut], m.captures[cut]), f"boundary at layer {cut}"
+        assert len(g.decode) == N_DECODE - 1
+        assert all(s.forwarding == "ring" and s.crossings == n for s in g.decode)
+        assert all(s.wall_seconds > 0 for s in g.decode)
+    assert not any(proc_alive(pid) for pid in pids)
+    assert our_workers(worker_command.program[0]) == []
+
+
+def _continue_relayed(clients, session: str, position: int, token: int) -> np.ndarray:
+    """One relayed pass after a ring: it is accepted only if the ring fed nothing past ``position - 1``."""
+    relay = None
+    for c in clients:
+        reply = c.forward(session, 1, [position], tokens=[token], boundary=relay)
+        relay = reply.boundary_wire
+    return reply.logits
+
+
+def test_budget_and_stop_tokens_end_the_ring(reference, worker_command, stubs, worker_env, tmp_path) -> None:
+    prompts, mono = reference
+    prompt, ref = prompts[0], mono.prompts[0]
+    # a stop token whose first appearance is well inside the continuation
+    at = next(i for i in range(3, N_DECODE - 1) if ref.tokens[i] not in ref.tokens[:i])
+    stop = ref.tokens[at]
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+            budget = ring.generate(route, prompt, 7, session="budget")
+            # the stages stopped at the budget: position P+6 is the next one the session accepts
+            after = _continue_relayed(p.clients, "budget", len(prompt) + 6, budget.tokens[-1])
+            stopped = ring.generate(route, prompt, 20, stop_tokens=(stop, 99999), session="stop")
+            after_stop = _continue_relayed(p.clients, "stop", len(prompt) + at, stop)
+            at_once = ring.generate(route, prompt, 20, stop_tokens=(ref.tokens[0],), session="first")
+            refused = route.sink.refused
+    print(f"\n[ring] budget 7: {budget.end} after {len(budget.tokens)} tokens; stop token {stop} "
+          f"(step {at}): {stopped.end} after {len(stopped.tokens)}; first token a stop token: {at_once.end}")
+    assert budget.end == "budget" and budget.tokens == ref.tokens[:7]
+    # row 0 is the prefill's (generate asks for the last row only, the reference for every row: a
+    # different matmul shape); rows 1.. are the ring's one-token passes, bitwise the reference's
+    assert np.allclose(budget.logits[0], ref.logits[len(prompt) - 1], rtol=0, atol=1e-5)
+    assert np.array_equal(budget.logits[1:], ref.logits[len(prompt):len(prompt) + 6])
+    assert np.array_equal(after, ref.logits[len(prompt) + 6:len(prompt) + 7])
+    assert stopped.end == "stop_token" and stopped.tokens == ref.tokens[:at + 1]
+    assert np.array_equal(after_stop, ref.logits[len(prompt) + at:len(prompt) + at + 1])
+    assert at_once.end == "stop_token" and at_once.tokens == ref.tokens[:1] and at_once.ring is None
+    assert refused == 0, "a ring delivered past its end"
+
+
+def test_a_full_context_ends_the_ring(reference, worker_command, stubs, worker_env, tmp_path) -> None:
+    prompts, mono = reference
+    prompt, ref = prompts[1], mono.prompts[1]
+    n_ctx = worker_command.ctx_size
+    with launch(worker_command, PLACEMENTS["2-stages"], stubs=stubs, evidence=tmp_path / "ev",
+                env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+            got = ring.generate(route, prompt, 10 * n_ctx, session="full")
+    print(f"\n[ring] context {n_ctx}, prompt {len(prompt)}: {got.end} after {len(got.tokens)} tokens")
+    # every position 0..n_ctx-1 fed once (the prompt, then a token each), plus the last one chosen
+    assert got.end == "context_full" and len(got.tokens) == n_ctx - len(prompt) + 1
+    assert got.tokens[:N_DECODE] == ref.tokens
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2], ids=["first", "middle", "last"])
+def test_stage_killed_mid_ring_is_named(victim, reference, worker_command, stubs, worker_env,
+                                        tmp_path) -> None:
+    prompts, _ = reference
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        killed_at: list[float] = []
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+            def kill_when_flowing() -> None:
+                until = time.monotonic() + 60
+                while route.sink.delivered < 10 and time.monotonic() < until:
+                    time.sleep(0.005)
+                killed_at.append(time.monotonic())
+                p.stages[victim].process.kill()
+
+            killer = threading.Thread(target=kill_when_flowing, daemon=True)
+            killer.start()
+            with pytest.raises(StageFailed) as caught:
+                ring.generate(route, prompts[1], 10 * worker_command.ctx_size, session="killed")
+            took = time.monotonic() - killed_at[0]
+            delivered = route.sink.delivered
+            killer.join()
+        pids = p.pids
+    print(f"\n[ring] stage {victim} of 3 killed after {delivered} deliveries: {caught.value} "
+          f"(ended {took:.2f} s after the kill)")
+    assert caught.value.stage == victim and caught.value.code == "DIED" and "SIGKILL" in str(caught.value)
+    assert took < KILL_BOUND_S
+    assert not any(proc_alive(pid) for pid in pids)
+    assert our_workers(worker_command.program[0]) == []
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_silent_last_stage_is_found_by_health(how, reference, worker_command, stubs, worker_env,
+                                                tmp_path) -> None:
+    """Clients with no view of the worker processes (stages on other hosts): when the last stage, the
+    one that would report a failure, dies or freezes (SIGSTOP), the silence makes the driver ask every
+    stage for Health and the last one is named."""
+    prompts, _ = reference
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        remote = [StageClient(c.address, c.pb2, c.pb2_grpc, stage=c.stage, layers=c.layers,
+                              deadline=c.deadline) for c in p.clients]
+        victim = p.stages[2].process
+        infos = drive.describe(remote)
+        silenced_at: list[float] = []
+        with ring.ring_route(remote, infos, addresses=None, sink_host="127.0.0.1") as route:
+            def silence() -> None:
+                until = time.monotonic() + 60
+                while route.sink.delivered < 10 and time.monotonic() < until:
+                    time.sleep(0.005)
+                silenced_at.append(time.monotonic())
+                victim.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+
+            threading.Thread(target=silence, daemon=True).start()
+            try:
+                with pytest.raises(StageFailed) as caught:
+                    ring.generate(route, prompts[1], 10 * worker_command.ctx_size, session="silent")
+                took = time.monotonic() - silenced_at[0]
+            finally:
+                victim.send_signal(signal.SIGCONT)
+    print(f"\n[ring] last stage {how}, no process view: {caught.value} (ended {took:.2f} s after)")
+    assert caught.value.stage == 2 and "Health failed" in caught.value.detail
+    assert caught.value.code == ("UNAVAILABLE" if how == "killed" else "DEADLINE_EXCEEDED")
+    assert took < KILL_BOUND_S
+    assert our_workers(worker_command.program[0]) == []
+
+
+def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_env, tmp_path) -> None:
+    prompts, _ = reference
+    prompt = prompts[1]
+    with launch(worker_command, PLACEMENTS["2-stages"], stubs=stubs, evidence=tmp_path / "ev",
+                env=worker_env) as p:
+        first, pb2 = p.clients[0], p.clients[0].pb2
+        addresses = [s.address for s in p.clients]
+
+        def attempt(session: str, ring_msg, **kw) -> tuple[grpc.StatusCode, str, dict]:
+            kw.setdefault("downstream", addresses[1:])
+            kw.setdefault("deliver_to", "127.0.0.1:1")
+            ack = first.forward_chained(session, 1, list(range(len(prompt))), tokens=prompt, request_id="x",
+                                        ring=ring_msg, **kw)
+            with pytest.raises(grpc.RpcError) as err:
+                ack.result(timeout=30)
+            return err.value.code(), err.value.details(), dict(err.value.trailing_metadata() or ())
+
+        relayed = pb2.ForwardRequest(session_id="r", epoch=1, positions=[0], tokens=prompt[:1],
+                                     ring=pb2.Ring(budget=3, stages=addresses))
+        with grpc.insecure_channel(first.address) as channel, pytest.raises(grpc.RpcError) as no_sink:
+            # the raw call: the client never sends a ring without a sink
+            p.clients[0].pb2_grpc.ShardWorkerStub(channel).Forward(relayed, timeout=30)
+        short = attempt("short", pb2.Ring(budget=3, stages=addresses[:1]))
+        empty = attempt("empty", pb2.Ring(budget=0, stages=addresses))
+    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]}")
+    assert no_sink.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "ring without deliver_to" in \
+        no_sink.value.details()
+    assert short[0] is grpc.StatusCode.INVALID_ARGUMENT and "names 1 stage address" in short[1]
+    assert short[2].get("dgr-failed-stage") == "1"
+    assert empty[0] is grpc.StatusCode.INVALID_ARGUMENT and "budget 0" in empty[1]
