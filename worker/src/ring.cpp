@@ -52,7 +52,7 @@ struct RingRunner::State {
 
     Chain &                    chain;
     std::mutex                 mu;
-    std::condition_variable    wake;
+    std::condition_variable    wake_delivery, wake_pass;  // apart: a token wakes only the thread it concerns
     std::deque<DeliveryJob>    deliveries;
     std::deque<PassJob>        passes;
     int                        in_flight = 0;
@@ -99,7 +99,7 @@ struct RingRunner::State {
         }
         stop_ring(id, false);
         deliveries.push_back(DeliveryJob{sink, std::move(d), ms(30000)});
-        wake.notify_all();
+        wake_delivery.notify_one();
     }
 
     void deliver_loop() {
@@ -107,7 +107,7 @@ struct RingRunner::State {
             DeliveryJob job;
             {
                 std::unique_lock<std::mutex> lock(mu);
-                wake.wait(lock, [&] { return stopping || !deliveries.empty(); });
+                wake_delivery.wait(lock, [&] { return stopping || !deliveries.empty(); });
                 if (stopping) {
                     return;
                 }
@@ -134,7 +134,7 @@ struct RingRunner::State {
             PassJob job;
             {
                 std::unique_lock<std::mutex> lock(mu);
-                wake.wait(lock, [&] { return stopping || (!passes.empty() && in_flight < kMaxPassesInFlight); });
+                wake_pass.wait(lock, [&] { return stopping || (!passes.empty() && in_flight < kMaxPassesInFlight); });
                 if (stopping) {
                     return;
                 }
@@ -158,7 +158,9 @@ struct RingRunner::State {
             {
                 std::lock_guard<std::mutex> lock(self->mu);
                 --self->in_flight;
-                self->wake.notify_all();
+                if (!self->passes.empty()) {
+                    self->wake_pass.notify_one();
+                }
             }
             if (!r.status.ok()) {
                 self->pass_failed(address, id, sink, index, r);
@@ -178,7 +180,8 @@ RingRunner::~RingRunner() {
         std::lock_guard<std::mutex> lock(state_->mu);
         state_->stopping = true;
     }
-    state_->wake.notify_all();
+    state_->wake_delivery.notify_all();
+    state_->wake_pass.notify_all();
     state_->delivery_thread.join();
     state_->pass_thread.join();
 }
@@ -186,7 +189,7 @@ RingRunner::~RingRunner() {
 void RingRunner::deliver(const std::string & sink, pb::Delivery delivery, ms timeout) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
-    state_->wake.notify_all();
+    state_->wake_delivery.notify_one();
 }
 
 void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,
@@ -195,18 +198,17 @@ void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delive
     {
         std::lock_guard<std::mutex> lock(state_->mu);
         state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+        state_->wake_delivery.notify_one();
         if (state_->stopped.count(job.request.request_id())) {
-            state_->wake.notify_all();
             return;  // the ring failed or its sink gave up: no further pass
         }
         const bool now = state_->passes.empty() && state_->in_flight < kMaxPassesInFlight && !state_->stopping;
         if (!now) {
             state_->passes.push_back(std::move(job));  // the pass thread keeps the order and the bound
-            state_->wake.notify_all();
+            state_->wake_pass.notify_one();
             return;
         }
         ++state_->in_flight;
-        state_->wake.notify_all();
     }
     // Nothing queued and room in flight: start it here, saving a thread hand-off per token. The call is
     // asynchronous, so the handler still returns at once and no pass waits inside another.

@@ -1,0 +1,83 @@
+"""Decode speed of ring decode (issue 19 item 2) beside relayed and chained forwarding, loopback, CPU.
+
+One ggml thread per worker (as DGR_WORKER_THREADS=1 does for a certificate), the embedded tiny model,
+monolithic and 2, 4 and 12 stages, in one run: each placement's workers serve all three modes,
+interleaved over ROUNDS rounds so drift in the machine's load hits every mode alike.  The table gives
+median decode tok/s (IQR), the crossings on one token's critical path, and each figure's ratio to the
+monolithic worker driven relayed (the end-to-end monolithic figure of the certificate), with the load
+average before and after.  A figure of the machine's load, not a pass/fail property: the only
+assertions are the crossings and that every mode decoded.
+
+Run: ``pytest tests/bench -m slow -s -k ring`` (or ``nox -s bench``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from certify.metrics import median_iqr
+from pipeline import drive
+from tests.integration import conftest as shared
+from worker.launcher import launch
+
+real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
+stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+PLACEMENTS = {
+    "monolithic": [(0, 12)],
+    "2-stages": [(0, 6), (6, 12)],
+    "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
+    "12-stages": [(k, k + 1) for k in range(12)],
+}
+MODES = ("relayed", "chained", "ring")
+CROSSINGS = {"relayed": lambda n: 2 * n, "chained": lambda n: n + 1, "ring": lambda n: n}
+N_DECODE = 65  # 64 decode steps per repetition
+ROUNDS = 2
+PROMPT = "Once upon a time"
+
+
+def _sweep(clients) -> dict[str, dict]:
+    got: dict[str, dict] = {m: {"tok_s": [], "crossings": 0} for m in MODES}
+    prompt = clients[0].tokenize(PROMPT, add_special=True)
+    for _ in range(ROUNDS):
+        for mode in MODES:
+            s = drive.measure_speed(clients, prompt, N_DECODE, repetitions=3, warmup=1, forwarding=mode)
+            got[mode]["tok_s"] += list(s.decode_tok_s)
+            got[mode]["crossings"] = s.crossings_per_token
+    return got
+
+
+def test_ring_vs_chained_vs_relayed(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
+    single = dataclasses.replace(worker_command, threads=1)
+    load_before = os.getloadavg()
+    figures: dict[str, dict] = {}
+    for name, placement in PLACEMENTS.items():
+        with launch(single, placement, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
+            runs = _sweep(p.clients) if name != "12-stages" else benchmark.pedantic(
+                _sweep, args=(p.clients,), rounds=1, iterations=1)
+        figures[name] = runs
+        for mode, run in runs.items():
+            assert run["crossings"] == CROSSINGS[mode](len(placement)), (name, mode)
+            assert all(v > 0 for v in run["tok_s"])
+    load_after = os.getloadavg()
+    mono = median_iqr(figures["monolithic"]["relayed"]["tok_s"]).median
+    lines = [f"{'placement':<11} {'mode':<8} {'tok/s':>7} {'IQR':>6} {'x/tok':>5} {'/mono':>6}"]
+    table = {}
+    for name, runs in figures.items():
+        for mode, run in runs.items():
+            m = median_iqr(run["tok_s"])
+            table[f"{name}/{mode}"] = {"tok_s": m.median, "iqr": m.iqr, "crossings": run["crossings"],
+                                       "ratio_to_monolithic": m.median / mono}
+            lines.append(f"{name:<11} {mode:<8} {m.median:7.1f} {m.iqr:6.1f} {run['crossings']:5d} "
+                         f"{m.median / mono:6.2f}")
+    print(f"\n[bench ring] tiny-llama, 1 thread per worker, loopback, median of {ROUNDS * 3} runs x "
+          f"{N_DECODE - 1} decode tokens; /mono = ratio to the monolithic worker driven relayed "
+          f"({mono:.1f} tok/s); load average before {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}, "
+          f"{os.cpu_count()} cpus\n  " + "\n  ".join(lines))
+    benchmark.extra_info.update(table=table, load_before=list(load_before), load_after=list(load_after))
