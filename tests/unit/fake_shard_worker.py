@@ -8,6 +8,7 @@ monolithic runs agree only when positions, sessions and epochs are handled right
 Faults (tests inject them through the environment, optionally for one stage by its first layer):
   DGR_FAKE_FAULT=exit-at-start | no-listen | die-after-forwards:N | hang-forward | bad-shape
                  | ignore-sigterm | fail-after-forwards:N (INTERNAL "injected failure")
+                 | wrong-token (a ring's last stage picks argmax + 1)
   DGR_FAKE_FAULT_BEGIN=<layer>   only the stage starting at that layer misbehaves
   DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
   DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused)
@@ -15,7 +16,10 @@ Faults (tests inject them through the environment, optionally for one stage by i
 Chained forwarding (ForwardRequest.deliver_to) behaves as in the C++ worker (worker/README.md): the
 stage computes, then calls the next stage's Forward (or the driver's PipelineSink.Deliver) and acks;
 a failure further down comes back with its code, "stage K at ADDR: CODE: ..." and the trailer
-dgr-failed-stage: K.
+dgr-failed-stage: K.  Ring passes (ForwardRequest.ring) too: the last stage picks the argmax, and one
+thread of its own delivers the token and then starts the next pass without waiting for its ack; a
+failed pass is delivered as RING_FAILED naming the stage (a simpler schedule than the C++ worker's,
+the same messages).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -70,6 +75,9 @@ class Servicer(pbg.ShardWorkerServicer):
         self.lock = threading.Lock()
         self.channels: dict[str, grpc.Channel] = {}
         self.channels_lock = threading.Lock()
+        self.ring_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.rings_stopped: set[str] = set()
+        threading.Thread(target=self._ring_loop, daemon=True).start()
 
     def Health(self, request, context):
         return pb.HealthReply(serving=True, status="ok")
@@ -145,10 +153,13 @@ class Servicer(pbg.ShardWorkerServicer):
                     all_logits=request.all_logits, downstream=request.downstream[1:],
                     deliver_to=request.deliver_to, request_id=request.request_id,
                     keep_boundaries=request.keep_boundaries, trace=[*request.trace, hop],
+                    ring=request.ring if request.HasField("ring") else None,
                 )
                 address, what = request.downstream[0], f"stage {index + 1} at {request.downstream[0]}"
                 nxt.trace[-1].sent_ns = time.monotonic_ns()
                 pbg.ShardWorkerStub(self._channel(address)).Forward(nxt, timeout=timeout)
+            elif request.HasField("ring"):
+                self._ring_on(request, reply, hop)
             else:
                 delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop])
                 delivery.reply.logits.CopyFrom(reply.logits)
@@ -164,6 +175,58 @@ class Servicer(pbg.ShardWorkerServicer):
             context.set_trailing_metadata(((FAILED_STAGE, str(index if last else index + 1)),))
             context.abort(exc.code(), f"{what}: {exc.code().name}: {exc.details()}")
         return pb.ForwardReply()
+
+    def _ring_on(self, request, reply, hop) -> None:
+        ring = request.ring
+        logits = np.frombuffer(reply.logits.data, dtype="<f4").reshape(list(reply.logits.shape))
+        token = int(np.argmax(logits[-1])) + (self.fault == "wrong-token")
+        pos = request.positions[-1] + 1
+        limit = min(ring.max_position or self.args.ctx - 1, self.args.ctx - 1)
+        end = (pb.RING_STOP_TOKEN if token in ring.stop_tokens else pb.RING_BUDGET if ring.budget <= 1
+               else pb.RING_CONTEXT_FULL if pos > limit else pb.RING_CONTINUES)
+        hop.sent_ns = time.monotonic_ns()
+        delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop],
+                               ring=pb.RingToken(token=token, index=ring.index, end=end))
+        delivery.reply.logits.CopyFrom(reply.logits)
+        nxt = None
+        if end == pb.RING_CONTINUES:
+            more = pb.Ring()
+            more.CopyFrom(ring)
+            more.budget, more.index = ring.budget - 1, ring.index + 1
+            nxt = pb.ForwardRequest(
+                session_id=request.session_id, epoch=request.epoch, positions=[pos], tokens=[token],
+                boundary_dtype=request.boundary_dtype, all_logits=request.all_logits,
+                downstream=ring.stages[1:], deliver_to=request.deliver_to, request_id=request.request_id,
+                keep_boundaries=request.keep_boundaries, ring=more)
+        self.ring_jobs.put((request.deliver_to, delivery, nxt))
+
+    def _ring_loop(self) -> None:
+        while True:
+            sink, delivery, nxt = self.ring_jobs.get()
+            rid = delivery.request_id
+            if rid in self.rings_stopped and delivery.ring.end != pb.RING_FAILED:
+                continue
+            try:
+                pbg.PipelineSinkStub(self._channel(sink)).Deliver(delivery, timeout=30)
+            except grpc.RpcError:
+                self.rings_stopped.add(rid)
+                continue
+            if nxt is not None:
+                address = nxt.ring.stages[0]
+                ack = pbg.ShardWorkerStub(self._channel(address)).Forward.future(nxt, timeout=30)
+                ack.add_done_callback(lambda f, a=address, n=nxt: self._ring_ack(f, a, n))
+
+    def _ring_ack(self, ack, address: str, nxt) -> None:
+        exc = ack.exception()
+        if exc is None or nxt.request_id in self.rings_stopped:
+            return
+        self.rings_stopped.add(nxt.request_id)
+        named = dict(exc.trailing_metadata() or ()).get(FAILED_STAGE)
+        code = exc.code().name
+        detail = exc.details() if named is not None else f"stage 0 at {address}: {code}: {exc.details()}"
+        failed = pb.RingToken(token=-1, index=nxt.ring.index, end=pb.RING_FAILED,
+                              failed_stage=int(named or 0), code=code, detail=detail)
+        self.ring_jobs.put((nxt.deliver_to, pb.Delivery(request_id=nxt.request_id, ring=failed), None))
 
     def _forward(self, request, context):
         t0 = time.perf_counter()

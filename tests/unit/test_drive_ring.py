@@ -1,0 +1,96 @@
+"""Ring decode's driver side (pipeline/ring.py, drive forwarding="ring") over real loopback fake workers.
+
+The fake worker (fake_shard_worker.py) runs rings with the C++ worker's messages, so these cover the
+driver without a build: ring == relayed bitwise, the budget and stop tokens, a token that is not its
+logits' argmax refused, a failed or killed stage named, nothing left running.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigurationError
+from pipeline import drive, ring
+from tests.unit.fake_stages import fake_command, fake_env, load_stubs
+from worker.client import StageFailed
+from worker.launcher import launch
+
+PROMPTS = [[1, 5, 9, 2], [7], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
+N_DECODE = 6
+PLACEMENTS = {
+    "1": [(0, 12)],
+    "2": [(0, 6), (6, 12)],
+    "3": [(0, 1), (1, 11), (11, 12)],
+    "12": [(k, k + 1) for k in range(12)],
+}
+THREE = PLACEMENTS["3"]
+VARIED = [20, 21, 22]  # the toy's continuation changes token inside 12 steps (most repeat one)
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory):
+    return load_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+def _launch(stubs, tmp_path: Path, placement, **faults: str):
+    return launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "ev",
+                  env=fake_env(stubs, **faults), call_deadline=20.0)
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_ring_equals_relayed_bitwise(stubs, tmp_path: Path, name: str) -> None:
+    n = len(PLACEMENTS[name])
+    with _launch(stubs, tmp_path, PLACEMENTS[name]) as p:
+        relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE)
+        ringed = drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="ring")
+        speed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1, forwarding="ring")
+    assert ringed.forwarding == "ring" and speed.crossings_per_token == n
+    for r, g in zip(relayed.prompts, ringed.prompts, strict=True):
+        assert np.array_equal(r.logits, g.logits) and r.tokens == g.tokens
+        assert r.logit_positions == g.logit_positions
+        for cut in ringed.cuts:
+            assert np.array_equal(r.boundaries[cut], g.boundaries[cut]), cut
+        assert all(s.forwarding == "ring" and s.crossings == n and s.wall_seconds > 0 for s in g.decode)
+    assert all(v > 0 for v in speed.decode_tok_s)
+
+
+def test_budget_and_stop_tokens(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, THREE) as p:
+        ref = drive.run_placement(p.clients, [VARIED], 12).prompts[0]
+        at = next(i for i in range(1, 12) if ref.tokens[i] not in ref.tokens[:i])  # 7 on the toy
+        infos = drive.describe(p.clients)
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as r:
+            budget = ring.generate(r, VARIED, 5, session="b")
+            stopped = ring.generate(r, VARIED, 12, stop_tokens=(ref.tokens[at],), session="s")
+            refused = r.sink.refused
+    assert budget.end == "budget" and budget.tokens == ref.tokens[:5] and budget.logits.shape[0] == 5
+    assert stopped.end == "stop_token" and stopped.tokens == ref.tokens[:at + 1]
+    assert refused == 0
+
+
+def test_a_token_that_is_not_the_argmax_is_refused(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="wrong-token", DGR_FAKE_FAULT_BEGIN="11") as p:
+        with pytest.raises(StageFailed) as caught:
+            drive.run_placement(p.clients, PROMPTS[:1], N_DECODE, forwarding="ring")
+    assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY" and "argmax" in caught.value.detail
+
+
+@pytest.mark.parametrize("fault, code", [("fail-after-forwards:3", "INTERNAL"),
+                                         ("die-after-forwards:3", "DIED")])
+def test_a_failing_middle_stage_is_named(stubs, tmp_path: Path, fault: str, code: str) -> None:
+    with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT=fault, DGR_FAKE_FAULT_BEGIN="1") as p:
+        with pytest.raises(StageFailed) as caught:
+            drive.run_placement(p.clients, PROMPTS[:1], 20, forwarding="ring")
+    assert caught.value.stage == 1 and caught.value.code == code, caught.value
+    assert "ring Forward" in str(caught.value)
+
+
+def test_teacher_forcing_and_captures_refuse_a_ring(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, PLACEMENTS["2"]) as p:
+        with pytest.raises(ConfigurationError, match="teacher forcing"):
+            drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", forced=[[1, 2, 3]])
+        with pytest.raises(ConfigurationError, match="relayed"):
+            drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", capture=[3])
