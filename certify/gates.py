@@ -234,9 +234,20 @@ def _reduce(results: Sequence[Result]) -> str:
 SEAM_BOUND_FLOOR = 0.95
 
 
-def speed_checks(speed: Speed, placement: Placement, *, ratio_not_applicable: str = "") -> list[Check]:
+def speed_checks(
+    speed: Speed, placement: Placement, *, ratio_not_applicable: str = "", concurrency: bool = False
+) -> list[Check]:
     """``ratio_not_applicable``: why the staged/monolithic ratio cannot be held (no monolithic speed of
-    this machine: a sealed reference made elsewhere); the ratio's row then says NOT_APPLICABLE."""
+    this machine: a sealed reference made elsewhere); the ratio's row then says NOT_APPLICABLE.
+    ``concurrency``: the recipe decodes several sessions at once; none may differ from one alone."""
+    checks = _speed_limits(speed, placement, ratio_not_applicable)
+    if concurrency:
+        checks.append(AtMost(name="concurrent sessions unlike one alone", metric="concurrency_diverging",
+                             limit=0.0))
+    return checks
+
+
+def _speed_limits(speed: Speed, placement: Placement, ratio_not_applicable: str) -> list[Check]:
     if placement.seams:
         # Shaped seams: the monolithic reference runs on loopback, so an absolute floor or a ratio to
         # it says nothing; what the links allow (pipeline.physics) is the reference instead.

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from certify import gates, metrics
+from certify import gates, metrics, throughput
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
@@ -242,6 +242,8 @@ def gate_figures(
     if speed:
         flat["decode_tok_s"] = speed["decode_tok_s"]["median"]
         flat["prefill_tok_s"] = speed["prefill_tok_s"]["median"]
+        if "concurrency" in speed:
+            flat["concurrency_diverging"] = float(speed["concurrency"]["diverging_sessions"])
     return flat
 
 
@@ -359,7 +361,7 @@ def lane_monolithic(
                                          forced=continuations)
             forced_seconds = time.perf_counter() - t1
         trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture)
-        speed = speed_figures(_measure(pipe.clients, prompts, recipe, "f32"))
+        speed = _speed(pipe.clients, prompts, recipe, "f32", mono.n_stages)
         # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
         # token by token (accumulation order), so on real weights a near-tie can flip even on one
         # worker.  The staged route change is therefore held to the monolithic worker doing the
@@ -390,7 +392,9 @@ def _lane_reference(
     out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
                               duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
     out.results.append(
-        gates.evaluate("speed", mono.name, gates.speed_checks(hc.speed, mono), gate_figures(None, ref.speed))
+        gates.evaluate("speed", mono.name,
+                       gates.speed_checks(hc.speed, mono, concurrency=bool(plan.recipe.measure.concurrency)),
+                       gate_figures(None, ref.speed))
     )
     return ref
 
@@ -505,7 +509,7 @@ def _staged_placement(
         if agreement is not None:
             forced = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
                                          forced=[list(t.tokens) for t in ref.trace.prompts], **routing)
-        speed = speed_figures(_measure(pipe.clients, ref.prompts, recipe, dtype, **routing))
+        speed = _speed(pipe.clients, ref.prompts, recipe, dtype, p.n_stages, **routing)
         route = None
         if p.name == rc_placement:
             route = drive.route_change(pipe.clients, ref.prompts[0], recipe.n_decode, rc_after,
@@ -546,7 +550,8 @@ def _staged_placement(
         gates.evaluate(
             "speed",
             p.name,
-            gates.speed_checks(hc.speed, p, ratio_not_applicable=not_applicable),
+            gates.speed_checks(hc.speed, p, ratio_not_applicable=not_applicable,
+                              concurrency=bool(recipe.measure.concurrency)),
             gate_figures(None, speed, record.get("seam_model")),
             gate_figures(None, ref.speed) if ref.speed is not None else None,
         )
@@ -601,6 +606,21 @@ def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
         return None, f"shaped seams need network namespaces: {support.reason}; not run"
     return seams.NetnsPipelines(stubs=plan.stubs, evidence=plan.evidence, env=plan.env, support=support,
                                 start_timeout=plan.start_timeout, call_deadline=plan.call_deadline), ""
+
+
+def _speed(
+    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str, n_stages: int,
+    **routing: Any,
+) -> dict[str, Any]:
+    """Single-stream speed figures, and the throughput of several sessions at once where the recipe
+    asks for it (certify.throughput)."""
+    speed = speed_figures(_measure(clients, prompts, recipe, dtype, **routing))
+    m = recipe.measure
+    if m.concurrency:
+        speed["concurrency"] = throughput.concurrency_figures(
+            clients, _speed_prompt(prompts, m.prompt_tokens), m.decode_tokens, m.concurrency_levels(n_stages),
+            rounds=m.concurrency_rounds, boundary_dtype=dtype, **routing)
+    return speed
 
 
 def _measure(

@@ -128,6 +128,16 @@ def write_run_identity(run: Run, prepared: Prepared) -> None:
     )
 
 
+WORKER_SESSIONS = 4  # the worker's own --max-sessions default
+
+
+def sessions_needed(recipe: Recipe) -> int | None:
+    """--max-sessions for the workers we start: the most sessions the recipe decodes at once (contexts
+    are made on demand, so a larger cap costs nothing until they are used); None: the worker's own."""
+    levels = [c for p in recipe.placements.values() for c in recipe.measure.concurrency_levels(p.n_stages)]
+    return max(WORKER_SESSIONS, *levels) if levels else None
+
+
 def make_plan(
     ctx: Context,
     run: Run,
@@ -152,6 +162,7 @@ def make_plan(
             model=prepared.model,
             threads=threads,
             ctx_size=context,
+            max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",
             lane=worker_lane,
         )

@@ -79,6 +79,13 @@ class Measure:
     repetitions: int
     prompt_tokens: int
     decode_tokens: int
+    # Sessions decoded at the same time (pipeline.concurrency): numbers, or "n_stages" for the
+    # placement's own stage count; empty: single-stream speed only.
+    concurrency: tuple[int | str, ...] = ()
+    concurrency_rounds: int = 3
+
+    def concurrency_levels(self, n_stages: int) -> list[int]:
+        return sorted({n_stages if c == "n_stages" else int(c) for c in self.concurrency})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import charts, seams
+from reports import charts, seams, throughput
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -281,6 +281,8 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         seam_tokens=_optional_table(seams.token_frame(placements)),
         seam_rows=_optional_table(seams.seam_frame(placements)),
         floor_rows=_optional_table(seams.floor_frame(placements, figures.get("transport_floor"))),
+        concurrency_rows=_optional_table(throughput.concurrency_frame(placements)),
+        concurrency_single=throughput.concurrency_note(placements),
         floor_note=seams.floor_note(figures.get("transport_floor")),
         shaping_notes=seams.shaping_notes(placements),
         scaling=seams.scaling_chart(

@@ -41,6 +41,13 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     assert {row["bytes"] for row in floor["sizes"]} == carried and carried
     assert all(0 < row["tcp_round_trip_s"]["median"] and 0 < row["grpc_round_trip_s"]["median"]
                for row in floor["sizes"])
+    # Two sessions at once on every placement, each bitwise the session alone, held by the speed gate.
+    for p in pred["figures"]["placements"]:
+        (level,) = p["speed"]["concurrency"]["levels"]
+        assert (level["sessions"], level["diverging_sessions"]) == (2, 0)
+        assert level["aggregate_tok_s"]["median"] > 0
+    speed_twelve = next(r for r in pred["results"] if r["name"] == "speed/twelve-single")
+    assert "concurrent sessions unlike one alone" in json.dumps(speed_twelve)
     gates_run = {r["name"] for r in pred["results"]}
     expected = {"staging-parity/twelve-single", "speed/twelve-single", "route-change/three-first-middle"}
     assert expected <= gates_run

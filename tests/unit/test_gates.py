@@ -106,3 +106,13 @@ def test_shaped_seams_are_held_to_the_physical_bound_not_to_loopback() -> None:
     assert unshaped.status is Status.FAIL and "shaping applied" in unshaped.reason
     slow = gates.evaluate("speed", "wan", checks, {**ok, "seam_ratio_max": 7.0, "bound_efficiency": 0.1})
     assert slow.status is Status.FAIL and "physical bound" in slow.reason and "measured time" in slow.reason
+
+
+def test_a_concurrent_session_unlike_one_alone_fails_the_speed_gate() -> None:
+    assert not any(c.metric == "concurrency_diverging" for c in gates.speed_checks(HC.speed, TWO))
+    checks = gates.speed_checks(HC.speed, MONO, concurrency=True)
+    fast = {"decode_tok_s": 1e6, "prefill_tok_s": 1e6}
+    same = gates.evaluate("speed", "mono", checks, {**fast, "concurrency_diverging": 0.0})
+    assert same.status is Status.PASS
+    mixed = gates.evaluate("speed", "mono", checks, {**fast, "concurrency_diverging": 1.0})
+    assert mixed.status is Status.FAIL and "concurrent sessions unlike one alone" in mixed.reason

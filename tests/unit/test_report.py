@@ -58,6 +58,7 @@ def test_page_shows_verdict_gates_and_identity(run) -> None:
         assert check in html, check
     assert "&lt;= 1.000e-10" in html  # thresholds beside values
     assert "Seams against the transport floor" in html and "measured / gRPC floor" in html
+    assert "Throughput with several sessions in flight" in html and "2 at once: tok/s" in html
     assert pred["recipe"]["digest"] in html and pred["signer"]["keyid"] in html
     assert "not trusted for publication" in html
     for s in stmt["subject"]:

@@ -1,0 +1,54 @@
+"""The speed gate's throughput figures: several sessions decoded at once through one placement.
+
+For each concurrency level the recipe asks for (``measure.concurrency``), ``concurrency_rounds`` runs
+of that many sessions at the same time (pipeline.concurrency), each session held bitwise to the same
+session decoded alone on the same workers.  The figures: aggregate tok/s (median, IQR) per level and
+how many concurrent sessions differed from the lone one (the gate holds that at 0: a worker that
+mixes sessions' state must not pass).  A level the workers cannot hold (more sessions than their
+``--max-sessions``, as attached workers may be started) is recorded as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from certify import metrics
+from pipeline.concurrency import decode_together, diverging
+from worker.client import StageClient, StageFailed
+
+
+def concurrency_figures(
+    clients: Sequence[StageClient],
+    prompt: Sequence[int],
+    n_decode: int,
+    levels: Sequence[int],
+    *,
+    rounds: int,
+    boundary_dtype: str = "f32",
+    **routing: Any,
+) -> dict[str, Any]:
+    """Aggregate tok/s and diverging sessions at each level (``routing``: forwarding, addresses, sink)."""
+    alone = decode_together(clients, prompt, n_decode, 1, boundary_dtype=boundary_dtype, **routing)
+    lone = alone.sessions[0]
+    rows: list[dict[str, Any]] = []
+    for sessions in levels:
+        rates, differing = [], 0
+        try:
+            for _ in range(rounds):
+                together = decode_together(clients, prompt, n_decode, sessions, boundary_dtype=boundary_dtype,
+                                           **routing)
+                differing += len(diverging(together, lone))
+                rates.append(together.aggregate_tok_s)
+        except StageFailed as exc:
+            if "too many sessions" not in str(exc):
+                raise
+            rows.append({"sessions": sessions, "skipped": f"the workers hold fewer sessions: {exc}"})
+            continue
+        rows.append({"sessions": sessions, "aggregate_tok_s": metrics.median_iqr(rates).as_dict(),
+                     "diverging_sessions": differing, "rounds": rounds})
+    return {
+        "decode_tokens": n_decode,
+        "levels": rows,
+        "diverging_sessions": sum(r.get("diverging_sessions", 0) for r in rows),
+    }
