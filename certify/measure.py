@@ -507,8 +507,11 @@ def _staged_placement(
                                     **routing)
         forced = None
         if agreement is not None:
+            # Teacher forcing feeds the reference's tokens, which a ring cannot (its last stage picks
+            # them): a ring placement is forced through the same stages chained.
+            forcing = {**routing, "forwarding": "chained" if p.forwarding == "ring" else p.forwarding}
             forced = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
-                                         forced=[list(t.tokens) for t in ref.trace.prompts], **routing)
+                                         forced=[list(t.tokens) for t in ref.trace.prompts], **forcing)
         speed = _speed(pipe.clients, ref.prompts, recipe, dtype, p.n_stages, **routing)
         route = None
         if p.name == rc_placement:

@@ -73,12 +73,15 @@ def crossings(
             Crossing(what=what, into=into, payload_bytes=payload, bound_s=crossing_bound_s(payload, link))
         )
 
-    if forwarding == "chained":
+    if forwarding in ("chained", "ring"):
+        # ring: the last stage hands the token it chose straight to stage 0, and its delivery of the
+        # logits to the driver is off the critical path: n crossings instead of chained's n + 1.
         add("token id", "stage 0", into.stages[0], TOKEN_BYTES)
         for k in range(n - 1):
             payload = boundary_bytes[k] + (TOKEN_BYTES if tokens_forwarded else 0)
             add(f"seam {k} boundary", f"stage {k + 1}", into.stages[k + 1], payload)
-        add("logits", "driver", into.driver, logits)
+        if forwarding == "chained":
+            add("logits", "driver", into.driver, logits)
     elif forwarding == "relayed":
         for k in range(n):
             if k == 0:
@@ -96,11 +99,11 @@ def crossings(
 def seam_bound(forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
     """The bound of what the driver measures as seam k.
 
-    chained: the boundary's one crossing into stage k+1 (measured between the two workers' clocks).
-    relayed: stage k+1's round trip minus its compute, i.e. the boundary into stage k+1 plus its reply
-    into the driver.
+    chained and ring: the boundary's one crossing into stage k+1 (measured between the two workers'
+    clocks).  relayed: stage k+1's round trip minus its compute, i.e. the boundary into stage k+1 plus
+    its reply into the driver.
     """
-    if forwarding == "chained":
+    if forwarding in ("chained", "ring"):
         return parts[1 + k].bound_s
     return parts[2 * (k + 1)].bound_s + parts[2 * (k + 1) + 1].bound_s
 

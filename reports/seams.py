@@ -48,7 +48,7 @@ def modelled(placements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
         p
         for p in placements
         if p.get("seam_model")
-        and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") == "chained")
+        and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") in ("chained", "ring"))
     ]
 
 
@@ -85,10 +85,10 @@ def floor_frame(
     placements: Sequence[Mapping[str, Any]], floor: Mapping[str, Any] | None
 ) -> pd.DataFrame | None:
     """One row per seam of every staged placement: its measured cost next to the transport floor of the
-    same bytes on this machine (pipeline.transport_floor).  A chained seam is one crossing, read against
-    half a round trip; a relayed seam is a round trip (the boundary in, the reply out), read against a
-    whole one at the boundary's size (the last stage's reply carries logits: more bytes, so its floor
-    is higher than shown)."""
+    same bytes on this machine (pipeline.transport_floor).  A chained (or ring) seam is one crossing,
+    read against half a round trip; a relayed seam is a round trip (the boundary in, the reply out),
+    read against a whole one at the boundary's size (the last stage's reply carries logits: more
+    bytes, so its floor is higher than shown)."""
     if not floor:
         return None
     rows = []
@@ -96,7 +96,7 @@ def floor_frame(
         m = p.get("seam_model")
         if not m or p.get("role") != "under test":
             continue
-        crossings = 1 if m["forwarding"] == "chained" else 2
+        crossings = 2 if m["forwarding"] == "relayed" else 1
         for s in m["seams"]:
             row = _floor_row(floor, s["bytes_per_token"])
             if row is None:

@@ -143,3 +143,17 @@ def test_decode_token_bound_counts_every_crossing_of_a_pass() -> None:
     # each stage called by the driver: request in, reply (boundary; the last: logits) back
     assert relayed["token_bound_s"] == pytest.approx(0.006 + one[4] + 3 * one[1000] + 3 * one[1000] + one[40])
     assert relayed["token_bound_s"] > chained["token_bound_s"]
+
+
+def test_a_ring_crosses_each_seam_once_and_never_reaches_the_driver_on_the_critical_path() -> None:
+    p = _placement(12, seams=(METRO,), forwarding="ring")
+    ring = physics.crossings(p, "ring", boundary_bytes=[1024] * 11, n_vocab=32000)
+    chained = physics.crossings(p, "chained", boundary_bytes=[1024] * 11, n_vocab=32000)
+    assert len(ring) == 12 and [c.into for c in ring] == [f"stage {k}" for k in range(12)]
+    assert ring == chained[:-1]  # chained's last leg (logits into the driver) is off the ring's path
+    assert physics.seam_bound("ring", 3, ring) == physics.seam_bound("chained", 3, chained)
+    speed = {"seam_bytes_per_token": [1024] * 11, "seam_s": [0.021] * 11, "stage_compute_s": [1e-3] * 12,
+             "decode_tok_s": {"median": 3.5}}
+    m = physics.model(p, "ring", speed, n_vocab=32000)
+    assert m["crossings_per_token"] == 12 and m["forwarding"] == "ring"
+    assert m["token_bound_s"] == pytest.approx(12e-3 + sum(c.bound_s for c in ring))
