@@ -34,22 +34,58 @@ def run_dgr(env: Mapping[str, str], *args: str, timeout: float = 2400) -> subpro
     )
 
 
-def certify_pass_and_verify(
+# The speed gate's checks a loaded machine can miss: floors on tok/s and upper limits on time.  The
+# slow suite must pass on a loaded 2-core box (issue 14), so a signed FAIL from these alone is taken for
+# what the machine did; every other check (parity, agreement, route change, a seam faster than physics)
+# must pass wherever the suite runs.  The limits themselves are held by `nox -s bench` and by
+# certificates made on a quiet machine.
+LOAD_BOUND_CHECKS = frozenset({
+    "decode tok/s (median)", "prefill tok/s (median)", "staged/monolithic decode",
+    "slowest seam / its physical bound", "decode: physical bound / measured time",
+})
+
+
+def load_bound_misses(predicate: Mapping[str, Any]) -> list[str]:
+    """The load-bound speed checks this certification missed ("speed/PLACEMENT: CHECK"), printed; any
+    other result that is not PASS or SKIPPED fails the test."""
+    misses, others = [], []
+    for r in predicate["results"]:
+        if r["status"] in ("PASS", "SKIPPED"):
+            continue
+        rows = [row["check"] for row in r.get("details", {}).get("rows", []) if not row["ok"]]
+        if r["name"].startswith("speed/") and rows and set(rows) <= LOAD_BOUND_CHECKS:
+            misses += [f"{r['name']}: {check}" for check in rows]
+        else:
+            others.append(f"{r['name']} {r['status']}: {r.get('reason', '')}")
+    assert not others, others
+    if misses:
+        print(f"\nslower than the recipe allows on this machine (load {os.getloadavg()[0]:.1f}): {misses}")
+    return misses
+
+
+def certify_and_verify(
     env: Mapping[str, str], recipe: str, lane: str = "cpu"
 ) -> tuple[Path, dict[str, Any]]:
-    """`dgr certify` must end PASS and `dgr verify` must accept its certificate.
+    """`dgr certify` must sign a certificate `dgr verify` accepts: PASS, or a FAIL only from
+    load-bound speed checks (``load_bound_misses``).
 
     Returns the certificate path (the report sits beside it) and the decoded predicate.
     """
-    done = run_dgr(env, "certify", "--recipe", recipe, "--lane", lane)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "verdict: PASS" in done.stdout
-    cert = Path(
-        next(ln.split(": ", 1)[1] for ln in done.stdout.splitlines() if ln.startswith("certificate: "))
-    )
-    check = run_dgr(env, "verify", str(cert))
-    assert check.returncode == 0 and "verdict PASS" in check.stdout, check.stdout + check.stderr
-    return cert, json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
+    run = certified(env, "--recipe", recipe, "--lane", lane)
+    verified(env, run)
+    return run.certificate, run.predicate
+
+
+def verified(env: Mapping[str, str], run: Certified, *args: str) -> str:
+    """`dgr verify` of a run's certificate agrees with its verdict, which is PASS or a FAIL from
+    load-bound speed checks only; returns verify's output."""
+    status = run.predicate["verdict"]["status"]
+    assert (status == "PASS") == (run.done.returncode == 0), run.done.stdout + run.done.stderr
+    misses = load_bound_misses(run.predicate)
+    assert (status == "FAIL") == bool(misses), run.predicate["verdict"]
+    check = run_dgr(env, "verify", str(run.certificate), *args)
+    assert check.returncode == 0 and f"verdict {status}" in check.stdout, check.stdout + check.stderr
+    return check.stdout
 
 
 @dataclass(frozen=True, kw_only=True)
