@@ -70,7 +70,7 @@ def decode_together(
 
     def one(k: int) -> Session:
         session = drive.new_session(f"together{n_sessions}-{k}")
-        with drive.open_route(stages, forwarding, addresses, sink_host) as route:
+        with drive.open_route(stages, infos, forwarding, addresses, sink_host) as route:
             try:
                 barrier.wait()
                 started = time.perf_counter()

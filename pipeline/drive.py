@@ -569,11 +569,12 @@ def route_change(
 
 # For drivers of several sessions at once (pipeline.concurrency) ------------------------------------
 def open_route(
-    stages: Sequence[StageClient], forwarding: str = "relayed", addresses: Sequence[str] | None = None,
-    sink_host: str = "127.0.0.1",
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str = "relayed",
+    addresses: Sequence[str] | None = None, sink_host: str = "127.0.0.1",
 ) -> AbstractContextManager[ChainRoute | None]:
-    """The route one driver thread decodes through (None for relayed; its own sink when chained)."""
-    return _routing(stages, describe(stages), forwarding, addresses, sink_host)
+    """The route one driver thread decodes through (None for relayed; its own sink when chained);
+    ``infos``: the stages' ``describe``, asked once by the caller for every thread."""
+    return _routing(stages, infos, forwarding, addresses, sink_host)
 
 
 def greedy_session(
