@@ -199,10 +199,11 @@ def _forward_all(
     capture: Sequence[int],
     keep_boundaries: bool = True,
     route: ChainRoute | None = None,
+    rewind: bool = False,
 ) -> _Pass:
     if route is not None:
         return _forward_chained(route, session, epoch, positions, tokens, boundary_dtype=boundary_dtype,
-                                all_logits=all_logits, keep_boundaries=keep_boundaries)
+                                all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind)
     n, rows = len(positions), len(positions) if all_logits else 1
     width = infos[0].boundary_width
     replies: list[Forwarded] = []
@@ -216,7 +217,7 @@ def _forward_all(
             session, epoch, positions,
             tokens=tokens if (k == 0 or info.needs_token_sideband) else (),
             boundary=relay, boundary_dtype=boundary_dtype,
-            all_logits=all_logits, capture_layers=mine,
+            all_logits=all_logits, capture_layers=mine, rewind=rewind,
         )
         if sorted(reply.captures) != sorted(mine):
             raise stage.failure("BAD_REPLY", f"asked to capture layers {mine}, got {sorted(reply.captures)}")
@@ -248,10 +249,10 @@ def _forward_all(
 
 def _forward_chained(
     route: ChainRoute, session: str, epoch: int, positions: list[int], tokens: list[int], *,
-    boundary_dtype: str, all_logits: bool, keep_boundaries: bool,
+    boundary_dtype: str, all_logits: bool, keep_boundaries: bool, rewind: bool = False,
 ) -> _Pass:
     got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
-                    keep_boundaries=keep_boundaries)
+                    keep_boundaries=keep_boundaries, rewind=rewind)
     return _delivered(route, got, len(positions), len(positions) if all_logits else 1)
 
 
@@ -375,13 +376,7 @@ def _greedy_passes(
         return int(forced[step]) if forced is not None else int(np.argmax(logits[-1]))
 
     kw = dict(boundary_dtype=boundary_dtype, capture=capture, keep_boundaries=keep_boundaries, route=route)
-    batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
-    chunks = []
-    for first in range(0, len(prompt), batch):
-        part = list(prompt[first:first + batch])
-        chunks.append(_forward_all(stages, infos, session, epoch, list(range(first, first + len(part))), part,
-                                   all_logits=all_logits, **kw))
-    passes = [_merge(chunks, all_logits=all_logits)]
+    passes = [_prefill(stages, infos, prompt, session, epoch, all_logits=all_logits, **kw)]
     chosen = [pick(0, passes[-1].logits)]
     if isinstance(route, RingRoute) and n_decode > 1:  # the stages choose the rest (forced: refused)
         run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
@@ -395,6 +390,18 @@ def _greedy_passes(
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
         chosen.append(pick(len(chosen), passes[-1].logits))
     return chosen, passes
+
+
+def _prefill(stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], session: str,
+             epoch: int, **kw) -> _Pass:
+    """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass."""
+    batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
+    chunks = []
+    for first in range(0, len(prompt), batch):
+        part = list(prompt[first:first + batch])
+        positions = list(range(first, first + len(part)))
+        chunks.append(_forward_all(stages, infos, session, epoch, positions, part, **kw))
+    return _merge(chunks, all_logits=kw["all_logits"])
 
 
 # Public API --------------------------------------------------------------------------------------
@@ -587,6 +594,32 @@ def greedy_session(
                              boundary_dtype=boundary_dtype, all_logits=False, capture=(),
                              keep_boundaries=False, route=route)
     return tokens, np.concatenate([p.logits for p in passes])
+
+
+def prefill(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], *, session: str,
+    epoch: int = 1, boundary_dtype: str = "f32", route: ChainRoute | None = None,
+) -> tuple[np.ndarray, Step]:
+    """The prompt's pass (for drivers of their own decode loop, pipeline/speculative.py): the last
+    logits row and the step."""
+    if not prompt:
+        raise ConfigurationError("a prompt needs at least one token")
+    done = _prefill(stages, infos, prompt, session, epoch, boundary_dtype=boundary_dtype, all_logits=False,
+                    capture=(), keep_boundaries=False, route=route)
+    return done.logits, done.step
+
+
+def forward_pass(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], positions: Sequence[int],
+    tokens: Sequence[int], *, session: str, epoch: int = 1, boundary_dtype: str = "f32",
+    route: ChainRoute | None = None, rewind: bool = False,
+) -> tuple[np.ndarray, Step]:
+    """One pass of ``tokens`` at ``positions`` through every stage: the logits of every row and the step.
+    ``rewind``: the stages first take back the positions they hold from ``positions[0]`` on."""
+    done = _forward_all(stages, infos, session, epoch, list(positions), list(tokens),
+                        boundary_dtype=boundary_dtype, all_logits=True, capture=(), keep_boundaries=False,
+                        route=route, rewind=rewind)
+    return done.logits, done.step
 
 
 def new_session(tag: str) -> str:

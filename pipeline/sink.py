@@ -173,7 +173,8 @@ class ChainRoute:
         self._acks: list[grpc.Future] = []
 
     def run(self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], *,
-            boundary_dtype: str, all_logits: bool, keep_boundaries: bool) -> ChainedPass:
+            boundary_dtype: str, all_logits: bool, keep_boundaries: bool,
+            rewind: bool = False) -> ChainedPass:
         first = self.stages[0]
         request_id = uuid.uuid4().hex
         waiting = self.sink.expect(request_id)
@@ -182,7 +183,7 @@ class ChainRoute:
         ack = first.forward_chained(
             session, epoch, positions, tokens=tokens, downstream=self.addresses[1:],
             deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
-            all_logits=all_logits, keep_boundaries=keep_boundaries,
+            all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind,
         )
         ack.add_done_callback(lambda _: wake.set())
         waiting.add_done_callback(lambda _: wake.set())

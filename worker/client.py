@@ -75,6 +75,7 @@ class StageInfo:
     n_batch: int  # most positions one Forward may carry (0: the worker did not say)
     memory: Memory
     identity_json: str
+    max_rewind: int = 0  # most positions a rewinding Forward may take back (speculative decoding)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +234,7 @@ class StageClient:
             n_embd=r.n_embd, boundary_width=r.boundary_width,
             needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
             n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
+            max_rewind=r.max_rewind,
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,
@@ -269,19 +271,21 @@ class StageClient:
         boundary_dtype: str = "f32",
         all_logits: bool = False,
         capture_layers: Sequence[int] = (),
+        rewind: bool = False,
         deadline: float | None = None,
     ) -> Forwarded:
         """Run ``positions`` through this stage.
 
         ``boundary`` is a numpy array (encoded as f32) or a pb2 Tensor relayed from the previous stage.
-        ``boundary_dtype`` asks a non-last stage for f16 or f32 output.
+        ``boundary_dtype`` asks a non-last stage for f16 or f32 output.  ``rewind``: ``positions[0]``
+        may take back held positions (the drafts a speculative pass rejected) first.
         """
         if isinstance(boundary, np.ndarray):
             boundary = self.tensor(boundary, "f32")
         request = self._pb2.ForwardRequest(
             session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
             boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
-            capture_layers=list(capture_layers),
+            capture_layers=list(capture_layers), rewind=rewind,
         )
         if boundary is not None:
             request.boundary.CopyFrom(boundary)
@@ -322,6 +326,7 @@ class StageClient:
         keep_boundaries: bool = False,
         deadline: float | None = None,
         ring: object | None = None,
+        rewind: bool = False,
     ) -> grpc.Future:
         """Start a chained pass at this (first) stage without waiting: the returned future is the ack,
         which completes once every stage has handed on and the last one has delivered to
@@ -331,6 +336,6 @@ class StageClient:
             session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
             boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
             downstream=list(downstream), deliver_to=deliver_to, request_id=request_id,
-            keep_boundaries=keep_boundaries, ring=ring,
+            keep_boundaries=keep_boundaries, ring=ring, rewind=rewind,
         )
         return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)

@@ -82,6 +82,7 @@ class WorkerCommand:
     threads: int = 2
     ctx_size: int | None = None
     max_sessions: int | None = None
+    max_rewind: int | None = None  # speculative decoding: positions a Forward may take back
     identity: Path | None = None
     lane: str | None = None
     extra: tuple[str, ...] = ()
@@ -93,6 +94,8 @@ class WorkerCommand:
             args += ["--ctx", str(self.ctx_size)]
         if self.max_sessions is not None:
             args += ["--max-sessions", str(self.max_sessions)]
+        if self.max_rewind is not None:
+            args += ["--max-rewind", str(self.max_rewind)]
         if self.identity is not None:
             args += ["--identity", os.fspath(self.identity)]
         if self.lane is not None:

@@ -13,6 +13,9 @@ Faults (tests inject them through the environment, optionally for one stage by i
   DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
   DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused)
 
+A Forward with ``rewind`` set may start below the session's KV end by at most --max-rewind positions
+(speculative decoding's rejected drafts): those positions are dropped first, as the C++ worker does.
+
 Chained forwarding (ForwardRequest.deliver_to) behaves as in the C++ worker (worker/README.md): the
 stage computes, then calls the next stage's Forward (or the driver's PipelineSink.Deliver) and acks;
 a failure further down comes back with its code, "stage K at ADDR: CODE: ..." and the trailer
@@ -92,6 +95,7 @@ class Servicer(pbg.ShardWorkerServicer):
             layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
             last_stage=self.end == t.n_layer, n_embd=t.n_embd, boundary_width=t.n_embd,
             n_vocab=t.n_vocab, n_ctx=self.args.ctx, n_threads=self.args.threads,
+            max_rewind=self.args.max_rewind,
             memory=pb.MemoryAccount(
                 weight_bytes=(self.end - self.begin) * t.w[0].nbytes
                 + (t.embed.nbytes if self.begin == 0 else 0)
@@ -153,7 +157,7 @@ class Servicer(pbg.ShardWorkerServicer):
                     all_logits=request.all_logits, downstream=request.downstream[1:],
                     deliver_to=request.deliver_to, request_id=request.request_id,
                     keep_boundaries=request.keep_boundaries, trace=[*request.trace, hop],
-                    ring=request.ring if request.HasField("ring") else None,
+                    ring=request.ring if request.HasField("ring") else None, rewind=request.rewind,
                 )
                 address, what = request.downstream[0], f"stage {index + 1} at {request.downstream[0]}"
                 nxt.trace[-1].sent_ns = time.monotonic_ns()
@@ -246,6 +250,8 @@ class Servicer(pbg.ShardWorkerServicer):
             epoch, kv, used = request.epoch, {}, 0  # a new route epoch is a cache miss
         if request.session_id not in self.sessions and positions and positions[0] != 0:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
+        if request.rewind and request.session_id in self.sessions and positions and positions[0] < used:
+            kv, used = self._rewound(context, kv, used, positions[0])
         if positions != list(range(used, used + n)):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"positions {positions[:3]}... do not continue the KV at {used}")
@@ -269,7 +275,8 @@ class Servicer(pbg.ShardWorkerServicer):
         reply = pb.ForwardReply(captures=captures, kv_used=used + n)
         if self.end == self.toy.n_layer:
             rows = x if request.all_logits else x[-1:]
-            reply.logits.CopyFrom(_tensor(rows @ self.toy.embed.T, pb.F32))
+            # row by row, as every layer above: a row's logits never depend on the rows batched with it
+            reply.logits.CopyFrom(_tensor(np.stack([row @ self.toy.embed.T for row in rows]), pb.F32))
         else:
             reply.boundary.CopyFrom(_tensor(x, request.boundary_dtype or pb.F32))
         if self.fault == "bad-shape":
@@ -277,6 +284,15 @@ class Servicer(pbg.ShardWorkerServicer):
             target.shape[0] += 1
         reply.compute_seconds = time.perf_counter() - t0
         return reply
+
+
+    def _rewound(self, context, kv: dict[int, list[np.ndarray]], used: int, to: int):
+        """The session's KV without the positions from ``to`` on (the C++ worker's checks and messages)."""
+        if used - to > self.args.max_rewind:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"rewind from {used} to {to} takes back {used - to} positions; this worker "
+                          f"takes back at most {self.args.max_rewind}")
+        return {il: rows[:to] for il, rows in kv.items()}, to
 
 
 def _tensor(x: np.ndarray, dtype: int) -> pb.Tensor:
@@ -299,6 +315,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--max-sessions", type=int, default=4)
+    ap.add_argument("--max-rewind", type=int, default=0)
     ap.add_argument("--identity")
     ap.add_argument("--lane")
     ap.add_argument("--stop-on-stdin-eof", action="store_true")

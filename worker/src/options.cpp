@@ -13,7 +13,7 @@ namespace dgr {
 const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
-        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N]\n"
+        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
         "\n"
@@ -23,7 +23,9 @@ const char * usage_text() {
         "--peers: the only addresses a chained Forward may make this worker connect to (the next stages;\n"
         "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n"
         "--stop-on-stdin-eof: stop as on SIGTERM when stdin reaches its end (a launcher that holds the\n"
-        "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n";
+        "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
+        "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
+        "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -118,6 +120,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--ctx")          { out.n_ctx = parse_int(arg, val, 16, 1 << 24); }
         else if (arg == "--batch")        { out.n_batch = parse_int(arg, val, 1, 1 << 20); }
         else if (arg == "--max-sessions") { out.max_sessions = parse_int(arg, val, 1, 4096); }
+        else if (arg == "--max-rewind")   { out.max_rewind = parse_int(arg, val, 0, 64); }
         else if (arg == "--n-gpu-layers") { out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20); }
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }

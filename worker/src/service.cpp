@@ -67,6 +67,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_n_ctx(in.n_ctx);
         reply->set_n_threads(in.n_threads);
         reply->set_n_batch(in.n_batch);
+        reply->set_max_rewind(in.max_rewind);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);
@@ -94,6 +95,7 @@ static ForwardArgs read_args(const pb::ForwardRequest & req) {
     a.positions.assign(req.positions().begin(), req.positions().end());
     a.tokens.assign(req.tokens().begin(), req.tokens().end());
     a.all_logits = req.all_logits();
+    a.rewind     = req.rewind();
     a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
     if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
         throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req.boundary_dtype()) +
@@ -231,6 +233,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         put_tensor(std::move(r.boundary), next.mutable_boundary());
         next.set_boundary_dtype(req->boundary_dtype());
         next.set_all_logits(req->all_logits());
+        next.set_rewind(req->rewind());
         for (int i = 1; i < req->downstream_size(); ++i) {
             next.add_downstream(req->downstream(i));
         }

@@ -70,6 +70,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     in.n_ctx           = opts.n_ctx;
     in.n_batch         = opts.n_batch;
     in.n_threads       = opts.n_threads;
+    in.max_rewind      = opts.max_rewind;
     // hash-routed MoE layers (DeepSeek-V4: the first <arch>.hash_layer_count layers) pick their experts from
     // the token id, so a later stage owning one needs the ids next to the boundary; dense models never do
     const std::string hash_layers = meta_str(model_, (in.architecture + ".hash_layer_count").c_str());
@@ -126,6 +127,9 @@ llama_context * Stage::acquire_context() {
     cp.n_batch         = (uint32_t) opts_.n_batch;
     cp.n_ubatch        = (uint32_t) opts_.n_batch;
     cp.n_seq_max       = 1;  // one context per session: KV occupancy never depends on other sessions
+    // rolling state (DeepSeek-V4's compressor) keeps this many per-token snapshots so a rewind can undo
+    // them; llama clamps it to 0 where the KV is plain and any trailing positions can simply be removed
+    cp.n_rs_seq        = (uint32_t) opts_.max_rewind;
     cp.n_threads       = opts_.n_threads;
     cp.n_threads_batch = opts_.n_threads;
     cp.embeddings      = false;
@@ -266,6 +270,11 @@ Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) 
         plan.new_epoch = a.epoch > s.epoch;
         plan.n_past    = plan.new_epoch ? 0 : s.n_past;
     }
+    if (a.rewind && !plan.is_new && !plan.new_epoch && p0 < plan.n_past) {
+        check_rewind(a, plan.n_past);
+        plan.rewind_to = p0;
+        plan.n_past    = p0;
+    }
     if (p0 != plan.n_past) {
         throw StageError(Kind::FailedPrecondition, "positions must continue session '" + a.session_id + "' epoch " +
                          std::to_string(a.epoch) + " at " + std::to_string(plan.n_past) + ", got " + std::to_string(p0) +
@@ -279,6 +288,21 @@ Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) 
     return plan;
 }
 
+// A rewind takes back at most max_rewind positions (what rolling state keeps snapshots for).
+void Stage::check_rewind(const ForwardArgs & a, int32_t n_past) const {
+    const int32_t p0 = a.positions.front();
+    const int32_t depth = n_past - p0;
+    if (info_.max_rewind == 0) {
+        throw StageError(Kind::FailedPrecondition, "rewind of " + std::to_string(depth) + " positions asked, but this worker "
+                         "keeps no rollback state (start it with --max-rewind N)");
+    }
+    if (depth > info_.max_rewind) {
+        throw StageError(Kind::FailedPrecondition, "rewind of session '" + a.session_id + "' from " + std::to_string(n_past) +
+                         " to " + std::to_string(p0) + " takes back " + std::to_string(depth) + " positions; this worker " +
+                         "takes back at most " + std::to_string(info_.max_rewind));
+    }
+}
+
 // The accepted request's state change: a new session's slot and context, or a route change's KV wipe.
 Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & plan) {
     if (plan.is_new) {
@@ -290,6 +314,14 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
         return it->second;
     }
     Session & s = sessions_.at(a.session_id);
+    if (plan.rewind_to >= 0) {
+        // the rejected drafts' KV (and, with rolling state, their snapshots) go before anything runs
+        if (!llama_memory_seq_rm(llama_get_memory(s.ctx), 0, plan.rewind_to, -1)) {
+            throw StageError(Kind::FailedPrecondition, "llama could not take session '" + a.session_id + "' back to position " +
+                             std::to_string(plan.rewind_to) + " (from " + std::to_string(s.n_past) + ")");
+        }
+        s.n_past = plan.rewind_to;
+    }
     if (plan.new_epoch) {
         llama_memory_clear(llama_get_memory(s.ctx), true);
         s.epoch  = a.epoch;

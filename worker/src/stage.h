@@ -48,6 +48,7 @@ struct ForwardArgs {
     DType                 boundary_dtype = DType::F32;  // of the boundary we return
     bool                  all_logits = false;
     std::vector<int32_t>  capture_layers;
+    bool                  rewind = false;  // positions[0] may take back up to max_rewind held positions
 };
 
 struct TensorOut {
@@ -79,7 +80,7 @@ struct StageInfo {
     bool    first_stage = false, last_stage = false;
     bool    has_token_embd = false, has_output_head = false;
     int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
-    int32_t n_ctx = 0, n_batch = 0, n_threads = 0;
+    int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
     bool    needs_token_sideband = false;
     MemoryFigures memory;
 };
@@ -110,6 +111,7 @@ private:
         bool    is_new    = false;  // takes a slot and a context
         bool    new_epoch = false;  // route change: the session's KV is wiped
         int32_t n_past    = 0;      // positions the session holds before this request
+        int32_t rewind_to = -1;     // >= 0: remove the positions from here on first (a rewind)
     };
 
     llama_context * acquire_context();           // from the idle pool, or a new one
@@ -117,6 +119,7 @@ private:
     SessionPlan     plan_session(const ForwardArgs & args, int32_t n_tokens) const;  // throws; changes nothing
     Session &       session_for(const ForwardArgs & args, const SessionPlan & plan);
     void            check_request(const ForwardArgs & args, int32_t n_tokens) const;
+    void            check_rewind(const ForwardArgs & args, int32_t n_past) const;
 
     WorkerOptions               opts_;
     std::mutex                  mu_;

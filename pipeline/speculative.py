@@ -1,0 +1,197 @@
+"""Speculative pipeline decoding: k drafted tokens and the next one verified in one pass.
+
+A plain decode step carries one token through every stage, so every token pays every seam once
+(twice relayed).  A verify pass feeds the last chosen token and k drafts at k+1 positions through
+every stage at once; the last stage returns the logits of every row.  Greedy acceptance keeps the
+drafts up to the first one that differs from the argmax of the row before it, then adds that argmax
+(the bonus token): one pass yields 1..k+1 tokens, and they are the tokens a plain greedy decode
+chooses, whatever the drafter proposed.  The positions of the rejected drafts stay in every stage's
+KV until the next pass, which starts right after the last accepted token with ``rewind`` set: each
+stage takes them back before it computes, so the rollback costs no round trip of its own.  The
+workers must be started with ``--max-rewind`` >= k (the drafts one pass can reject).
+
+Drafted tokens travel as token ids, in the pass's own token list; only the boundary crosses a seam.
+Where the drafts come from is a ``Drafter``: ``KnownDrafter`` offers a known continuation with a
+chosen acceptance (the mechanism's ceiling at 1.0, and what it gives below); a drafter on the last
+stage (DeepSeek-V4's nextn block, docs/mtp.md) answers the same question.
+
+Relayed and chained forwarding carry verify passes; a ring's last stage chooses tokens with no
+drafter to ask, so the ring is refused here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from core.errors import ConfigurationError
+from pipeline import drive
+from pipeline.ring import RingRoute
+from pipeline.sink import ChainRoute
+from worker.client import StageClient, StageInfo
+
+
+class Drafter(Protocol):
+    def propose(self, chosen: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens to follow ``chosen`` (the continuation so far, its last token included)."""
+        ...
+
+
+@dataclass
+class KnownDrafter:
+    """Drafts from a known continuation (a plain greedy decode of the same prompt): each drafted token
+    is the true next one with probability ``acceptance`` and a wrong one otherwise (seeded, so a run
+    is repeatable).  At acceptance 1.0 every draft is accepted: the mechanism's ceiling."""
+
+    continuation: Sequence[int]
+    acceptance: float = 1.0
+    n_vocab: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ConfigurationError(f"acceptance {self.acceptance} is not within 0..1")
+        self._rng = random.Random(self.seed)
+
+    def propose(self, chosen: Sequence[int], k: int) -> list[int]:
+        truth = list(self.continuation[len(chosen):len(chosen) + k])
+        return [t if self._rng.random() < self.acceptance else self._wrong(t) for t in truth]
+
+    def _wrong(self, token: int) -> int:
+        return (token + 1) % self.n_vocab if self.n_vocab else token + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyPass:
+    """One pass: the tokens fed (the last chosen one, then the drafts) and what greedy acceptance kept."""
+
+    first_position: int
+    fed: tuple[int, ...]
+    accepted: int  # drafts kept (0..len(fed) - 1)
+    chosen: tuple[int, ...]  # the tokens this pass adds: the accepted drafts, then the bonus token
+    rewound: int  # positions the stages took back before computing it (the last pass's rejected drafts)
+    step: drive.Step
+
+    @property
+    def drafted(self) -> int:
+        return len(self.fed) - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeRun:
+    prompt: tuple[int, ...]
+    k: int
+    tokens: tuple[int, ...]  # the continuation: n_decode tokens, the first from the prefill
+    logits: np.ndarray  # [n_decode, n_vocab]: the row that chose each token
+    prefill: drive.Step
+    passes: tuple[VerifyPass, ...]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Drafted tokens accepted over drafted tokens (nan when nothing was drafted)."""
+        drafted = sum(p.drafted for p in self.passes)
+        return sum(p.accepted for p in self.passes) / drafted if drafted else float("nan")
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return sum(len(p.chosen) for p in self.passes) / len(self.passes) if self.passes else float("nan")
+
+    @property
+    def crossings_per_token(self) -> float:
+        decoded = sum(len(p.chosen) for p in self.passes)
+        return sum(p.step.crossings for p in self.passes) / decoded if decoded else float("nan")
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens the verify passes added per second of their wall time (the plain decode's figure:
+        there, one token per pass)."""
+        seconds = sum(p.step.wall_seconds for p in self.passes)
+        return sum(len(p.chosen) for p in self.passes) / seconds if seconds > 0 else float("nan")
+
+
+def accept(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
+    """Greedy acceptance: (drafts kept, the bonus token).  Row j chose the token after fed[j]; draft j
+    stands while it is row j's argmax."""
+    kept = 0
+    while kept < len(drafts) and int(np.argmax(rows[kept])) == int(drafts[kept]):
+        kept += 1
+    return kept, int(np.argmax(rows[kept]))
+
+
+def decode(
+    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
+    k: int, drafter: Drafter, session: str, epoch: int = 1, boundary_dtype: str = "f32",
+    route: ChainRoute | None = None,
+) -> SpeculativeRun:
+    """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
+    the session (and drains a chained route)."""
+    _check(infos, prompt, n_decode, k, route)
+    last, prefill = drive.prefill(stages, infos, prompt, session=session, epoch=epoch,
+                                  boundary_dtype=boundary_dtype, route=route)
+    chosen, rows = [int(np.argmax(last[-1]))], [last[-1]]
+    held = len(prompt)  # positions every stage's KV holds for the session
+    passes: list[VerifyPass] = []
+    while len(chosen) < n_decode:
+        position = len(prompt) + len(chosen) - 1  # where the last chosen token goes
+        drafts = [int(t) for t in drafter.propose(chosen, min(k, n_decode - len(chosen) - 1))]
+        fed = [chosen[-1], *drafts]
+        logits, step = drive.forward_pass(stages, infos, range(position, position + len(fed)), fed,
+                                          session=session, epoch=epoch, boundary_dtype=boundary_dtype,
+                                          route=route, rewind=held > position)
+        kept, bonus = accept(logits, drafts)
+        new = (*drafts[:kept], bonus)
+        passes.append(VerifyPass(first_position=position, fed=tuple(fed), accepted=kept, chosen=new,
+                                 rewound=held - position, step=step))
+        chosen += new
+        rows += list(logits[:kept + 1])
+        held = position + len(fed)
+    return SpeculativeRun(prompt=tuple(int(t) for t in prompt), k=k, tokens=tuple(chosen),
+                          logits=np.stack(rows), prefill=prefill, passes=tuple(passes))
+
+
+def run(
+    stages: Sequence[StageClient], prompt: Sequence[int], n_decode: int, *, k: int, drafter: Drafter,
+    forwarding: str = "relayed", addresses: Sequence[str] | None = None, sink_host: str = "127.0.0.1",
+    boundary_dtype: str = "f32",
+) -> SpeculativeRun:
+    """One fresh session decoded speculatively (``decode``), reset afterwards, its route drained."""
+    infos = drive.describe(stages)
+    session = drive.new_session("spec")
+    with drive.open_route(stages, infos, forwarding, addresses, sink_host) as route:
+        try:
+            done = decode(stages, infos, prompt, n_decode, k=k, drafter=drafter, session=session,
+                          boundary_dtype=boundary_dtype, route=route)
+            if route is not None:
+                route.drain()  # every pass's ack in before the session goes
+        except BaseException:
+            if route is not None:
+                route.drain(quiet=True)
+            raise
+        finally:
+            drive.reset_session(stages, session)
+    return done
+
+
+def _check(infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, k: int,
+           route: ChainRoute | None) -> None:
+    if isinstance(route, RingRoute):
+        raise ConfigurationError("speculative decoding runs relayed or chained (a ring's last stage chooses "
+                                 "its tokens with no drafter to ask)")
+    if k < 1:
+        raise ConfigurationError(f"speculative decoding needs k >= 1 drafted tokens per pass, got {k}")
+    if n_decode < 1:
+        raise ConfigurationError("decode length must be at least 1")
+    short = [i.layer_begin for i in infos if i.max_rewind < k]
+    if short:
+        raise ConfigurationError(f"k={k} drafts per pass need workers that take back {k} positions; "
+                                 f"the stages starting at layers {short} take back fewer",
+                                 hint=f"start the workers with --max-rewind {k}")
+    small = min(i.n_ctx for i in infos)
+    if small and len(prompt) + n_decode > small:  # drafts never run past the last position decoded
+        raise ConfigurationError(f"{len(prompt) + n_decode} positions do not fit the workers' context "
+                                 f"of {small}",
+                                 hint="start the workers with a larger --ctx or shorten the prompt")

@@ -1,0 +1,97 @@
+"""Speculative pipeline decoding on the real worker (CPU lane): tiny-llama and the sealed tiny-v4.
+
+Verify passes of k+1 positions with known drafts (pipeline/speculative.py) through the monolithic
+worker and a three-stage cut, relayed and chained:
+- the tokens are the plain greedy run's at acceptance 1.0 and 0.5 (the logits' largest difference
+  from the plain run is printed: a batch of k+1 rows need not round like k+1 single rows);
+- a rejected draft leaves no trace on any stage: two runs that fed different rejected tokens at the
+  same places give bitwise the same logits and tokens (on tiny-v4 the rewinds cross its compressor's
+  4-token blocks, so the rolled-back compressed and indexer state is covered too);
+- a worker refuses a rewind deeper than its --max-rewind, and one started without it refuses any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fetch.provision import provision
+from pipeline import drive, speculative
+from worker.client import StageFailed
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+N_DECODE = 20
+K = 3
+PLACEMENTS = {"monolithic": [(0, 12)], "3-stages": [(0, 4), (4, 8), (8, 12)]}
+
+
+class _WrongBy(speculative.KnownDrafter):
+    """Known drafts whose misses are the true token + ``by`` (the same seed: misses at the same places)."""
+
+    def __init__(self, *args, by: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.by = by
+
+    def _wrong(self, token: int) -> int:
+        return (token + self.by) % self.n_vocab
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-v4"])
+def model(request, real_ctx, tiny_model) -> Path:
+    return tiny_model.first if request.param == "tiny-llama" else Path(provision(real_ctx, "tiny-v4").first)
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_verify_passes_choose_the_plain_greedy_tokens(model, placement, worker_command, stubs, worker_env,
+                                                      tmp_path) -> None:
+    command = dataclasses.replace(worker_command, model=model, max_rewind=K, ctx_size=256)
+    with launch(command, PLACEMENTS[placement], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
+        prompt = p.clients[0].tokenize(TEXT, add_special=True)
+        plain = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False).prompts[0]
+        n_vocab = p.clients[-1].info().n_vocab
+        for forwarding in ("relayed", "chained"):
+            for acceptance in (1.0, 0.5):
+                got = speculative.run(p.clients, prompt, N_DECODE, k=K, forwarding=forwarding,
+                                      drafter=speculative.KnownDrafter(plain.tokens, acceptance=acceptance,
+                                                                       n_vocab=n_vocab, seed=1))
+                diff = float(np.abs(got.logits - plain.logits).max())
+                print(f"{model.name} {placement} {forwarding} acceptance {acceptance}: measured "
+                      f"{got.acceptance_rate:.2f}, {got.tokens_per_pass:.2f} tokens/pass, "
+                      f"{got.crossings_per_token:.2f} crossings/token, max |logit - plain| {diff:.3g}")
+                assert got.tokens == plain.tokens, (forwarding, acceptance)
+                if acceptance == 1.0:
+                    assert got.acceptance_rate == 1.0
+        runs = [speculative.run(p.clients, prompt, N_DECODE, k=K,
+                                drafter=_WrongBy(plain.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5,
+                                                 by=by))
+                for by in (1, 2)]
+    a, b = runs
+    assert any(q.rewound for q in a.passes), "no draft was rejected: the rollback went untested"
+    assert [q.fed for q in a.passes] != [q.fed for q in b.passes]
+    assert np.array_equal(a.logits, b.logits) and a.tokens == b.tokens == plain.tokens
+
+
+def test_rewinds_beyond_the_workers_limit_are_refused(worker_command, stubs, worker_env, tmp_path) -> None:
+    for limit in (0, 2):
+        command = dataclasses.replace(worker_command, max_rewind=limit or None, ctx_size=256)
+        with launch(command, [(0, 12)], stubs=stubs, evidence=tmp_path / str(limit), env=worker_env) as p:
+            stage = p.clients[0]
+            assert stage.info().max_rewind == limit
+            session = drive.new_session("rewind")
+            stage.forward(session, 1, [0, 1, 2, 3, 4], tokens=[1, 2, 3, 4, 5])
+            with pytest.raises(StageFailed) as caught:
+                stage.forward(session, 1, [2], tokens=[9], rewind=True)
+            assert caught.value.code == "FAILED_PRECONDITION"
+            wanted = "--max-rewind" if limit == 0 else "at most 2"
+            assert wanted in caught.value.detail, caught.value
+            if limit:
+                assert stage.forward(session, 1, [3], tokens=[9], rewind=True).logits is not None
+                with pytest.raises(StageFailed, match="out of order"):
+                    stage.forward(session, 1, [3], tokens=[9])
+            stage.reset(session)
