@@ -7,12 +7,15 @@ worker and a three-stage cut, relayed and chained:
 - a rejected draft leaves no trace on any stage: two runs that fed different rejected tokens at the
   same places give bitwise the same logits and tokens (on tiny-v4 the rewinds cross its compressor's
   4-token blocks, so the rolled-back compressed and indexer state is covered too);
-- a worker refuses a rewind deeper than its --max-rewind, and one started without it refuses any.
+- a worker refuses a rewind deeper than its --max-rewind, and one started without it refuses any;
+- a stage SIGKILLed while verify passes run ends the run within a bound, naming it (DIED).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ import pytest
 
 from fetch.provision import provision
 from pipeline import drive, speculative
+from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageFailed
 from worker.launcher import launch
 
@@ -29,6 +33,7 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 N_DECODE = 20
 K = 3
 PLACEMENTS = {"monolithic": [(0, 12)], "3-stages": [(0, 4), (4, 8), (8, 12)]}
+KILL_BOUND_S = 10.0  # generous for a loaded 2-core box; the measured time is printed
 
 
 class _WrongBy(speculative.KnownDrafter):
@@ -95,3 +100,40 @@ def test_rewinds_beyond_the_workers_limit_are_refused(worker_command, stubs, wor
                 with pytest.raises(StageFailed, match="out of order"):
                     stage.forward(session, 1, [3], tokens=[9])
             stage.reset(session)
+
+
+class _KillingDrafter(speculative.KnownDrafter):
+    """Known drafts; at the ``at``-th proposal a thread SIGKILLs ``process``, so the kill lands while
+    the verify pass just proposed is on its way through the stages."""
+
+    def __init__(self, *args, process, at: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.process, self.at, self.calls, self.killed_at = process, at, 0, None
+
+    def propose(self, chosen, k):
+        self.calls += 1
+        if self.calls == self.at:
+            self.killed_at = time.monotonic()
+            threading.Thread(target=self.process.kill, daemon=True).start()
+        return super().propose(chosen, k)
+
+
+@pytest.mark.parametrize("victim", [1, 2], ids=["middle", "last"])
+@pytest.mark.parametrize("forwarding", ["relayed", "chained"])
+def test_a_stage_killed_during_verify_passes_is_named(victim, forwarding, worker_command, stubs, worker_env,
+                                                      tmp_path) -> None:
+    command = dataclasses.replace(worker_command, max_rewind=K, ctx_size=256)
+    with launch(command, PLACEMENTS["3-stages"], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
+        prompt = p.clients[0].tokenize(TEXT, add_special=True)
+        drafter = _KillingDrafter([1] * 200, acceptance=0.5, n_vocab=p.clients[-1].info().n_vocab,
+                                  process=p.stages[victim].process, at=5)
+        with pytest.raises(StageFailed) as caught:
+            speculative.run(p.clients, prompt, 200, k=K, drafter=drafter, forwarding=forwarding)
+        took = time.monotonic() - drafter.killed_at
+        pids = p.pids
+    print(f"\n[speculative] stage {victim} of 3 killed at verify pass 5 ({forwarding}): {caught.value} "
+          f"(ended {took:.2f} s after the kill)")
+    assert caught.value.stage == victim and caught.value.code == "DIED", caught.value
+    assert took < KILL_BOUND_S
+    assert not any(proc_alive(pid) for pid in pids)
+    assert our_workers(worker_command.program[0]) == []
