@@ -6,7 +6,20 @@ every tensor and metadata key the pinned loader requires for ``deepseek4`` (``sr
 Sinkhorn-mixed), the first ``hash_layer_count`` layers routed by a token-id -> expert table
 (``ffn_gate_tid2eid``), the others by score + bias, routed + shared experts, grouped low-rank output
 projection, and a per-layer compression ratio (0: sliding window only; 4: compressed KV + lightning
-indexer; 128: heavily compressed KV). MTP is not written (``nextn_predict_layers`` absent).
+indexer; 128: heavily compressed KV).
+
+MTP (``mtp: 1``; the default 0 writes no nextn block and leaves ``nextn_predict_layers`` out, so
+tiny-v4's bytes are what they always were): one nextn block after the main layers, as the pinned loader
+reads it, ``block_count`` = n_layer + 1, ``nextn_predict_layers`` = 1, the per-layer arrays
+(``compress_ratios``, the SwiGLU clamps) one entry longer, and tensors ``blk.<n_layer>.*``: a full block
+(score-routed: the pinned graph_mtp refuses a hash-routed one) plus ``nextn.{eh_proj,enorm,hnorm}`` and
+``nextn.embed_tokens``, a bitwise copy of ``token_embd`` (DeepSeek's MTP module shares the main
+embedding): with it the last stage of a pipeline, which holds no ``token_embd``, runs the block without
+loading the stage-0 embedding (docs/mtp.md). The block's compression ratio must be 0: the pinned MTP
+context keeps a plain sliding-window KV cache (``llama_kv_cache_iswa``), and its attention asserts
+``inp_dsv4 || ratio == 0`` (``build_attention_impl``), so a ratio-4 or -128 nextn block would abort at
+graph build. The MTP tensors are written after every main one, so the main layers draw the same weights
+in the same order: a model with MTP holds tiny-v4's main tensors bitwise (only the split boundaries move).
 
 Set ``tiny-v4`` (``manifests/artifacts/tiny-v4.json``) names this generator through the ``tinymodel``
 origin with ``architecture: deepseek4`` (``fetch.tinymodel.generate`` dispatches here). Determinism is
@@ -71,12 +84,20 @@ DEFAULTS: dict[str, Any] = {
     "vocab": "models/ggml-vocab-llama-spm.gguf",
     "name": "dgr-tiny-v4",
     "ftype": "f32",
+    # nextn (MTP) blocks after the main layers: 0 (tiny-v4) or 1 (tiny-v4-mtp); compress_ratios then
+    # holds n_layer + mtp entries, the nextn block's 0
+    "mtp": 0,
 }
 FTYPES = {"f32": 0}
 
 
 def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
-    return split_names(f"tiny-v4-{variant}", int({**DEFAULTS, **params}["splits"]))
+    return split_names(_stem({**DEFAULTS, **params}, variant), int({**DEFAULTS, **params}["splits"]))
+
+
+def _stem(p: Mapping[str, Any], variant: str) -> str:
+    """``tiny-v4-VARIANT``, or ``tiny-v4-mtp-VARIANT`` for a model with a nextn block."""
+    return f"tiny-v4-mtp-{variant}" if int(p["mtp"]) else f"tiny-v4-{variant}"
 
 
 def _check(p: Mapping[str, Any]) -> None:
@@ -85,10 +106,20 @@ def _check(p: Mapping[str, Any]) -> None:
         raise ConfigurationError(f"tinymodel_v4: unknown parameter(s) {', '.join(unknown)}")
     if str(p["ftype"]) not in FTYPES:
         raise ConfigurationError(f"tinymodel_v4: ftype {p['ftype']!r} is not one of {', '.join(FTYPES)}")
-    n_layer = int(p["n_layer"])
+    n_layer, mtp = int(p["n_layer"]), int(p["mtp"])
+    if mtp not in (0, 1):
+        raise ConfigurationError(f"tinymodel_v4: mtp is 0 or 1 (one nextn block, as the pinned loader "
+                                 f"reads it), not {p['mtp']!r}")
     ratios = [int(r) for r in p["compress_ratios"]]
-    if len(ratios) != n_layer or any(r not in (0, 4, 128) for r in ratios):
-        raise ConfigurationError("tinymodel_v4: compress_ratios needs one of 0, 4, 128 per layer")
+    if len(ratios) != n_layer + mtp or any(r not in (0, 4, 128) for r in ratios):
+        raise ConfigurationError(
+            "tinymodel_v4: compress_ratios needs one of 0, 4, 128 per layer (n_layer + mtp entries)"
+        )
+    if mtp and ratios[n_layer] != 0:
+        raise ConfigurationError(
+            "tinymodel_v4: the nextn block's compress ratio must be 0 (the pinned MTP context keeps only "
+            "a sliding-window KV cache)"
+        )
     if not 0 < int(p["hash_layer_count"]) < n_layer:
         raise ConfigurationError("tinymodel_v4: hash_layer_count must leave score-routed layers after it")
     if int(p["n_head"]) % int(p["o_groups"]) or int(p["rope_dim"]) > int(p["head_dim"]):
@@ -97,10 +128,10 @@ def _check(p: Mapping[str, Any]) -> None:
 
 def _tensor_count(p: Mapping[str, Any]) -> int:
     n = 1 + 2 + 3  # token_embd; output_norm, output; output_hc_{fn,base,scale}
-    for ratio in (int(r) for r in p["compress_ratios"]):
+    for ratio in (int(r) for r in p["compress_ratios"]):  # the main layers and the nextn block
         # attention 9, hyper-connections 6, MoE 9 (router, hash table or bias, norm, 3 routed, 3 shared)
         n += 9 + 6 + 9 + (4 if ratio else 0) + (6 if ratio == 4 else 0)
-    return n
+    return n + len(NEXTN) * int(p["mtp"])
 
 
 def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:
@@ -112,18 +143,20 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     splits = int(p["splits"])
     per_file = -(-_tensor_count(p) // splits)
     w = gguf.GGUFWriter(
-        out_dir / f"tiny-v4-{variant}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0
+        out_dir / f"{_stem(p, variant)}.gguf", ARCH, split_max_tensors=per_file if splits > 1 else 0
     )
     n_vocab = _add_metadata(gguf, w, p, d, tree)
     tensors = _Tensors(w, Weights(int(p["seed"])), float(p["init_std"]))
-    _add_output_tensors(tensors, d, n_vocab)
-    for i, ratio in enumerate(d.ratios):
+    token_embd = _add_output_tensors(tensors, d, n_vocab)
+    for i, ratio in enumerate(d.ratios):  # the main layers, then the nextn block (after every main tensor)
         _add_block_tensors(tensors, d, i, ratio, n_vocab, float(p["router_bias_boost"]))
+        if i >= d.n_layer:
+            _add_nextn_tensors(tensors, d, i, token_embd)
     return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
 
 
 class _Dims(NamedTuple):
-    n_layer: int
+    n_layer: int  # main layers; the nextn block, if any, is layer n_layer (block_count n_layer + 1)
     n_embd: int
     n_head: int
     hd: int
@@ -138,7 +171,8 @@ class _Dims(NamedTuple):
     ix_heads: int
     ix_dim: int
     hash_layers: int
-    ratios: list[int]
+    ratios: list[int]  # one per block: the main layers', then the nextn block's
+    n_block: int  # block_count: n_layer + mtp
 
 
 def _dims(p: Mapping[str, Any]) -> _Dims:
@@ -154,7 +188,7 @@ def _dims(p: Mapping[str, Any]) -> _Dims:
     hash_layers = int(p["hash_layer_count"])
     ratios = [int(r) for r in p["compress_ratios"]]
     return _Dims(n_layer, n_embd, n_head, hd, n_rot, n_expert, n_used, n_shared, n_ff, q_rank, o_groups,
-                 o_rank, ix_heads, ix_dim, hash_layers, ratios)
+                 o_rank, ix_heads, ix_dim, hash_layers, ratios, n_layer + int(p["mtp"]))
 
 
 def _add_metadata(gguf: Any, w: Any, p: Mapping[str, Any], d: _Dims, tree: Path) -> int:
@@ -175,7 +209,9 @@ def _add_attention_kv(w: Any, p: Mapping[str, Any], d: _Dims) -> None:
     w.add_context_length(int(p["n_ctx"]))
     w.add_embedding_length(d.n_embd)
     w.add_embedding_length_out(d.n_embd * HC_MULT)
-    w.add_block_count(d.n_layer)
+    w.add_block_count(d.n_block)
+    if d.n_block > d.n_layer:
+        w.add_nextn_predict_layers(d.n_block - d.n_layer)
     w.add_head_count(d.n_head)
     w.add_head_count_kv(1)  # one shared KV head (MQA), as in V4
     w.add_key_length(d.hd)
@@ -196,8 +232,8 @@ def _add_expert_kv(gguf: Any, w: Any, p: Mapping[str, Any], d: _Dims) -> None:
     w.add_expert_weights_scale(float(p["expert_weights_scale"]))
     w.add_expert_weights_norm(True)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SQRTSOFTPLUS)
-    w.add_swiglu_clamp_exp([float(p["swiglu_clamp"])] * d.n_layer)
-    w.add_swiglu_clamp_shexp([float(p["swiglu_clamp"])] * d.n_layer)
+    w.add_swiglu_clamp_exp([float(p["swiglu_clamp"])] * d.n_block)
+    w.add_swiglu_clamp_shexp([float(p["swiglu_clamp"])] * d.n_block)
 
 
 def _add_compression_kv(w: Any, p: Mapping[str, Any], d: _Dims) -> None:
@@ -222,21 +258,38 @@ class _Tensors:
     def __init__(self, w: Any, rng: Weights, std: float) -> None:
         self.w, self.rng, self.std = w, rng, std
 
-    def add(self, name: str, shape: tuple[int, ...], *, norm: bool = False) -> None:
+    def add(self, name: str, shape: tuple[int, ...], *, norm: bool = False) -> np.ndarray:
         # numpy shape = ggml ne reversed
         data = np.ones(shape, dtype=np.float32) if norm else self.rng.uniform(shape, self.std)
         self.w.add_tensor(name, data)
+        return data
 
 
-def _add_output_tensors(t: _Tensors, d: _Dims, n_vocab: int) -> None:
+def _add_output_tensors(t: _Tensors, d: _Dims, n_vocab: int) -> np.ndarray:
     """The embedding, the output head and the output hyper-connection (written first, as the converter
-    does)."""
-    t.add("token_embd.weight", (n_vocab, d.n_embd))
+    does); returns the embedding (the nextn block's copy of it)."""
+    token_embd = t.add("token_embd.weight", (n_vocab, d.n_embd))
     t.add("output_norm.weight", (d.n_embd,), norm=True)
     t.add("output.weight", (n_vocab, d.n_embd))
     t.add("output_hc_fn.weight", (HC_MULT, HC_MULT * d.n_embd))
     t.add("output_hc_base.weight", (HC_MULT,))
     t.add("output_hc_scale.weight", (1,))
+    return token_embd
+
+
+NEXTN = ("eh_proj", "enorm", "hnorm", "embed_tokens")  # the nextn tensors after the block's own
+
+
+def _add_nextn_tensors(t: _Tensors, d: _Dims, i: int, token_embd: np.ndarray) -> None:
+    """What makes block ``i`` the nextn block: the projection of [embedding norm, hidden norm] (ggml ne
+    {2 n_embd, n_embd}), the two norms, and the block's own embedding, a copy of ``token_embd`` (no
+    draw: the weight stream is the same whether or not it is written). No ``shared_head_{head,norm}``:
+    the block uses the main output head and norm, which its stage holds."""
+    b = f"blk.{i}.nextn"
+    t.add(f"{b}.eh_proj.weight", (d.n_embd, 2 * d.n_embd))
+    t.add(f"{b}.enorm.weight", (d.n_embd,), norm=True)
+    t.add(f"{b}.hnorm.weight", (d.n_embd,), norm=True)
+    t.w.add_tensor(f"{b}.embed_tokens.weight", token_embd.copy())
 
 
 def _add_block_tensors(t: _Tensors, d: _Dims, i: int, ratio: int, n_vocab: int, boost: float) -> None:
