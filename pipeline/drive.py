@@ -184,6 +184,8 @@ class _Pass:
     boundaries: list[np.ndarray]
     captures: dict[int, np.ndarray]
     step: Step
+    draft: tuple[int, ...] = ()  # MTP last stage: the tokens it drafted to follow the pass
+    accepted: int = 0  # MTP last stage: the pass's drafted tokens that stood
 
 
 def _forward_all(
@@ -200,10 +202,13 @@ def _forward_all(
     keep_boundaries: bool = True,
     route: ChainRoute | None = None,
     rewind: bool = False,
+    draft: int = 0,
+    drafted: int = 0,
 ) -> _Pass:
     if route is not None:
         return _forward_chained(route, session, epoch, positions, tokens, boundary_dtype=boundary_dtype,
-                                all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind)
+                                all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind,
+                                draft=draft, drafted=drafted)
     n, rows = len(positions), len(positions) if all_logits else 1
     width = infos[0].boundary_width
     replies: list[Forwarded] = []
@@ -215,9 +220,10 @@ def _forward_all(
         mine = [il for il in capture if info.layer_begin <= il < info.layer_end]
         reply = stage.forward(
             session, epoch, positions,
-            tokens=tokens if (k == 0 or info.needs_token_sideband) else (),
+            tokens=tokens if (k == 0 or info.needs_token_sideband or info.mtp) else (),
             boundary=relay, boundary_dtype=boundary_dtype,
             all_logits=all_logits, capture_layers=mine, rewind=rewind,
+            draft=draft if info.last_stage else 0, drafted=drafted if info.last_stage else 0,
         )
         if sorted(reply.captures) != sorted(mine):
             raise stage.failure("BAD_REPLY", f"asked to capture layers {mine}, got {sorted(reply.captures)}")
@@ -244,16 +250,20 @@ def _forward_all(
         crossings=2 * len(replies),
     )
     assert replies[-1].logits is not None
-    return _Pass(logits=replies[-1].logits, boundaries=boundaries, captures=captures, step=step)
+    return _Pass(logits=replies[-1].logits, boundaries=boundaries, captures=captures, step=step,
+                 draft=replies[-1].draft, accepted=replies[-1].accepted)
 
 
 def _forward_chained(
     route: ChainRoute, session: str, epoch: int, positions: list[int], tokens: list[int], *,
-    boundary_dtype: str, all_logits: bool, keep_boundaries: bool, rewind: bool = False,
+    boundary_dtype: str, all_logits: bool, keep_boundaries: bool, rewind: bool = False, draft: int = 0,
+    drafted: int = 0,
 ) -> _Pass:
     got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
-                    keep_boundaries=keep_boundaries, rewind=rewind)
-    return _delivered(route, got, len(positions), len(positions) if all_logits else 1)
+                    keep_boundaries=keep_boundaries, rewind=rewind, draft=draft, drafted=drafted)
+    done = _delivered(route, got, len(positions), len(positions) if all_logits else 1)
+    done.draft, done.accepted = got.draft, got.accepted
+    return done
 
 
 def _delivered(route: ChainRoute, got: ChainedPass, n: int, rows: int, *, ring: bool = False) -> _Pass:
@@ -336,6 +346,7 @@ def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
                   stage_wall=total("stage_wall"), stage_compute=total("stage_compute"),
                   seam_bytes=total("seam_bytes"), seam_seconds=total("seam_seconds"),
                   crossings=sum(s.crossings for s in steps), forwarding=steps[0].forwarding),
+        draft=parts[-1].draft,
     )
 
 
@@ -393,14 +404,17 @@ def _greedy_passes(
 
 
 def _prefill(stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], session: str,
-             epoch: int, **kw) -> _Pass:
-    """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass."""
+             epoch: int, draft: int = 0, **kw) -> _Pass:
+    """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass
+    (``draft``: an MTP last stage drafts after the last chunk)."""
     batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
     chunks = []
     for first in range(0, len(prompt), batch):
         part = list(prompt[first:first + batch])
         positions = list(range(first, first + len(part)))
-        chunks.append(_forward_all(stages, infos, session, epoch, positions, part, **kw))
+        last = first + batch >= len(prompt)
+        chunks.append(_forward_all(stages, infos, session, epoch, positions, part, draft=draft if last else 0,
+                                   **kw))
     return _merge(chunks, all_logits=kw["all_logits"])
 
 
@@ -596,30 +610,41 @@ def greedy_session(
     return tokens, np.concatenate([p.logits for p in passes])
 
 
+@dataclass(frozen=True, kw_only=True)
+class Passed:
+    """One pass as a decode loop of its own (pipeline/speculative.py) reads it."""
+
+    logits: np.ndarray  # the last row (prefill) or every row (forward_pass)
+    step: Step
+    draft: tuple[int, ...] = ()  # an MTP last stage's drafts to follow the pass
+    accepted: int = 0  # an MTP last stage's count of the pass's drafted tokens that stood
+
+
 def prefill(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], *, session: str,
-    epoch: int = 1, boundary_dtype: str = "f32", route: ChainRoute | None = None,
-) -> tuple[np.ndarray, Step]:
+    epoch: int = 1, boundary_dtype: str = "f32", route: ChainRoute | None = None, draft: int = 0,
+) -> Passed:
     """The prompt's pass (for drivers of their own decode loop, pipeline/speculative.py): the last
-    logits row and the step."""
+    logits row, the step, and with ``draft`` the MTP last stage's drafts after it."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
     done = _prefill(stages, infos, prompt, session, epoch, boundary_dtype=boundary_dtype, all_logits=False,
-                    capture=(), keep_boundaries=False, route=route)
-    return done.logits, done.step
+                    capture=(), keep_boundaries=False, route=route, draft=draft)
+    return Passed(logits=done.logits, step=done.step, draft=done.draft)
 
 
 def forward_pass(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], positions: Sequence[int],
     tokens: Sequence[int], *, session: str, epoch: int = 1, boundary_dtype: str = "f32",
-    route: ChainRoute | None = None, rewind: bool = False,
-) -> tuple[np.ndarray, Step]:
+    route: ChainRoute | None = None, rewind: bool = False, draft: int = 0, drafted: int = 0,
+) -> Passed:
     """One pass of ``tokens`` at ``positions`` through every stage: the logits of every row and the step.
-    ``rewind``: the stages first take back the positions they hold from ``positions[0]`` on."""
+    ``rewind``: the stages first take back the positions they hold from ``positions[0]`` on; ``drafted``
+    / ``draft``: an MTP last stage verifies the pass's last tokens / drafts this many after it."""
     done = _forward_all(stages, infos, session, epoch, list(positions), list(tokens),
                         boundary_dtype=boundary_dtype, all_logits=True, capture=(), keep_boundaries=False,
-                        route=route, rewind=rewind)
-    return done.logits, done.step
+                        route=route, rewind=rewind, draft=draft, drafted=drafted)
+    return Passed(logits=done.logits, step=done.step, draft=done.draft, accepted=done.accepted)
 
 
 def new_session(tag: str) -> str:

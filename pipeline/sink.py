@@ -152,6 +152,8 @@ class ChainedPass:
     hops: tuple[object, ...]  # pb2 Hop per stage, stage 0 first
     boundaries: tuple[np.ndarray, ...]  # per seam, float32, only with keep_boundaries
     wall_seconds: float  # driver: request sent -> delivery received
+    draft: tuple[int, ...] = ()  # MTP last stage: the tokens it drafted to follow this pass
+    accepted: int = 0  # MTP last stage: how many of the pass's drafted tokens stood
 
 
 class ChainRoute:
@@ -174,7 +176,7 @@ class ChainRoute:
 
     def run(self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], *,
             boundary_dtype: str, all_logits: bool, keep_boundaries: bool,
-            rewind: bool = False) -> ChainedPass:
+            rewind: bool = False, draft: int = 0, drafted: int = 0) -> ChainedPass:
         first = self.stages[0]
         request_id = uuid.uuid4().hex
         waiting = self.sink.expect(request_id)
@@ -183,7 +185,8 @@ class ChainRoute:
         ack = first.forward_chained(
             session, epoch, positions, tokens=tokens, downstream=self.addresses[1:],
             deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
-            all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind,
+            all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind, draft=draft,
+            drafted=drafted,
         )
         ack.add_done_callback(lambda _: wake.set())
         waiting.add_done_callback(lambda _: wake.set())
@@ -270,7 +273,8 @@ class ChainRoute:
         except ValueError as exc:
             raise last.failure("BAD_REPLY", f"the delivery carries {exc}") from None
         return ChainedPass(logits=logits, hops=hops, boundaries=boundaries,
-                           wall_seconds=got.received_at - started)
+                           wall_seconds=got.received_at - started,
+                           draft=tuple(int(t) for t in d.reply.draft), accepted=int(d.reply.accepted))
 
 
 @contextmanager

@@ -12,8 +12,9 @@ workers must be started with ``--max-rewind`` >= k (the drafts one pass can reje
 
 Drafted tokens travel as token ids, in the pass's own token list; only the boundary crosses a seam.
 Where the drafts come from is a ``Drafter``: ``KnownDrafter`` offers a known continuation with a
-chosen acceptance (the mechanism's ceiling at 1.0, and what it gives below); a drafter on the last
-stage (DeepSeek-V4's nextn block, docs/mtp.md) answers the same question.
+chosen acceptance (the mechanism's ceiling at 1.0, and what it gives below); ``NextnDrafter`` takes
+the drafts the last stage made with DeepSeek-V4's nextn block after the pass before (workers started
+with ``--mtp``, docs/mtp.md), and holds its own count of accepted drafts to the stage's.
 
 Relayed and chained forwarding carry verify passes; a ring's last stage chooses tokens with no
 drafter to ask, so the ring is refused here.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -36,9 +37,32 @@ from worker.client import StageClient, StageInfo
 
 
 class Drafter(Protocol):
+    on_last_stage: bool  # the last stage drafts (each pass asks it for k drafts after itself)
+
     def propose(self, chosen: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens to follow ``chosen`` (the continuation so far, its last token included)."""
         ...
+
+    def received(self, drafts: Sequence[int]) -> None:
+        """What the last stage drafted after the pass just made (nothing unless ``on_last_stage``)."""
+        ...
+
+
+@dataclass
+class NextnDrafter:
+    """The last stage's nextn block drafts: each pass asks it for k tokens to follow the accepted ones,
+    and the next pass verifies them."""
+
+    on_last_stage = True
+    pending: list[int] = field(default_factory=list)
+    history: list[tuple[int, ...]] = field(default_factory=list)  # every pass's drafts, in order
+
+    def propose(self, chosen: Sequence[int], k: int) -> list[int]:
+        return self.pending[:k]
+
+    def received(self, drafts: Sequence[int]) -> None:
+        self.pending = [int(t) for t in drafts]
+        self.history.append(tuple(self.pending))
 
 
 @dataclass
@@ -51,6 +75,7 @@ class KnownDrafter:
     acceptance: float = 1.0
     n_vocab: int = 0
     seed: int = 0
+    on_last_stage = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.acceptance <= 1.0:
@@ -63,6 +88,9 @@ class KnownDrafter:
 
     def _wrong(self, token: int) -> int:
         return (token + 1) % self.n_vocab if self.n_vocab else token + 1
+
+    def received(self, drafts: Sequence[int]) -> None:
+        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,28 +157,34 @@ def decode(
 ) -> SpeculativeRun:
     """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
     the session (and drains a chained route)."""
-    _check(infos, prompt, n_decode, k, route)
-    last, prefill = drive.prefill(stages, infos, prompt, session=session, epoch=epoch,
-                                  boundary_dtype=boundary_dtype, route=route)
-    chosen, rows = [int(np.argmax(last[-1]))], [last[-1]]
+    _check(infos, prompt, n_decode, k, route, drafter)
+    ask = k if drafter.on_last_stage else 0
+    first = drive.prefill(stages, infos, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype,
+                          route=route, draft=ask)
+    drafter.received(first.draft)
+    chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1]]
     held = len(prompt)  # positions every stage's KV holds for the session
     passes: list[VerifyPass] = []
     while len(chosen) < n_decode:
         position = len(prompt) + len(chosen) - 1  # where the last chosen token goes
         drafts = [int(t) for t in drafter.propose(chosen, min(k, n_decode - len(chosen) - 1))]
         fed = [chosen[-1], *drafts]
-        logits, step = drive.forward_pass(stages, infos, range(position, position + len(fed)), fed,
-                                          session=session, epoch=epoch, boundary_dtype=boundary_dtype,
-                                          route=route, rewind=held > position)
-        kept, bonus = accept(logits, drafts)
+        done = drive.forward_pass(stages, infos, range(position, position + len(fed)), fed, session=session,
+                                  epoch=epoch, boundary_dtype=boundary_dtype, route=route,
+                                  rewind=held > position, draft=ask, drafted=len(drafts) if ask else 0)
+        kept, bonus = accept(done.logits, drafts)
+        if ask and done.accepted != kept:
+            raise stages[-1].failure("BAD_REPLY", f"the last stage counts {done.accepted} accepted drafts of "
+                                     f"{drafts}, the logits it sent {kept}")
+        drafter.received(done.draft)
         new = (*drafts[:kept], bonus)
         passes.append(VerifyPass(first_position=position, fed=tuple(fed), accepted=kept, chosen=new,
-                                 rewound=held - position, step=step))
+                                 rewound=held - position, step=done.step))
         chosen += new
-        rows += list(logits[:kept + 1])
+        rows += list(done.logits[:kept + 1])
         held = position + len(fed)
     return SpeculativeRun(prompt=tuple(int(t) for t in prompt), k=k, tokens=tuple(chosen),
-                          logits=np.stack(rows), prefill=prefill, passes=tuple(passes))
+                          logits=np.stack(rows), prefill=first.step, passes=tuple(passes))
 
 
 def run(
@@ -177,7 +211,7 @@ def run(
 
 
 def _check(infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, k: int,
-           route: ChainRoute | None) -> None:
+           route: ChainRoute | None, drafter: Drafter) -> None:
     if isinstance(route, RingRoute):
         raise ConfigurationError("speculative decoding runs relayed or chained (a ring's last stage chooses "
                                  "its tokens with no drafter to ask)")
@@ -190,6 +224,9 @@ def _check(infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, k: 
         raise ConfigurationError(f"k={k} drafts per pass need workers that take back {k} positions; "
                                  f"the stages starting at layers {short} take back fewer",
                                  hint=f"start the workers with --max-rewind {k}")
+    if drafter.on_last_stage and not infos[-1].mtp:
+        raise ConfigurationError("the nextn drafter needs a last stage that drafts",
+                                 hint="start the last stage with --mtp, on a model with a nextn block")
     small = min(i.n_ctx for i in infos)
     if small and len(prompt) + n_decode > small:  # drafts never run past the last position decoded
         raise ConfigurationError(f"{len(prompt) + n_decode} positions do not fit the workers' context "

@@ -76,6 +76,7 @@ class StageInfo:
     memory: Memory
     identity_json: str
     max_rewind: int = 0  # most positions a rewinding Forward may take back (speculative decoding)
+    mtp: bool = False  # the last stage drafts with the model's nextn block (--mtp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +94,8 @@ class Forwarded:
     captures: dict[int, np.ndarray] = field(default_factory=dict)
     compute_seconds: float
     wall_seconds: float  # client-side round trip of the call
+    draft: tuple[int, ...] = ()  # MTP last stage: the tokens it drafted to follow this pass
+    accepted: int = 0  # MTP last stage: how many of the pass's drafted tokens stood
 
 
 def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
@@ -234,7 +237,7 @@ class StageClient:
             n_embd=r.n_embd, boundary_width=r.boundary_width,
             needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
             n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
-            max_rewind=r.max_rewind,
+            max_rewind=r.max_rewind, mtp=r.mtp,
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,
@@ -272,20 +275,23 @@ class StageClient:
         all_logits: bool = False,
         capture_layers: Sequence[int] = (),
         rewind: bool = False,
+        draft: int = 0,
+        drafted: int = 0,
         deadline: float | None = None,
     ) -> Forwarded:
         """Run ``positions`` through this stage.
 
         ``boundary`` is a numpy array (encoded as f32) or a pb2 Tensor relayed from the previous stage.
         ``boundary_dtype`` asks a non-last stage for f16 or f32 output.  ``rewind``: ``positions[0]``
-        may take back held positions (the drafts a speculative pass rejected) first.
+        may take back held positions (the drafts a speculative pass rejected) first.  ``drafted`` /
+        ``draft`` (an MTP last stage): the pass's last tokens are drafts to verify / draft this many after it.
         """
         if isinstance(boundary, np.ndarray):
             boundary = self.tensor(boundary, "f32")
         request = self._pb2.ForwardRequest(
             session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
             boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
-            capture_layers=list(capture_layers), rewind=rewind,
+            capture_layers=list(capture_layers), rewind=rewind, draft=draft, drafted=drafted,
         )
         if boundary is not None:
             request.boundary.CopyFrom(boundary)
@@ -309,6 +315,8 @@ class StageClient:
             captures=captures,
             compute_seconds=float(reply.compute_seconds),
             wall_seconds=wall,
+            draft=tuple(int(t) for t in reply.draft),
+            accepted=int(reply.accepted),
         )
 
     def forward_chained(
@@ -327,6 +335,8 @@ class StageClient:
         deadline: float | None = None,
         ring: object | None = None,
         rewind: bool = False,
+        draft: int = 0,
+        drafted: int = 0,
     ) -> grpc.Future:
         """Start a chained pass at this (first) stage without waiting: the returned future is the ack,
         which completes once every stage has handed on and the last one has delivered to
@@ -336,6 +346,6 @@ class StageClient:
             session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
             boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
             downstream=list(downstream), deliver_to=deliver_to, request_id=request_id,
-            keep_boundaries=keep_boundaries, ring=ring, rewind=rewind,
+            keep_boundaries=keep_boundaries, ring=ring, rewind=rewind, draft=draft, drafted=drafted,
         )
         return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)

@@ -83,11 +83,12 @@ class WorkerCommand:
     ctx_size: int | None = None
     max_sessions: int | None = None
     max_rewind: int | None = None  # speculative decoding: positions a Forward may take back
+    mtp: bool = False  # the placement's last stage drafts with the nextn block (--mtp; docs/mtp.md)
     identity: Path | None = None
     lane: str | None = None
     extra: tuple[str, ...] = ()
 
-    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0") -> list[str]:
+    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False) -> list[str]:
         args = [*self.program, "--model", os.fspath(self.model), "--layers", f"{layers[0]}:{layers[1]}",
                 "--listen", listen, "--threads", str(self.threads)]
         if self.ctx_size is not None:
@@ -100,6 +101,8 @@ class WorkerCommand:
             args += ["--identity", os.fspath(self.identity)]
         if self.lane is not None:
             args += ["--lane", self.lane]
+        if self.mtp and last:
+            args.append("--mtp")
         return args + list(self.extra)
 
 
@@ -240,9 +243,9 @@ class Pipeline:
 
 
 def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Path,
-           env: Mapping[str, str], placed: Placed | None = None) -> Stage:
+           env: Mapping[str, str], placed: Placed | None = None, *, last: bool = False) -> Stage:
     host = placed.host if placed is not None else None
-    argv = cmd.argv(layers) if host is None else cmd.argv(layers, listen=f"{host}:0")
+    argv = cmd.argv(layers, last=last) if host is None else cmd.argv(layers, listen=f"{host}:0", last=last)
     argv[0] = proc.resolve(argv[0], env)
     if placed is not None and placed.prefix:
         # e.g. `ip netns exec NS`: it execs the worker, so the pid we hold (and signal) is the worker's.
@@ -333,7 +336,8 @@ def launch(
     try:
         for k, layers in enumerate(placement):
             where = placed[k] if placed is not None else None
-            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env, where))
+            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env, where,
+                                          last=k == len(placement) - 1))
         until = time.monotonic() + start_timeout
         for stage in pipeline.stages:
             stage.address = _wait_listening(stage, until, start_timeout)

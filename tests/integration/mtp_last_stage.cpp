@@ -164,6 +164,7 @@ int main(int argc, char ** argv) {
     double max_main = 0.0, max_h = 0.0, max_mtp = 0.0, max_off = 0.0;
     int32_t n_draft = 0, n_hit = 0;
     llama_token draft = -1;
+    std::string drafts_made;  // every draft, in order: what a worker's last stage must draft from the same state
     int32_t pos = 0;
     std::vector<llama_token> batch_toks(toks);
     for (int32_t step = 0; step <= n_dec; ++step) {
@@ -214,11 +215,13 @@ int main(int argc, char ** argv) {
             CHECK(std::isfinite(d_last[v]));
         }
         draft = argmax(d_last, n_vocab);
+        drafts_made += (drafts_made.empty() ? "" : " ") + std::to_string(draft);
         memcpy(h_prev.data(), h_last + (size_t) (n - 1) * h_width, sizeof(float) * (size_t) h_width);
         pos += n;
         batch_toks.assign(1, chosen);
     }
     printf("prompt tokens: %d\ndecoded: %d\ndrafts: %d\ndrafts accepted: %d\n", n_prompt, n_dec, n_draft, n_hit);
+    printf("draft tokens: %s\n", drafts_made.c_str());
     printf("max |main logits staged - whole|: %g\nmax |h_nextn staged - whole|: %g\n", max_main, max_h);
     printf("max |mtp logits staged - whole|: %g\nmax |main logits mtp on - off|: %g\n", max_mtp, max_off);
 

@@ -36,7 +36,7 @@ PLACEMENTS = {"monolithic": [(0, 12)], "3-stages": [(0, 4), (4, 8), (8, 12)]}
 KILL_BOUND_S = 10.0  # generous for a loaded 2-core box; the measured time is printed
 
 
-class _WrongBy(speculative.KnownDrafter):
+class WrongBy(speculative.KnownDrafter):
     """Known drafts whose misses are the true token + ``by`` (the same seed: misses at the same places)."""
 
     def __init__(self, *args, by: int, **kw) -> None:
@@ -73,7 +73,7 @@ def test_verify_passes_choose_the_plain_greedy_tokens(model, placement, worker_c
                 if acceptance == 1.0:
                     assert got.acceptance_rate == 1.0
         runs = [speculative.run(p.clients, prompt, N_DECODE, k=K,
-                                drafter=_WrongBy(plain.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5,
+                                drafter=WrongBy(plain.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5,
                                                  by=by))
                 for by in (1, 2)]
     a, b = runs

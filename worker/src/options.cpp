@@ -13,7 +13,7 @@ namespace dgr {
 const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
-        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
+        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N] [--mtp]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
         "\n"
@@ -25,7 +25,8 @@ const char * usage_text() {
         "--stop-on-stdin-eof: stop as on SIGTERM when stdin reaches its end (a launcher that holds the\n"
         "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
         "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
-        "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n";
+        "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
+        "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -103,6 +104,10 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         }
         if (arg == "--verbose") {
             out.verbose = true;
+            continue;
+        }
+        if (arg == "--mtp") {
+            out.mtp = true;
             continue;
         }
         if (arg == "--stop-on-stdin-eof") {

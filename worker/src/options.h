@@ -22,6 +22,7 @@ struct WorkerOptions {
     int32_t     n_batch       = 512; // max tokens per Forward; also the physical ubatch (one ubatch per call)
     int32_t     max_sessions  = 4;
     int32_t     max_rewind    = 0;   // positions a rewinding Forward may take back (speculative decoding)
+    bool        mtp           = false;  // last stage: load the nextn block and draft with it
     int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in

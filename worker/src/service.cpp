@@ -68,6 +68,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_n_threads(in.n_threads);
         reply->set_n_batch(in.n_batch);
         reply->set_max_rewind(in.max_rewind);
+        reply->set_mtp(in.mtp);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);
@@ -96,6 +97,8 @@ static ForwardArgs read_args(const pb::ForwardRequest & req) {
     a.tokens.assign(req.tokens().begin(), req.tokens().end());
     a.all_logits = req.all_logits();
     a.rewind     = req.rewind();
+    a.draft      = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
+    a.drafted    = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
     a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
     if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
         throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req.boundary_dtype()) +
@@ -141,6 +144,8 @@ grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardR
         }
         reply->set_compute_seconds(r.compute_seconds);
         reply->set_kv_used(r.kv_used);
+        reply->mutable_draft()->Add(r.draft.begin(), r.draft.end());
+        reply->set_accepted(r.accepted);
     });
 }
 
@@ -234,6 +239,8 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         next.set_boundary_dtype(req->boundary_dtype());
         next.set_all_logits(req->all_logits());
         next.set_rewind(req->rewind());
+        next.set_draft(req->draft());
+        next.set_drafted(req->drafted());
         for (int i = 1; i < req->downstream_size(); ++i) {
             next.add_downstream(req->downstream(i));
         }
@@ -269,6 +276,8 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
     put_tensor(std::move(r.logits), d.mutable_reply()->mutable_logits());
     d.mutable_reply()->set_compute_seconds(r.compute_seconds);
     d.mutable_reply()->set_kv_used(r.kv_used);
+    d.mutable_reply()->mutable_draft()->Add(r.draft.begin(), r.draft.end());
+    d.mutable_reply()->set_accepted(r.accepted);
     d.mutable_trace()->CopyFrom(req->trace());
     pb::Hop * mine = d.add_trace();
     *mine = std::move(hop);

@@ -1,5 +1,7 @@
 #include "stage.h"
 
+#include "ring.h"  // greedy_token
+
 #include "llama.h"
 #include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
 #include "ggml.h"
@@ -49,6 +51,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     mp.layer_begin  = opts.layer_begin;
     mp.layer_end    = opts.layer_end;
     mp.n_gpu_layers = opts.n_gpu_layers;
+    mp.load_mtp     = opts.mtp;  // the loader keeps nextn tensors only for the range that owns the output
     model_ = llama_model_load_from_file(opts.model_path.c_str(), mp);
     if (model_ == nullptr) {
         throw std::runtime_error("failed to load layers " + std::to_string(opts.layer_begin) + ":" +
@@ -79,6 +82,12 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     if (in.last_stage && !in.has_output_head) {
         throw std::runtime_error("the last stage loaded no output head (model without output.weight?)");
     }
+    if (opts.mtp && (!in.last_stage || llama_model_n_layer_nextn(model_) < 1)) {
+        throw std::runtime_error(std::string("--mtp: ") + (in.last_stage ? "the model holds no nextn (MTP) block"
+                                 : "only the last stage drafts (its range must end at layer " +
+                                   std::to_string(in.n_layer) + ")"));
+    }
+    in.mtp = opts.mtp;
 
     std::string devs;
     for (int i = 0; i < llama_model_n_devices(model_); ++i) {
@@ -138,6 +147,9 @@ llama_context * Stage::acquire_context() {
     if (ctx == nullptr) {
         throw StageError(Kind::ResourceExhausted, "could not create a session context (n_ctx " +
                          std::to_string(opts_.n_ctx) + ")");
+    }
+    if (opts_.mtp) {
+        llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // every row's hidden state: the block reads them
     }
     return ctx;
 }
@@ -309,7 +321,15 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
         Session s;
         s.epoch = a.epoch;
         s.ctx   = acquire_context();  // may throw (no memory): nothing inserted yet
-        auto it = sessions_.emplace(a.session_id, s).first;
+        if (info_.mtp) {
+            try {
+                s.mtp = std::make_unique<MtpDrafter>(model_, opts_.n_ctx, opts_.n_batch, opts_.n_threads);
+            } catch (const std::exception & e) {
+                release_context(s.ctx);
+                throw StageError(Kind::ResourceExhausted, e.what());
+            }
+        }
+        auto it = sessions_.emplace(a.session_id, std::move(s)).first;
         n_sessions_ = sessions_.size();
         return it->second;
     }
@@ -321,9 +341,15 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
                              std::to_string(plan.rewind_to) + " (from " + std::to_string(s.n_past) + ")");
         }
         s.n_past = plan.rewind_to;
+        if (s.mtp) {
+            s.mtp->rewind(plan.rewind_to);
+        }
     }
     if (plan.new_epoch) {
         llama_memory_clear(llama_get_memory(s.ctx), true);
+        if (s.mtp) {
+            s.mtp->clear();
+        }
         s.epoch  = a.epoch;
         s.n_past = 0;
     }
@@ -355,6 +381,7 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
     const StageInfo & in = info_;
     const int32_t n_tokens = (int32_t) a.positions.size();
     check_request(a, n_tokens);
+    check_draft(a, n_tokens);
     const SessionPlan plan = plan_session(a, n_tokens);  // validate first ...
     Session & s = session_for(a, plan);                  // ... then mutate
 
@@ -372,7 +399,9 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
         batch.pos[i]       = a.positions[i];
         batch.n_seq_id[i]  = 1;
         batch.seq_id[i][0] = 0;
-        batch.logits[i]    = in.last_stage && (want_all || i == n_tokens - 1);
+        // with MTP the rows that judge the drafts are outputs too (the nextn block reads every row's hidden
+        // state without them: embeddings_nextn unmasked), so a plain pass computes what it would without MTP
+        batch.logits[i]    = in.last_stage && (want_all || i == n_tokens - 1 || (in.mtp && i >= n_tokens - a.drafted - 1));
     }
     if (!in.first_stage) {
         const int64_t n = (int64_t) n_tokens * in.boundary_width;
@@ -427,7 +456,55 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
         throw StageError(Kind::Internal, "llama_decode failed with code " + std::to_string(rc));
     }
     r.kv_used = s.n_past;
+    if (in.mtp) {
+        draft_after(s, a, r);
+    }
     return r;
+}
+
+// The MTP half of a last-stage pass: accept the pass's drafts, let the nextn block catch up on the
+// accepted positions, then draft what follows them. A failure here fails the pass (the driver then
+// sees an error, never wrong drafts).
+void Stage::draft_after(Session & s, const ForwardArgs & a, ForwardResult & r) {
+    const int32_t n = (int32_t) a.positions.size();
+    r.accepted = accepted_drafts(s.ctx, a.tokens, a.drafted, info_.n_vocab);
+    const int32_t valid = n - a.drafted + r.accepted;
+    try {
+        s.mtp->catch_up(s.ctx, a.tokens, a.positions.front(), valid);
+        if (a.draft > 0) {
+            const int32_t bonus = greedy_token(llama_get_logits_ith(s.ctx, valid - 1), info_.n_vocab);
+            r.draft = s.mtp->draft(bonus, a.positions.front() + valid, a.draft);
+        }
+    } catch (const std::runtime_error & e) {
+        throw StageError(Kind::Internal, e.what());
+    }
+}
+
+void Stage::check_draft(const ForwardArgs & a, int32_t n_tokens) const {
+    const StageInfo & in = info_;
+    if (!in.last_stage) {
+        return;  // a chained pass carries draft/drafted through the stages to the last one
+    }
+    if ((a.draft > 0 || a.drafted > 0) && !in.mtp) {
+        throw StageError(Kind::FailedPrecondition, "this stage drafts nothing: only the last stage of workers started "
+                         "with --mtp verifies and drafts");
+    }
+    if (!in.mtp) {
+        return;
+    }
+    if ((int32_t) a.tokens.size() != n_tokens) {
+        throw StageError(Kind::InvalidArgument, "the MTP last stage needs the pass's token ids (one per position): got " +
+                         std::to_string(a.tokens.size()) + " for " + std::to_string(n_tokens) + " positions");
+    }
+    if (a.drafted >= n_tokens) {
+        throw StageError(Kind::InvalidArgument, std::to_string(a.drafted) + " drafted tokens in a pass of " +
+                         std::to_string(n_tokens) + ": the first token of a pass is never a draft");
+    }
+    if (a.draft > in.max_rewind) {
+        throw StageError(Kind::InvalidArgument, "draft of " + std::to_string(a.draft) + " tokens: a pass can reject " +
+                         "them all, and this worker takes back at most " + std::to_string(in.max_rewind) +
+                         " (start it with --max-rewind " + std::to_string(a.draft) + ")");
+    }
 }
 
 std::vector<int32_t> Stage::tokenize(const std::string & text, bool add_special) {

@@ -6,6 +6,7 @@
 // info() is fixed once the constructor returns, so it is read without the mutex.
 #pragma once
 
+#include "drafter.h"
 #include "options.h"
 
 #include <atomic>
@@ -49,6 +50,8 @@ struct ForwardArgs {
     bool                  all_logits = false;
     std::vector<int32_t>  capture_layers;
     bool                  rewind = false;  // positions[0] may take back up to max_rewind held positions
+    int32_t               draft = 0;       // MTP last stage: draft this many tokens after the pass
+    int32_t               drafted = 0;     // MTP last stage: the pass's last tokens are drafts to verify
 };
 
 struct TensorOut {
@@ -65,6 +68,8 @@ struct ForwardResult {
     std::vector<std::pair<int32_t, TensorOut>> captures;
     double                 compute_seconds = 0.0;
     int32_t                kv_used = 0;
+    std::vector<int32_t>   draft;          // MTP last stage: the drafted tokens
+    int32_t                accepted = 0;   // MTP last stage: the pass's drafts that stood
 };
 
 struct MemoryFigures {
@@ -82,6 +87,7 @@ struct StageInfo {
     int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
     int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
     bool    needs_token_sideband = false;
+    bool    mtp = false;          // the last stage drafts with the nextn block
     MemoryFigures memory;
 };
 
@@ -105,6 +111,7 @@ private:
         uint64_t        epoch = 0;
         llama_context * ctx   = nullptr;
         int32_t         n_past = 0;
+        std::unique_ptr<MtpDrafter> mtp;  // --mtp last stage only
     };
 
     struct SessionPlan {          // what an accepted Forward will do to its session
@@ -120,6 +127,8 @@ private:
     Session &       session_for(const ForwardArgs & args, const SessionPlan & plan);
     void            check_request(const ForwardArgs & args, int32_t n_tokens) const;
     void            check_rewind(const ForwardArgs & args, int32_t n_past) const;
+    void            check_draft(const ForwardArgs & args, int32_t n_tokens) const;
+    void            draft_after(Session & s, const ForwardArgs & args, ForwardResult & r);
 
     WorkerOptions               opts_;
     std::mutex                  mu_;
