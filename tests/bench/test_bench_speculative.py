@@ -5,9 +5,10 @@ Each stage in its own namespace behind a metro link (20 ms one way, 1 Gbit/s, ti
 seam), 2, 4 and 12 stages of the tiny model, chained forwarding (speculative passes are relayed or
 chained; the ring is shown as plain decoding's best), one ggml thread per worker.  The drafts are
 known (``KnownDrafter`` over the plain run's own tokens): acceptance 1.0 is the mechanism's ceiling
-for k = 1, 2, 3, and 0.5 shows what misses cost.  A synthetic MTP block's acceptance (almost nothing,
-its weights are random) joins the table with the nextn block itself (docs/mtp.md).  Modes are
-interleaved over ROUNDS rounds so the machine's load drifts over all of them alike.  The figures are
+for k = 1, 2, 3, and 0.5 shows what misses cost.  The second test drafts with the synthetic nextn block
+itself (tiny-v4-mtp, ``--mtp`` on the last stage, docs/mtp.md): its random weights accept almost
+nothing, so it shows what drafting costs when it buys nothing, beside the ceiling on the same model.
+Modes are interleaved over ROUNDS rounds so the machine's load drifts over all of them alike.  The figures are
 the machine's, not pass/fail: the assertions are the tokens (every speculative run chooses the plain
 run's) and the crossings.  The goal (12 stages, k = 3, acceptance 1.0: >= 2.5x the plain chained
 tok/s) is printed as met or not.
@@ -23,6 +24,7 @@ import os
 import pytest
 
 from certify.metrics import median_iqr
+from fetch.provision import provision
 from manifests.recipe_model import Placement, Seam
 from pipeline import drive, seams, speculative
 from tests.integration import conftest as shared
@@ -126,3 +128,45 @@ def test_speculative_decoding_over_metro_seams(benchmark, worker_command, stubs,
           + f"\ngoal: 12 stages, k=3 at acceptance 1.0 >= {GOAL}x plain: {ratio:.2f}x, "
           + ("met" if ratio >= GOAL else "NOT met"))
     benchmark.extra_info.update(extra)
+
+
+def _nextn_sweep(pipe, n: int) -> dict[str, dict]:
+    prompt = pipe.clients[0].tokenize(PROMPT)[:16]
+    routing = dict(forwarding="chained", addresses=pipe.addresses, sink_host=pipe.sink_host)
+    plain = drive.run_placement(pipe.clients, [prompt], N_DECODE, all_logits=False, **routing)
+    truth = plain.prompts[0].tokens
+    rows = {"plain chained": {"tok_s": _plain(pipe, prompt, "chained"), "runs": []}}
+    for name, make in (("nextn k=3", speculative.NextnDrafter),
+                       ("known k=3 at 1.0", lambda: speculative.KnownDrafter(truth))):
+        runs = [speculative.run(pipe.clients, prompt, N_DECODE, k=3, drafter=make(), **routing)
+                for _ in range(REPETITIONS)]
+        assert all(g.tokens == tuple(truth) for g in runs), name
+        rows[name] = {"tok_s": [g.decode_tok_s for g in runs], "runs": runs}
+    return rows
+
+
+def test_nextn_drafts_over_metro_seams(worker_command, stubs, worker_env, real_ctx, tmp_path) -> None:
+    support = seam_support(worker_env)
+    model = provision(real_ctx, "tiny-v4-mtp").first
+    cmd = dataclasses.replace(worker_command, model=model, threads=1, max_rewind=3, mtp=True, ctx_size=256)
+    load_before = os.getloadavg()
+    lines = [f"{'stages':>6} {'mode':<17} {'accept':>6} {'tok/pass':>8} {'x/tok':>5} {'tok/s':>6} "
+             f"{'/plain':>6}"]
+    for n, stages in PLACEMENTS.items():
+        placement = Placement(name=f"metro-{n}", stages=stages, seams=(METRO,))
+        where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
+        with where.start(cmd, placement, placement.name) as pipe:
+            tag = pipe.fabric.tag
+            rows = _nextn_sweep(pipe, n)
+        assert left_over(tag) == []
+        plain = median_iqr(rows["plain chained"]["tok_s"]).median
+        for name, row in rows.items():
+            runs, tok_s = row["runs"], median_iqr(row["tok_s"]).median
+            accept = f"{sum(g.acceptance_rate for g in runs) / len(runs):.2f}" if runs else "-"
+            per_pass = sum(g.tokens_per_pass for g in runs) / len(runs) if runs else 1.0
+            crossings = sum(g.crossings_per_token for g in runs) / len(runs) if runs else n + 1
+            lines.append(f"{n:>6} {name:<17} {accept:>6} {per_pass:8.2f} {crossings:5.2f} {tok_s:6.2f} "
+                         f"{tok_s / plain:6.2f}")
+    print(f"\n[bench nextn] tiny-v4-mtp over metro seams, 1 thread per worker, chained, median of "
+          f"{REPETITIONS} runs x {N_DECODE - 1} tokens; load average before {load_before[0]:.2f}, after "
+          f"{os.getloadavg()[0]:.2f}\n" + "\n".join(lines))
