@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from certify import gates, metrics, throughput
+from certify import gates, metrics, mtp, throughput
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
@@ -368,6 +368,9 @@ def lane_monolithic(
         # very same switch, which is bitwise comparable on one lane.
         route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
         record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
+        if recipe.mtp:
+            record["mtp"] = mtp.mtp_figures(pipe.clients, prompts, trace, recipe.mtp.draft_tokens,
+                                            recipe.n_decode, boundary_dtype="f32", forwarding=mono.forwarding)
     record["speed"] = speed
     if cuts and not capture:
         trace, forced = _residuals_from_seams(plan, cuts, prompts, trace, forced, continuations)
@@ -391,6 +394,8 @@ def _lane_reference(
     out.figures.setdefault("placements", []).append(record)
     out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
                               duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
+    if "mtp" in record:
+        out.results.append(mtp.mtp_result(mono.name, record["mtp"]))
     out.results.append(
         gates.evaluate("speed", mono.name,
                        gates.speed_checks(hc.speed, mono, concurrency=bool(plan.recipe.measure.concurrency)),
@@ -518,6 +523,9 @@ def _staged_placement(
             route = drive.route_change(pipe.clients, ref.prompts[0], recipe.n_decode, rc_after,
                                        boundary_dtype=dtype)
         record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
+        if recipe.mtp:
+            record["mtp"] = mtp.mtp_figures(pipe.clients, ref.prompts, trace, recipe.mtp.draft_tokens,
+                                            recipe.n_decode, boundary_dtype=dtype, **routing)
         shaping = describe_shaping(pipe)
         fabric = describe_fabric(pipe)
     record.update(speed=speed, forwarding=p.forwarding)
@@ -559,6 +567,8 @@ def _staged_placement(
             gate_figures(None, ref.speed) if ref.speed is not None else None,
         )
     )
+    if "mtp" in record:
+        out.results.append(mtp.mtp_result(p.name, record["mtp"]))
     if route is not None:
         sealed = mode is not None and ref.route is not None
         out.figures["route_change"], result = route_change_gate(p, route, ref.route, sealed=sealed)

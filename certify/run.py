@@ -165,6 +165,9 @@ def make_plan(
             max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",
             lane=worker_lane,
+            # MTP on: the last stage drafts, and every stage can take back a pass's rejected drafts
+            max_rewind=run.recipe.mtp.draft_tokens if run.recipe.mtp else None,
+            mtp=bool(run.recipe.mtp),
         )
 
     return measure.Plan(

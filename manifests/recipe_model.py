@@ -189,6 +189,13 @@ class HardwareClass:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Mtp:
+    """MTP on (docs/mtp.md): the last stage drafts ``draft_tokens`` per verify pass with the nextn block."""
+
+    draft_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
     schema_version: int
     name: str
@@ -202,7 +209,7 @@ class Recipe:
     prompts: Prompts
     n_decode: int
     boundary_dtype: str
-    mtp: bool
+    mtp: Mtp | bool  # False: off (the alpha recipes); an Mtp turns speculative decoding on explicitly
     measure: Measure
     hardware_classes: tuple[HardwareClass, ...]
     route_change: RouteChange | None = None
@@ -302,10 +309,11 @@ def load_file(path: Path) -> Recipe:
     except OSError as exc:
         raise ConfigurationError(f"{path} is not readable: {exc.strerror}") from None
     # MTP gets its own sentence: it is a policy, not a typo.
-    if isinstance(raw, dict) and raw.get("mtp") not in (None, False):
+    if isinstance(raw, dict) and raw.get("mtp") not in (None, False) and not isinstance(raw.get("mtp"), dict):
         raise ConfigurationError(
-            f"{path}: at /mtp: multi-token prediction is reserved and must stay off in this release",
-            hint='set "mtp": false',
+            f"{path}: at /mtp: multi-token prediction is off (false) unless the recipe turns it on "
+            "explicitly with its draft length",
+            hint='set "mtp": false, or {"draft_tokens": 3} for a model with a nextn block (docs/mtp.md)',
         )
     return from_document(raw, source=str(path))
 
@@ -317,7 +325,8 @@ def from_document(data: dict[str, Any], *, source: str) -> Recipe:
         for key, value in data["placements"].items()
     }
     recipe = dataclasses.replace(
-        build(Recipe, {**data, "placements": {}}),
+        build(Recipe, {**data, "placements": {}, "mtp": False}),
+        mtp=build(Mtp, data["mtp"], where="/mtp") if data["mtp"] else False,
         placements=types.MappingProxyType(placements),
         digest=canonical_digest(data),
         source=source,
@@ -325,6 +334,23 @@ def from_document(data: dict[str, Any], *, source: str) -> Recipe:
     )
     _check(recipe)
     return recipe
+
+
+def _check_nextn(recipe: Recipe) -> None:
+    """MTP on needs a nextn block in the recipe's artifacts: their sealed header expectations say so."""
+    from manifests.artifact_sets import load_set
+
+    try:
+        variant = load_set(recipe.artifacts).variant(recipe.variant)
+    except ConfigurationError:
+        return  # the artifact set itself is checked (and named) where the run provisions it
+    kv = variant.gguf.kv if variant.gguf is not None else {}
+    if int(kv.get(f"{recipe.architecture}.nextn_predict_layers", 0)) < 1:
+        raise ConfigurationError(
+            f"{recipe.source}: at /mtp: artifact set {recipe.artifacts} ({recipe.variant}) holds no "
+            f"nextn block ({recipe.architecture}.nextn_predict_layers is not in its header expectations)",
+            hint='set "mtp": false, or name a set with a nextn block (tiny-v4-mtp)',
+        )
 
 
 def _check(recipe: Recipe) -> None:
@@ -363,6 +389,8 @@ def _check(recipe: Recipe) -> None:
             raise ConfigurationError(
                 f"{where}: at /route_change/after_tokens: must be < n_decode ({recipe.n_decode})"
             )
+    if recipe.mtp:
+        _check_nextn(recipe)
     uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
     shaped = [p.name for p in recipe.placements.values() if p.seams]
     names = [hc.name for hc in recipe.hardware_classes]

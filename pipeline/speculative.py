@@ -75,6 +75,7 @@ class KnownDrafter:
     acceptance: float = 1.0
     n_vocab: int = 0
     seed: int = 0
+    wrong_by: int = 1  # a wrong draft is the true token + this (mod n_vocab)
     on_last_stage = False
 
     def __post_init__(self) -> None:
@@ -87,7 +88,7 @@ class KnownDrafter:
         return [t if self._rng.random() < self.acceptance else self._wrong(t) for t in truth]
 
     def _wrong(self, token: int) -> int:
-        return (token + 1) % self.n_vocab if self.n_vocab else token + 1
+        return (token + self.wrong_by) % self.n_vocab if self.n_vocab else token + self.wrong_by
 
     def received(self, drafts: Sequence[int]) -> None:
         pass

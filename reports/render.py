@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import charts, seams, throughput
+from reports import charts, mtp, seams, throughput
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -283,6 +283,8 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         floor_rows=_optional_table(seams.floor_frame(placements, figures.get("transport_floor"))),
         concurrency_rows=_optional_table(throughput.concurrency_frame(placements)),
         concurrency_single=throughput.concurrency_note(placements),
+        mtp_rows=_optional_table(mtp.mtp_frame(placements)),
+        mtp_gate=table(gate_frame(results, "mtp"), classes="gate"),
         floor_note=seams.floor_note(figures.get("transport_floor")),
         shaping_notes=seams.shaping_notes(placements),
         scaling=seams.scaling_chart(

@@ -92,7 +92,30 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 def test_mtp_on_is_refused_with_its_key(tmp_path: Path) -> None:
     doc = _doc()
     doc["mtp"] = True
-    with pytest.raises(ConfigurationError, match=r"at /mtp: multi-token prediction is reserved"):
+    with pytest.raises(ConfigurationError, match=r"at /mtp: multi-token prediction is off \(false\) unless"):
+        recipes.load_file(_write(tmp_path, doc))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-v4", "v4-q4"])
+def test_an_alpha_recipe_turning_mtp_on_is_refused_without_a_nextn_block(tmp_path: Path, name: str) -> None:
+    doc = _doc(name)
+    doc["mtp"] = {"draft_tokens": 3}
+    with pytest.raises(ConfigurationError, match=r"at /mtp: artifact set \S+ \(\S+\) holds no nextn block"):
+        recipes.load_file(_write(tmp_path, doc))
+
+
+def test_the_mtp_recipe_turns_it_on_explicitly() -> None:
+    r = recipes.load("tiny-v4-mtp", {})
+    assert r.mtp == recipes.Mtp(draft_tokens=3) and r.artifacts == "tiny-v4-mtp"
+    for name in ("tiny-llama", "tiny-llama-wan", "gemma3-270m-q4", "tiny-v4", "v4-q4"):
+        assert recipes.load(name, {}).mtp is False, name
+
+
+@pytest.mark.parametrize("bad", [{"draft_tokens": 0}, {"draft_tokens": 9}, {}, {"draft_tokens": 3, "k": 1}])
+def test_a_bad_mtp_section_is_refused_at_its_key(tmp_path: Path, bad: dict) -> None:
+    doc = _doc("tiny-v4-mtp")
+    doc["mtp"] = bad
+    with pytest.raises(ConfigurationError, match=r"/mtp"):
         recipes.load_file(_write(tmp_path, doc))
 
 

@@ -1,0 +1,81 @@
+"""The MTP gate's figures (docs/mtp.md): speculative pipeline decoding with the last stage's nextn
+block, held to the placement's own plain greedy run.
+
+Per placement, on the workers the placement already runs (the last stage started with --mtp):
+- every prompt decoded with verify passes of k drafts + 1 (pipeline.speculative, NextnDrafter) must
+  choose the tokens the plain run chose (MTP on == MTP off, exact on the CPU);
+- rollback leaves no trace: two runs of the first prompt with known drafts that miss at the same
+  places but with different wrong tokens must give bitwise the same logits and tokens (every stage
+  took the rejected positions back, the MTP context included);
+- the acceptance rate, tokens per pass and seam crossings per token are reported, not gated (a
+  random nextn block accepts almost nothing).
+A ring placement is verified chained: a ring's last stage picks tokens with no drafter to ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from certify import gates
+from certify.gates import AtLeast, Check
+from certify.verdict import Result
+from pipeline import drive, speculative
+
+ROLLBACK_ACCEPTANCE = 0.4  # known drafts that miss often enough for every pass to reject some
+ROLLBACK_SEED = 5
+
+
+def mtp_figures(clients: Sequence[Any], prompts: Sequence[Sequence[int]], plain: drive.Trace, k: int,
+                n_decode: int, *, boundary_dtype: str, forwarding: str, **routing: Any) -> dict[str, Any]:
+    """What the MTP gate and the report read, for one placement."""
+    routing = {**routing, "forwarding": "chained" if forwarding == "ring" else forwarding,
+               "boundary_dtype": boundary_dtype}
+    runs = [speculative.run(clients, prompt, n_decode, k=k, drafter=speculative.NextnDrafter(), **routing)
+            for prompt in prompts]
+    same = sum(r.tokens == p.tokens for r, p in zip(runs, plain.prompts, strict=True))
+    passes = [q for r in runs for q in r.passes]
+    decoded = sum(len(q.chosen) for q in passes)
+    return {
+        "draft_tokens": k,
+        "prompts": len(runs),
+        "prompts_identical": same,
+        "identical_fraction": same / len(runs),
+        "rollback_identical": 1.0 if _rollback_leaves_no_trace(clients, prompts[0], plain.prompts[0].tokens,
+                                                               k, n_decode, routing) else 0.0,
+        "acceptance_rate": sum(q.accepted for q in passes) / max(1, sum(q.drafted for q in passes)),
+        "tokens_per_pass": decoded / len(passes) if passes else 0.0,
+        "crossings_per_token": sum(q.step.crossings for q in passes) / decoded if decoded else 0.0,
+        "decode_tok_s": float(np.median([r.decode_tok_s for r in runs])),
+        "forwarding": routing["forwarding"],
+    }
+
+
+def _rollback_leaves_no_trace(clients: Sequence[Any], prompt: Sequence[int], truth: Sequence[int], k: int,
+                              n_decode: int, routing: dict[str, Any]) -> bool:
+    n_vocab = drive.describe(clients)[-1].n_vocab
+
+    def known(by: int) -> speculative.KnownDrafter:
+        return speculative.KnownDrafter(truth, acceptance=ROLLBACK_ACCEPTANCE, n_vocab=n_vocab,
+                                        seed=ROLLBACK_SEED, wrong_by=by)
+
+    a, b = (speculative.run(clients, prompt, n_decode, k=k, drafter=known(by), **routing) for by in (1, 2))
+    rewound = any(q.rewound for q in a.passes)
+    return rewound and a.tokens == b.tokens and bool(np.array_equal(a.logits, b.logits))
+
+
+def mtp_checks() -> list[Check]:
+    return [
+        AtLeast(name="MTP on == MTP off (greedy tokens, every prompt)", metric="identical_fraction",
+                limit=1.0),
+        AtLeast(name="rejected drafts leave no trace (bitwise)", metric="rollback_identical", limit=1.0),
+    ]
+
+
+def mtp_result(placement: str, figures: dict[str, Any]) -> Result:
+    """The MTP gate of one placement (gate "mtp")."""
+    numeric = {k: float(v) for k, v in figures.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return gates.evaluate("mtp", placement, mtp_checks(), numeric)
