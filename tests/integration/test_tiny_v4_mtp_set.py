@@ -90,7 +90,7 @@ def test_workers_with_mtp_off_compute_tiny_v4(sets, placement, worker_command, s
 LIBS = ("src/libllama.a", "ggml/src/libggml.a", "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # test_mtp_workers.py uses it too: compiled once
 def mtp_probe(real_ctx, cpu_build, tmp_path_factory) -> Path:
     """The probe, compiled with the lane's compiler and OpenMP flags against its static libraries and
     the patched tree's headers (llama-ext.h for the nextn embeddings)."""
