@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,8 +44,9 @@ def _links() -> set[str]:
     return {line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line}
 
 
-def _shapers() -> set[int]:
-    """Pids of running seam shapers (a /proc scan)."""
+def _shapers(prefixes: set[str]) -> set[int]:
+    """Pids of running seam shapers of the fabrics named by ``prefixes`` (a /proc scan): a shaper's
+    command line names the namespaces it joins, which start with its fabric's prefix."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -52,9 +54,22 @@ def _shapers() -> set[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"pipeline.shaper" in cmdline and proc_alive(int(entry)):
+            mine = any(x.encode() in cmdline for x in prefixes)
+            if b"pipeline.shaper" in cmdline and mine and proc_alive(int(entry)):
                 found.add(int(entry))
     return found
+
+
+def _fabric_prefixes(pred: dict) -> set[str]:
+    """The name prefix ("dgr<tag>") of every fabric this run made: its namespaces, links and shapers
+    carry it, and no other run's do (another session's bench or certification may shape links on this
+    machine at the same time; a loaded fresh-clone run failed on such a bench's shapers)."""
+    return {re.sub(r"s\d+$", "", s["namespace"]) for p in pred["figures"]["placements"] if p.get("fabric")
+            for s in p["fabric"]["stages"]}
+
+
+def _ours(names: set[str], prefixes: set[str]) -> set[str]:
+    return {n for n in names if any(n.startswith(x) for x in prefixes)}
 
 
 def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
@@ -63,7 +78,6 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
     support = seams.probe(ENV)
     if not support.available:
         pytest.skip(f"seam fabrics cannot be made here: {support.reason}")
-    before_ns, before_links, before_shapers = _netns(), _links(), _shapers()
     run = certified(ENV, "--recipe", RECIPE)
     verified(ENV, run)  # PASS, or a FAIL only from speed checks a loaded machine missed
     cert, pred = run.certificate, run.predicate
@@ -105,6 +119,8 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
     # another session's on the same machine are not this run's leftovers.
     run_dir = Workspace.from_env(ENV).runs / cert.parent.name
     assert live_workers(str(run_dir)) == [], "a worker was left running"
-    assert _shapers() - before_shapers == set(), "a shaper was left running"
-    assert _netns() - before_ns == set(), "a namespace was left behind"
-    assert {x for x in _links() - before_links if x.startswith("dgr")} == set(), "a link was left behind"
+    prefixes = _fabric_prefixes(pred)
+    assert prefixes, "the run recorded no fabric"
+    assert _shapers(prefixes) == set(), "a shaper was left running"
+    assert _ours(_netns(), prefixes) == set(), "a namespace was left behind"
+    assert _ours(_links(), prefixes) == set(), "a link was left behind"
