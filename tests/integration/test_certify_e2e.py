@@ -197,7 +197,8 @@ def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_repo
 @pytest.mark.parametrize(
     ("change", "expect"),
     [
-        ({"mtp": True}, "at /mtp: multi-token prediction is reserved"),
+        ({"mtp": True}, "at /mtp: multi-token prediction is off (false) unless"),
+        ({"mtp": {"draft_tokens": 3}}, "holds no nextn block"),
         ({"n_decodee": 3}, "unknown key 'n_decodee' (did you mean 'n_decode'?)"),
     ],
 )
