@@ -26,7 +26,6 @@ import pytest
 from fetch.provision import provision
 from pipeline import drive, speculative
 from tests.integration import test_tiny_v4_mtp_set as mtp_set
-from tests.integration.test_speculative_workers import WrongBy
 from worker.client import StageFailed
 from worker.launcher import launch
 
@@ -71,7 +70,8 @@ def test_mtp_on_chooses_the_tokens_mtp_off_chooses(placement, mtp_model, worker_
         plain_on = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False).prompts[0]
         assert plain_on.tokens == off.tokens and np.array_equal(plain_on.logits, off.logits)
         a, b = (speculative.run(p.clients, prompt, N_DECODE, k=K,
-                                drafter=WrongBy(off.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5, by=by))
+                                drafter=speculative.KnownDrafter(off.tokens, acceptance=0.4, n_vocab=n_vocab,
+                                                                 seed=5, wrong_by=by))
                 for by in (1, 2))
     assert any(q.rewound for q in a.passes)
     assert np.array_equal(a.logits, b.logits) and a.tokens == b.tokens == off.tokens

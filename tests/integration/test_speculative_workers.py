@@ -36,17 +36,6 @@ PLACEMENTS = {"monolithic": [(0, 12)], "3-stages": [(0, 4), (4, 8), (8, 12)]}
 KILL_BOUND_S = 10.0  # generous for a loaded 2-core box; the measured time is printed
 
 
-class WrongBy(speculative.KnownDrafter):
-    """Known drafts whose misses are the true token + ``by`` (the same seed: misses at the same places)."""
-
-    def __init__(self, *args, by: int, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.by = by
-
-    def _wrong(self, token: int) -> int:
-        return (token + self.by) % self.n_vocab
-
-
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-v4"])
 def model(request, real_ctx, tiny_model) -> Path:
     return tiny_model.first if request.param == "tiny-llama" else Path(provision(real_ctx, "tiny-v4").first)
@@ -73,8 +62,8 @@ def test_verify_passes_choose_the_plain_greedy_tokens(model, placement, worker_c
                 if acceptance == 1.0:
                     assert got.acceptance_rate == 1.0
         runs = [speculative.run(p.clients, prompt, N_DECODE, k=K,
-                                drafter=WrongBy(plain.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5,
-                                                 by=by))
+                                drafter=speculative.KnownDrafter(plain.tokens, acceptance=0.4,
+                                                                 n_vocab=n_vocab, seed=5, wrong_by=by))
                 for by in (1, 2)]
     a, b = runs
     assert any(q.rewound for q in a.passes), "no draft was rejected: the rollback went untested"

@@ -87,23 +87,13 @@ def test_verify_passes_give_the_plain_greedy_run_bitwise(stubs, tmp_path: Path, 
                     assert any(q.rewound == k for q in got.passes)
 
 
-class _WrongBy(speculative.KnownDrafter):
-    """A known drafter whose wrong drafts are the true token + ``by`` (same seed: the same misses)."""
-
-    def __init__(self, *args, by: int, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.by = by
-
-    def _wrong(self, token: int) -> int:
-        return (token + self.by) % 40
-
-
 def test_a_rejected_draft_leaves_no_trace(stubs, tmp_path: Path) -> None:
     """Two runs that differ only in the drafts they had rejected give bitwise the same logits after."""
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         plain = _plain(p.clients)
         a, b = (speculative.run(p.clients, PROMPT, N_DECODE, k=3,
-                                drafter=_WrongBy(plain.tokens, acceptance=0.4, seed=3, by=by))
+                                drafter=speculative.KnownDrafter(plain.tokens, acceptance=0.4, n_vocab=40,
+                                                                 seed=3, wrong_by=by))
                 for by in (1, 7))
     assert [q.fed for q in a.passes] != [q.fed for q in b.passes]  # they fed different rejected tokens
     assert [q.accepted for q in a.passes] == [q.accepted for q in b.passes]
