@@ -57,8 +57,9 @@ def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
 
 def selects_top_k(params: Mapping[str, Any]) -> bool:
     """Whether the generated model's graph selects by top-k (DeepSeek V4's indexer and router), whose
-    conditioning sealing measures."""
-    return params.get("architecture", "llama") == "deepseek4"
+    conditioning sealing measures. An MTP-only file is not a model that runs by itself (no trunk): the
+    trunk's selections are measured on its own set, and the block's on the set that holds it whole."""
+    return params.get("architecture", "llama") == "deepseek4" and not params.get("mtp_only", False)
 
 
 def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Path) -> list[Path]:

@@ -29,6 +29,7 @@ writer (insertion order, no time/host/path), the tokenizer copied from the pinne
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from core.errors import ConfigurationError
+from fetch.mtp_file import write_mtp_only
 from fetch.tinygguf import Weights, copy_tokenizer, import_gguf, split_names, write_splits
 
 ARCH = "deepseek4"
@@ -87,6 +89,9 @@ DEFAULTS: dict[str, Any] = {
     # nextn (MTP) blocks after the main layers: 0 (tiny-v4) or 1 (tiny-v4-mtp); compress_ratios then
     # holds n_layer + mtp entries, the nextn block's 0
     "mtp": 0,
+    # true: write only the nextn block as the pinned converter's --mtp does for V4 Flash (fetch.mtp_file):
+    # one file, mtp-tiny-v4-VARIANT.gguf, with tensors copied from the whole model (needs mtp 1, splits 1)
+    "mtp_only": False,
 }
 FTYPES = {"f32": 0}
 
@@ -96,7 +101,10 @@ def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
 
 
 def _stem(p: Mapping[str, Any], variant: str) -> str:
-    """``tiny-v4-VARIANT``, or ``tiny-v4-mtp-VARIANT`` for a model with a nextn block."""
+    """``tiny-v4-VARIANT``, ``tiny-v4-mtp-VARIANT`` for a model with a nextn block, or the converter's
+    ``mtp-tiny-v4-VARIANT`` for that block alone."""
+    if p["mtp_only"]:
+        return f"mtp-tiny-v4-{variant}"
     return f"tiny-v4-mtp-{variant}" if int(p["mtp"]) else f"tiny-v4-{variant}"
 
 
@@ -120,6 +128,10 @@ def _check(p: Mapping[str, Any]) -> None:
             "tinymodel_v4: the nextn block's compress ratio must be 0 (the pinned MTP context keeps only "
             "a sliding-window KV cache)"
         )
+    if p["mtp_only"] and (mtp != 1 or int(p["splits"]) != 1):
+        raise ConfigurationError(
+            "tinymodel_v4: mtp_only writes one nextn block as one file (mtp 1, splits 1)"
+        )
     if not 0 < int(p["hash_layer_count"]) < n_layer:
         raise ConfigurationError("tinymodel_v4: hash_layer_count must leave score-routed layers after it")
     if int(p["n_head"]) % int(p["o_groups"]) or int(p["rope_dim"]) > int(p["head_dim"]):
@@ -138,6 +150,8 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
     """Write the variant's split files into ``out_dir``; returns their paths in split order."""
     p = {**DEFAULTS, **params}
     _check(p)  # before touching the tree: a bad manifest is named as such
+    if p["mtp_only"]:
+        return [_generate_mtp_only(out_dir, p, variant, tree)]
     gguf = import_gguf(tree)
     d = _dims(p)
     splits = int(p["splits"])
@@ -153,6 +167,15 @@ def generate(out_dir: Path, params: Mapping[str, Any], variant: str, *, tree: Pa
         if i >= d.n_layer:
             _add_nextn_tensors(tensors, d, i, token_embd)
     return write_splits(w, out_dir, file_names(p, variant), "tinymodel_v4")
+
+
+def _generate_mtp_only(out_dir: Path, p: Mapping[str, Any], variant: str, tree: Path) -> Path:
+    """The converter's --mtp file of this model: the whole model, block included, is written to a
+    scratch folder inside ``out_dir`` (gone on return), and the file is cut from it (fetch.mtp_file),
+    so its tensors are the whole model's bitwise."""
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".whole-") as scratch:
+        whole = generate(Path(scratch), {**p, "mtp_only": False}, variant, tree=tree)
+        return write_mtp_only(import_gguf(tree), whole, out_dir / file_names(p, variant)[0])
 
 
 class _Dims(NamedTuple):

@@ -84,6 +84,7 @@ class WorkerCommand:
     max_sessions: int | None = None
     max_rewind: int | None = None  # speculative decoding: positions a Forward may take back
     mtp: bool = False  # the placement's last stage drafts with the nextn block (--mtp; docs/mtp.md)
+    mtp_model: Path | None = None  # with mtp: the block's MTP-only file (--mtp-model) instead of the model's
     identity: Path | None = None
     lane: str | None = None
     extra: tuple[str, ...] = ()
@@ -102,7 +103,7 @@ class WorkerCommand:
         if self.lane is not None:
             args += ["--lane", self.lane]
         if self.mtp and last:
-            args.append("--mtp")
+            args += ["--mtp-model", os.fspath(self.mtp_model)] if self.mtp_model else ["--mtp"]
         return args + list(self.extra)
 
 

@@ -13,7 +13,8 @@ namespace dgr {
 const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
-        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N] [--mtp]\n"
+        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
+        "                        [--mtp | --mtp-model FILE]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
         "\n"
@@ -26,7 +27,9 @@ const char * usage_text() {
         "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
         "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
         "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
-        "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n";
+        "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
+        "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
+        "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -130,6 +133,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }
         else if (arg == "--peers")        { parse_peers(val, out); }
+        else if (arg == "--mtp-model")    { out.mtp_model_path = val; out.mtp = true; }
         else {
             throw UsageError("unknown argument '" + arg + "'");
         }

@@ -23,6 +23,7 @@ struct WorkerOptions {
     int32_t     max_sessions  = 4;
     int32_t     max_rewind    = 0;   // positions a rewinding Forward may take back (speculative decoding)
     bool        mtp           = false;  // last stage: load the nextn block and draft with it
+    std::string mtp_model_path;      // --mtp-model: the block comes as an MTP-only GGUF of its own (implies mtp)
     int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in

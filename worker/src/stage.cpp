@@ -51,7 +51,9 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     mp.layer_begin  = opts.layer_begin;
     mp.layer_end    = opts.layer_end;
     mp.n_gpu_layers = opts.n_gpu_layers;
-    mp.load_mtp     = opts.mtp;  // the loader keeps nextn tensors only for the range that owns the output
+    // the loader keeps nextn tensors only for the range that owns the output; with --mtp-model the block
+    // comes from its own file, so a main file that also holds one keeps it out
+    mp.load_mtp     = opts.mtp && opts.mtp_model_path.empty();
     model_ = llama_model_load_from_file(opts.model_path.c_str(), mp);
     if (model_ == nullptr) {
         throw std::runtime_error("failed to load layers " + std::to_string(opts.layer_begin) + ":" +
@@ -82,11 +84,10 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     if (in.last_stage && !in.has_output_head) {
         throw std::runtime_error("the last stage loaded no output head (model without output.weight?)");
     }
-    if (opts.mtp && (!in.last_stage || llama_model_n_layer_nextn(model_) < 1)) {
-        throw std::runtime_error(std::string("--mtp: ") + (in.last_stage ? "the model holds no nextn (MTP) block"
-                                 : "only the last stage drafts (its range must end at layer " +
-                                   std::to_string(in.n_layer) + ")"));
+    if (!opts.mtp_model_path.empty() && in.last_stage) {
+        load_mtp_model();
     }
+    check_mtp();
     in.mtp = opts.mtp;
 
     std::string devs;
@@ -99,7 +100,8 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
 
     // one context up front: fails fast when KV/compute cannot be allocated, and gives Info its figures
     idle_.push_back(acquire_context());
-    in.memory.weight_bytes = llama_model_size(model_);
+    // the MTP-only file's block, embedding and head are this stage's weights too (docs/mtp.md)
+    in.memory.weight_bytes = llama_model_size(model_) + (mtp_model_ ? llama_model_size(mtp_model_) : 0);
     for (const auto & [buft, mb] : llama_get_memory_breakdown(idle_.back())) {
         (void) buft;
         in.memory.kv_bytes      += mb.context;
@@ -118,8 +120,57 @@ Stage::~Stage() {
         llama_free(ctx);
     }
     idle_.clear();
+    if (mtp_model_) {
+        llama_model_free(mtp_model_);
+    }
     if (model_) {
         llama_model_free(model_);
+    }
+}
+
+// V4 Flash's nextn block never goes into the main file: the pinned converter's --mtp writes it alone,
+// with the main token embedding and output head beside it, and the pinned loader reads such an MTP-only
+// file (its trunk tensors are optional). The block reads the main model's hidden rows and scores drafts
+// against the main vocabulary, so both must match; anything else is a different model's head.
+void Stage::load_mtp_model() {
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = opts_.n_gpu_layers;
+    mp.load_mtp     = true;
+    const std::string & path = opts_.mtp_model_path;
+    mtp_model_ = llama_model_load_from_file(path.c_str(), mp);
+    if (mtp_model_ == nullptr) {
+        throw std::runtime_error("--mtp-model: failed to load " + path + " (see the llama log above)");
+    }
+    auto refuse = [&](const std::string & what, const std::string & main, const std::string & mtp) {
+        throw std::runtime_error("--mtp-model: " + path + " is not this model's MTP file: " + what + " " + mtp +
+                                 ", the main model's " + main);
+    };
+    const std::string arch = meta_str(mtp_model_, "general.architecture");
+    if (arch != info_.architecture) {
+        refuse("architecture", info_.architecture, arch);
+    }
+    if (llama_model_n_embd_out(mtp_model_) != llama_model_n_embd_out(model_)) {
+        refuse("hidden width", std::to_string(llama_model_n_embd_out(model_)),
+               std::to_string(llama_model_n_embd_out(mtp_model_)));
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(mtp_model_));
+    if (n_vocab != info_.n_vocab) {
+        refuse("vocabulary of", std::to_string(info_.n_vocab), std::to_string(n_vocab));
+    }
+}
+
+void Stage::check_mtp() const {
+    if (!opts_.mtp) {
+        return;
+    }
+    const std::string flag = opts_.mtp_model_path.empty() ? "--mtp" : "--mtp-model";
+    if (!info_.last_stage) {
+        throw std::runtime_error(flag + ": only the last stage drafts (its range must end at layer " +
+                                 std::to_string(info_.n_layer) + ")");
+    }
+    if (llama_model_n_layer_nextn(drafting_model()) < 1) {
+        throw std::runtime_error(flag + ": " + (mtp_model_ ? opts_.mtp_model_path : opts_.model_path) +
+                                 " holds no nextn (MTP) block");
     }
 }
 
@@ -323,7 +374,7 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
         s.ctx   = acquire_context();  // may throw (no memory): nothing inserted yet
         if (info_.mtp) {
             try {
-                s.mtp = std::make_unique<MtpDrafter>(model_, opts_.n_ctx, opts_.n_batch, opts_.n_threads);
+                s.mtp = std::make_unique<MtpDrafter>(drafting_model(), opts_.n_ctx, opts_.n_batch, opts_.n_threads);
             } catch (const std::exception & e) {
                 release_context(s.ctx);
                 throw StageError(Kind::ResourceExhausted, e.what());

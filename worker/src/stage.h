@@ -129,10 +129,14 @@ private:
     void            check_rewind(const ForwardArgs & args, int32_t n_past) const;
     void            check_draft(const ForwardArgs & args, int32_t n_tokens) const;
     void            draft_after(Session & s, const ForwardArgs & args, ForwardResult & r);
+    void            load_mtp_model();            // --mtp-model: the MTP-only GGUF, checked against the main model
+    void            check_mtp() const;           // --mtp / --mtp-model: the last stage, with a nextn block
+    llama_model *   drafting_model() const { return mtp_model_ ? mtp_model_ : model_; }
 
     WorkerOptions               opts_;
     std::mutex                  mu_;
     llama_model *               model_ = nullptr;
+    llama_model *               mtp_model_ = nullptr;  // --mtp-model only: the nextn block's own file
     std::vector<llama_context *> idle_;
     std::map<std::string, Session> sessions_;
     StageInfo                   info_;
