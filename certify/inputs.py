@@ -27,6 +27,7 @@ class Prepared:
     """Everything the measurement needs, each piece already verified by its own stage."""
 
     model: Path  # the first split file; the worker finds the others beside it
+    mtp_model: Path | None = None  # the MTP-only file the last stage drafts with (--mtp-model)
     worker: tuple[str, ...]  # the lane's worker program (argv prefix)
     reference_worker: tuple[str, ...] | None = None  # the CPU build, for the backend-agreement gate
     identity: Mapping[str, Any] = field(default_factory=dict)
@@ -65,21 +66,27 @@ class Verified:
     paths: dict[str, str]
     identity: dict[str, Any]  # source, patches, artifacts (the build is the caller's)
     artifacts_line: str
+    mtp_model: Path | None = None  # the nextn block's MTP-only file (recipe "mtp": {"artifacts": ...})
 
 
-def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
-    """Provision (verify) the recipe's artifacts and the source/patch trees: the identity chain's
-    machine-independent part, and the artifact subjects."""
+@dataclass(frozen=True, kw_only=True)
+class _Artifacts:
+    """One provisioned set as the certificate names it: its files as subjects, and its identity."""
+
+    first: Path
+    subjects: list[dict[str, Any]]
+    paths: dict[str, str]
+    identity: dict[str, Any]
+    line: str
+
+
+def _verified_set(ctx: Context, set_name: str, variant: str | None, *, store: Path | None) -> _Artifacts:
     from fetch.provision import provision
     from lanes.build import fetch_tools
     from manifests.artifact_sets import load_set
-    from patches.stack import ensure_patched
 
-    provisioned = provision(ctx, recipe.artifacts, store=store, variant=recipe.variant,
-                            tools=fetch_tools(ctx))
-    patched = ensure_patched(ctx)
-    pristine = patched.pristine  # verified by ensure_patched
-    entries = load_set(recipe.artifacts).variant(provisioned.variant).files
+    provisioned = provision(ctx, set_name, store=store, variant=variant, tools=fetch_tools(ctx))
+    entries = load_set(set_name).variant(provisioned.variant).files
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
     for entry, path in zip(entries, provisioned.files, strict=True):
@@ -90,23 +97,44 @@ def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Veri
                                      established={"blake3": cert.PROVISIONING_BLAKE3,
                                                   "sha256": cert.MANIFEST_SHA256}))
         paths[name] = str(Path(path).resolve())
-    identity = {
-        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
-        "patches": {**dict(patched.provenance), "digest": patched.digest},
-        "artifacts": {
-            "set": recipe.artifacts,
-            "variant": recipe.variant,
-            "manifest_digest": provisioned.manifest_digest,
-            **dict(provisioned.provenance),
-        },
-    }
+    identity = {"set": set_name, "variant": provisioned.variant,
+                "manifest_digest": provisioned.manifest_digest, **dict(provisioned.provenance)}
     line = (
-        f"artifacts: {len(provisioned.files)} files of set {recipe.artifacts} ({recipe.variant}) verified "
+        f"artifacts: {len(provisioned.files)} files of set {set_name} ({provisioned.variant}) verified "
         f"against manifest {provisioned.manifest_digest[:16]}… by provisioning (blake3; the sha256 stated "
         "is the manifest's)"
     )
-    return Verified(model=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
-                    artifacts_line=line)
+    return _Artifacts(first=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
+                      line=line)
+
+
+def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
+    """Provision (verify) the recipe's artifacts (and the MTP-only file's set, where the recipe names
+    one) and the source/patch trees: the identity chain's machine-independent part, and the artifact
+    subjects."""
+    from patches.stack import ensure_patched
+
+    main = _verified_set(ctx, recipe.artifacts, recipe.variant, store=store)
+    mtp_set = recipe.mtp.artifacts if recipe.mtp else None
+    mtp = _verified_set(ctx, mtp_set, recipe.mtp.variant, store=store) if mtp_set else None
+    patched = ensure_patched(ctx)
+    pristine = patched.pristine  # verified by ensure_patched
+    identity = {
+        "source": {k: v for k, v in dict(pristine.provenance).items() if k != "stamp"},
+        "patches": {**dict(patched.provenance), "digest": patched.digest},
+        "artifacts": main.identity,
+    }
+    if mtp is not None:
+        identity["mtp_artifacts"] = mtp.identity
+    parts = [main] + ([mtp] if mtp else [])
+    return Verified(
+        model=main.first,
+        mtp_model=mtp.first if mtp else None,
+        subjects=[s for a in parts for s in a.subjects],
+        paths={k: v for a in parts for k, v in a.paths.items()},
+        identity=identity,
+        artifacts_line="; ".join(a.line for a in parts),
+    )
 
 
 def prepare(
@@ -145,6 +173,7 @@ def prepare(
         verified.append(f"reference build: cpu binaries hashed (key {ref_build.key[:16]}…)")
     return Prepared(
         model=inputs.model,
+        mtp_model=inputs.mtp_model,
         worker=(str(build.worker),),
         reference_worker=(str(ref_build.worker),) if ref_build else None,
         identity=identity,
@@ -196,6 +225,7 @@ def prepare_attached(ctx: Context, recipe: Recipe, lane: str, *, store: Path | N
     ]
     return Prepared(
         model=inputs.model,
+        mtp_model=inputs.mtp_model,
         worker=(),
         identity=identity,
         subjects=list(inputs.subjects),

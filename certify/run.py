@@ -168,6 +168,7 @@ def make_plan(
             # MTP on: the last stage drafts, and every stage can take back a pass's rejected drafts
             max_rewind=run.recipe.mtp.draft_tokens if run.recipe.mtp else None,
             mtp=bool(run.recipe.mtp),
+            mtp_model=prepared.mtp_model,
         )
 
     return measure.Plan(

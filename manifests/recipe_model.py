@@ -190,9 +190,14 @@ class HardwareClass:
 
 @dataclass(frozen=True, kw_only=True)
 class Mtp:
-    """MTP on (docs/mtp.md): the last stage drafts ``draft_tokens`` per verify pass with the nextn block."""
+    """MTP on (docs/mtp.md): the last stage drafts ``draft_tokens`` per verify pass with the nextn block.
+
+    The block is in the main set's files (``--mtp``), or, as V4 Flash ships it, in an MTP-only file of
+    its own: the set ``artifacts`` (variant ``variant``) that the last stage loads with ``--mtp-model``."""
 
     draft_tokens: int
+    artifacts: str | None = None
+    variant: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,19 +342,26 @@ def from_document(data: dict[str, Any], *, source: str) -> Recipe:
 
 
 def _check_nextn(recipe: Recipe) -> None:
-    """MTP on needs a nextn block in the recipe's artifacts: their sealed header expectations say so."""
+    """MTP on needs a nextn block where the recipe says it is, the main set or the MTP-only file's set:
+    its sealed header expectations say so."""
     from manifests.artifact_sets import load_set
 
+    assert isinstance(recipe.mtp, Mtp)
+    name, variant_name = recipe.mtp.artifacts or recipe.artifacts, recipe.mtp.variant or recipe.variant
+    if recipe.mtp.artifacts and not recipe.mtp.variant:
+        variant_name = None  # the MTP set's default variant
     try:
-        variant = load_set(recipe.artifacts).variant(recipe.variant)
+        variant = load_set(name).variant(variant_name)
     except ConfigurationError:
         return  # the artifact set itself is checked (and named) where the run provisions it
     kv = variant.gguf.kv if variant.gguf is not None else {}
     if int(kv.get(f"{recipe.architecture}.nextn_predict_layers", 0)) < 1:
+        where = "/mtp/artifacts" if recipe.mtp.artifacts else "/mtp"
         raise ConfigurationError(
-            f"{recipe.source}: at /mtp: artifact set {recipe.artifacts} ({recipe.variant}) holds no "
-            f"nextn block ({recipe.architecture}.nextn_predict_layers is not in its header expectations)",
-            hint='set "mtp": false, or name a set with a nextn block (tiny-v4-mtp)',
+            f"{recipe.source}: at {where}: artifact set {name} ({variant_name or 'default variant'}) holds "
+            f"no nextn block ({recipe.architecture}.nextn_predict_layers is not in its header expectations)",
+            hint='set "mtp": false, or name a set with a nextn block (tiny-v4-mtp, or an MTP-only file\'s '
+                 'set in "mtp": {"artifacts": ...})',
         )
 
 

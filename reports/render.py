@@ -343,6 +343,11 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             f"set {art.get('set', '—')} variant {art.get('variant', '—')}",
         ),
     ]
+    mtp = ident.get("mtp_artifacts")
+    if mtp:  # the nextn block's own file, which the last stage loads with --mtp-model (docs/mtp.md)
+        rows.append(("MTP block artifacts", str(mtp.get("manifest_digest", "—")),
+                     f"set {mtp.get('set', '—')} variant {mtp.get('variant', '—')}, "
+                     "loaded by the last stage"))
     # Real weights carry their name, upstream and terms into the report (the set's manifest says them).
     up = art.get("upstream") or {}
     if art.get("model"):

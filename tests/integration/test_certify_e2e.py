@@ -209,9 +209,17 @@ def test_refused_recipes_exit_2(tmp_path: Path, change: dict[str, object], expec
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_v4_q4_stops_at_its_unsealed_artifact_set() -> None:
-    done = run_dgr(ENV, "certify", "--recipe", "v4-q4", timeout=120)
+@pytest.mark.parametrize("recipe", ["v4-q4", "v4-q4-mtp"])
+def test_v4_q4_stops_at_its_unsealed_artifact_set(recipe: str) -> None:
+    done = run_dgr(ENV, "certify", "--recipe", recipe, timeout=120)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "deepseek-v4-flash-q4" in lines[0] and "not sealed" in lines[0]
     assert "dgr seal --artifacts deepseek-v4-flash-q4 --from DIR" in lines[0]
+
+
+def test_the_v4_mtp_file_set_is_refused_until_sealed() -> None:
+    done = run_dgr(ENV, "provision", "--artifacts", "deepseek-v4-flash-q4-mtp", timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "not sealed" in lines[0] and "dgr seal --artifacts deepseek-v4-flash-q4-mtp --from DIR" in lines[0]

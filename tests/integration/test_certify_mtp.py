@@ -10,6 +10,9 @@ shows the acceptance rate, tokens per pass and crossings per token.  Every other
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
 from tests.integration.dgr_cli import certify_and_verify, user_env
@@ -19,11 +22,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 ENV = user_env()
 
 
-def test_certify_tiny_v4_mtp(cpu_build) -> None:
-    cert, predicate = certify_and_verify(ENV, "tiny-v4-mtp")
+@pytest.mark.parametrize("recipe", ["tiny-v4-mtp", "tiny-v4-mtp-file"])
+def test_certify_tiny_v4_mtp(cpu_build, recipe: str) -> None:
+    """tiny-v4-mtp-file: the block from its own file (--mtp-model), both sets named in the certificate."""
+    cert, predicate = certify_and_verify(ENV, recipe)
     placements = {p["name"]: p for p in predicate["figures"]["placements"]}
     results = {r["name"]: r for r in predicate["results"]}
-    print("\ntiny-v4-mtp on cpu: placement, forwarding, identical prompts, acceptance, tokens/pass, "
+    if recipe == "tiny-v4-mtp-file":
+        identity = predicate["identity"]
+        assert identity["artifacts"]["set"] == "tiny-v4"
+        assert identity["mtp_artifacts"]["set"] == "tiny-v4-mtp-only"
+        envelope = json.loads(cert.read_text())
+        subjects = json.loads(base64.b64decode(envelope["payload"]))["subject"]
+        assert any(s["name"].endswith("/mtp-tiny-v4-f32.gguf") for s in subjects)
+    print(f"\n{recipe} on cpu: placement, forwarding, identical prompts, acceptance, tokens/pass, "
           "crossings/token")
     for name, p in placements.items():
         m = p["mtp"]

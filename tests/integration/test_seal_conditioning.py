@@ -39,7 +39,7 @@ def test_a_model_with_exact_ties_is_not_sealed(real_ctx, cpu_build, tmp_path: Pa
 
 def test_the_sealed_tiny_v4_records_no_exact_tie() -> None:
     record = json.loads((ARTIFACTS / "tiny-v4.json").read_text())["variants"]["f32"]["conditioning"]
-    assert record["measured"] and record["recipes"] == ["tiny-v4"]
+    assert record["measured"] and record["recipes"] == ["tiny-v4", "tiny-v4-mtp-file"]
     kinds = record["kinds"]
     assert set(kinds) == {"indexer", "router"}
     assert all(k["exact_ties"] == 0 and k["contested_rows"] > 0 and k["min_abs_margin"] > 0
