@@ -241,9 +241,11 @@ def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_en
             p.clients[0].pb2_grpc.ShardWorkerStub(channel).Forward(relayed, timeout=30)
         short = attempt("short", pb2.Ring(budget=3, stages=addresses[:1]))
         empty = attempt("empty", pb2.Ring(budget=0, stages=addresses))
-    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]}")
+        drafted = attempt("drafted", pb2.Ring(budget=3, stages=addresses), drafted=1)
+    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]} | {drafted[1]}")
     assert no_sink.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "ring without deliver_to" in \
         no_sink.value.details()
     assert short[0] is grpc.StatusCode.INVALID_ARGUMENT and "names 1 stage address" in short[1]
     assert short[2].get("dgr-failed-stage") == "1"
     assert empty[0] is grpc.StatusCode.INVALID_ARGUMENT and "budget 0" in empty[1]
+    assert drafted[0] is grpc.StatusCode.INVALID_ARGUMENT and "ring without draft" in drafted[1]
