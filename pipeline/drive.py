@@ -647,6 +647,13 @@ def forward_pass(
     return Passed(logits=done.logits, step=done.step, draft=done.draft, accepted=done.accepted)
 
 
+def ring_pass(route: ChainRoute, got: ChainedPass, n: int, rows: int) -> Passed:
+    """One delivery of a ring (pipeline/ring.py) as a pass of ``n`` positions: its ``rows`` logits rows
+    and its step (n_stages crossings: the delivery is off the critical path)."""
+    done = _delivered(route, got, n, rows, ring=True)
+    return Passed(logits=done.logits, step=done.step, draft=got.draft, accepted=got.accepted)
+
+
 def new_session(tag: str) -> str:
     return _session(tag)
 

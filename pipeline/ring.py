@@ -8,6 +8,10 @@ No driver call sits between two tokens; the driver consumes the deliveries as a 
 each one: its index is the next, its token is ``np.argmax`` of its own logits, its hops are the
 placement's.
 
+With ``draft=k`` (a last stage started with ``--mtp``) the ring is speculative: each pass feeds the
+last chosen token and the nextn block's drafts, and the last stage chooses the accepted drafts and the
+bonus token, drafts again and starts the next pass (pipeline/ring_drafts.py checks each delivery).
+
 A failed pass reaches the sink as a RING_FAILED delivery naming the stage.  A stage that dies where
 no one is left to say so (the last stage itself) is found by the driver: while no token arrives it
 checks every worker it launched for an exit (each POLL_SECONDS) and, after SILENCE_SECONDS, asks
@@ -31,6 +35,7 @@ import grpc
 import numpy as np
 
 from core.errors import ConfigurationError
+from pipeline.ring_drafts import DraftedPass, DraftedPasses
 from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
 from worker.client import StageFailed, StageInfo, ended_stage
 
@@ -87,11 +92,13 @@ class RingSink(Sink):
 
 @dataclass(frozen=True, kw_only=True)
 class RingRun:
-    """What a ring brought back, one entry per token it chose, in order."""
+    """What a ring brought back: the tokens it chose, in order, and one entry per pass (a one-token
+    ring: one per token)."""
 
     tokens: tuple[int, ...]
     passes: tuple[ChainedPass, ...]  # wall_seconds: since the previous delivery (the first: the start)
     end: str  # budget, stop_token or context_full
+    drafted: tuple[DraftedPass, ...] = ()  # a drafting ring: what each pass was fed and chose
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,32 +118,41 @@ class RingRoute(ChainRoute):
 
     def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
                stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
-               keep_boundaries: bool = False) -> RingRun:
-        """Feed ``token`` at ``position`` and let the stages choose up to ``budget`` tokens after it."""
+               keep_boundaries: bool = False, draft: int = 0, drafts: Sequence[int] = ()) -> RingRun:
+        """Feed ``token`` at ``position`` and let the stages choose up to ``budget`` tokens after it.
+        ``draft``: a speculative ring, each pass verifying up to that many nextn drafts; ``drafts``
+        (what the last stage drafted after ``token``) go into the first pass."""
         if budget < 1:
             raise ConfigurationError("a ring needs a budget of at least one token")
+        if len(drafts) > draft:
+            raise ConfigurationError(f"{len(drafts)} drafts for the first pass of a ring that drafts {draft}")
         first, pb2 = self.stages[0], self.stages[0].pb2
         request_id = uuid.uuid4().hex
         ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
                         max_position=min(i.n_ctx for i in self.infos) - 1,
-                        pass_timeout_ms=int(first.deadline * 1000))
+                        pass_timeout_ms=int(first.deadline * 1000), draft=draft)
+        fed = [int(token), *(int(t) for t in drafts)]
+        checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
         started = time.perf_counter()
         try:
             ack = first.forward_chained(
-                session, epoch, [position], tokens=[token], downstream=self.addresses[1:],
-                deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
-                all_logits=all_logits, keep_boundaries=keep_boundaries, ring=ring,
+                session, epoch, range(position, position + len(fed)), tokens=fed,
+                downstream=self.addresses[1:], deliver_to=self.sink.address, request_id=request_id,
+                boundary_dtype=boundary_dtype, all_logits=all_logits, keep_boundaries=keep_boundaries,
+                ring=ring, draft=draft, drafted=len(drafts),
             )
             self._acks.append(ack)  # collected by drain(), like a chained pass's
-            return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries)
+            return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries,
+                              checker=checker)
         finally:
             self.sink.close_ring(request_id)
 
     def _read(self, deliveries: queue.SimpleQueue[Received], ack: grpc.Future, budget: int, started: float,
-              *, keep_boundaries: bool) -> RingRun:
+              *, keep_boundaries: bool, checker: DraftedPasses | None) -> RingRun:
         tokens: list[int] = []
         passes: list[ChainedPass] = []
+        drafted: list[DraftedPass] = []
         last_at = probed_at = started
         last = self.stages[-1]
         while True:
@@ -157,17 +173,25 @@ class RingRoute(ChainRoute):
                 raise last.failure("BAD_REPLY", f"the ring delivered token {r.index} (end {r.end}) where "
                                    f"token {len(tokens)} was next")
             passed = self._check(got, last_at, keep_boundaries=keep_boundaries)
-            pick = int(np.argmax(passed.logits[-1]))
-            if pick != int(r.token):
-                raise last.failure("BAD_REPLY", f"the ring chose token {r.token} at its step {r.index}, but "
-                                   f"the argmax of the logits it delivered is {pick}")
-            tokens.append(pick)
+            if checker is None:
+                tokens.append(self._one_token(r, passed))
+            else:
+                drafted.append(checker.take(r, passed, end))
+                tokens += drafted[-1].chosen
             passes.append(passed)
             last_at = got.received_at
-            if end != "continues":
-                return RingRun(tokens=tuple(tokens), passes=tuple(passes), end=end)
-            if len(tokens) >= budget:
+            if len(tokens) > budget or (end == "continues" and len(tokens) >= budget):
                 raise last.failure("BAD_REPLY", f"the ring went on past its budget of {budget} tokens")
+            if end != "continues":
+                return RingRun(tokens=tuple(tokens), passes=tuple(passes), end=end, drafted=tuple(drafted))
+
+    def _one_token(self, r: object, passed: ChainedPass) -> int:
+        """A one-token ring's pick, held to the argmax of the logits delivered with it."""
+        pick = int(np.argmax(passed.logits[-1]))
+        if pick != int(r.token):
+            raise self.stages[-1].failure("BAD_REPLY", f"the ring chose token {r.token} at its step "
+                                          f"{r.index}, but the argmax of the logits it delivered is {pick}")
+        return pick
 
     def _check_silence(self, ack: grpc.Future, quiet: float) -> None:
         """Raise when the silence has an explanation: the first pass failed, a worker ended, or it
@@ -201,28 +225,33 @@ class RingRoute(ChainRoute):
 
 
 def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_tokens: Sequence[int] = (),
-             session: str | None = None, epoch: int = 1, boundary_dtype: str = "f32") -> Generated:
+             session: str | None = None, epoch: int = 1, boundary_dtype: str = "f32",
+             draft: int = 0) -> Generated:
     """Prefill ``prompt`` (chained passes of at most the smallest n_batch), pick the first token here,
     then let the ring choose the rest: at most ``budget`` tokens in all, ending early at a stop token
-    (which is returned) or when the context is full.  The session is the caller's to reset."""
+    (which is returned) or when the context is full.  ``draft``: a speculative ring (the prefill asks
+    the last stage for the first pass's drafts).  The session is the caller's to reset."""
     if not prompt or budget < 1:
         raise ConfigurationError("a ring run needs a prompt and a budget of at least one token")
     session = session or f"dgr-ring-{uuid.uuid4().hex[:12]}"
     batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
     for begin in range(0, len(prompt), batch):
         part = [int(t) for t in prompt[begin:begin + batch]]
+        last = begin + batch >= len(prompt)
         passed = route.run(session, epoch, list(range(begin, begin + len(part))), part,
-                           boundary_dtype=boundary_dtype, all_logits=False, keep_boundaries=False)
+                           boundary_dtype=boundary_dtype, all_logits=False, keep_boundaries=False,
+                           draft=draft if last else 0)
     first = int(np.argmax(passed.logits[-1]))
     rows = [passed.logits[-1:]]
     full = len(prompt) > min(i.n_ctx for i in route.infos) - 1
     if first in stop_tokens or budget == 1 or full:
         end = "stop_token" if first in stop_tokens else "budget" if budget == 1 else "context_full"
         return Generated(tokens=(first,), logits=rows[0], end=end, ring=None)
+    room = min(budget - 2, min(i.n_ctx for i in route.infos) - 1 - len(prompt))
     run = route.decode(session, epoch, len(prompt), first, budget - 1, stop_tokens=stop_tokens,
-                       boundary_dtype=boundary_dtype)
+                       boundary_dtype=boundary_dtype, draft=draft, drafts=passed.draft[:max(0, room)])
     route.drain()
-    rows += [p.logits[-1:] for p in run.passes]
+    rows += [p.logits if draft else p.logits[-1:] for p in run.passes]
     return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)
 
 

@@ -16,8 +16,9 @@ chosen acceptance (the mechanism's ceiling at 1.0, and what it gives below); ``N
 the drafts the last stage made with DeepSeek-V4's nextn block after the pass before (workers started
 with ``--mtp``, docs/mtp.md), and holds its own count of accepted drafts to the stage's.
 
-Relayed and chained forwarding carry verify passes; a ring's last stage chooses tokens with no
-drafter to ask, so the ring is refused here.
+Relayed and chained forwarding carry verify passes the driver sends.  On a ring (``forwarding="ring"``)
+the last stage drafts, verifies and starts the next pass itself (pipeline/ring.py with ``draft=k``), so
+only the nextn drafter can run there: a ``KnownDrafter`` lives in the driver, which is off the path.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def decode(
     """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
     the session (and drains a chained route)."""
     _check(infos, prompt, n_decode, k, route, drafter)
+    if isinstance(route, RingRoute):
+        return _on_ring(route, prompt, n_decode, k=k, drafter=drafter, session=session, epoch=epoch,
+                        boundary_dtype=boundary_dtype)
     ask = k if drafter.on_last_stage else 0
     first = drive.prefill(stages, infos, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype,
                           route=route, draft=ask)
@@ -188,6 +192,35 @@ def decode(
                           logits=np.stack(rows), prefill=first.step, passes=tuple(passes))
 
 
+def _on_ring(route: RingRoute, prompt: Sequence[int], n_decode: int, *, k: int, drafter: Drafter,
+             session: str, epoch: int, boundary_dtype: str) -> SpeculativeRun:
+    """``decode`` on a ring: the prefill as a chained pass asking for the first drafts, then one ring of
+    n_decode - 1 tokens whose last stage drafts (k a pass) and verifies on its own."""
+    first = drive.prefill(route.stages, route.infos, prompt, session=session, epoch=epoch,
+                          boundary_dtype=boundary_dtype, route=route, draft=k)
+    drafter.received(first.draft)
+    chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1:]]
+    passes: list[VerifyPass] = []
+    if n_decode > 1:
+        run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
+                           boundary_dtype=boundary_dtype, draft=k,
+                           drafts=drafter.propose(chosen, min(k, n_decode - 2)))
+        if len(run.tokens) != n_decode - 1:
+            raise route.stages[-1].failure("BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} "
+                                           f"of {n_decode - 1} tokens")
+        position, held = len(prompt), len(prompt)
+        for got, done in zip(run.passes, run.drafted, strict=True):
+            step = drive.ring_pass(route, got, len(done.fed), len(done.chosen)).step
+            passes.append(VerifyPass(first_position=position, fed=done.fed, accepted=done.accepted,
+                                     chosen=done.chosen, rewound=held - position, step=step))
+            drafter.received(got.draft)
+            held, position = position + len(done.fed), position + len(done.chosen)
+            rows.append(got.logits)
+        chosen += run.tokens
+    return SpeculativeRun(prompt=tuple(int(t) for t in prompt), k=k, tokens=tuple(chosen),
+                          logits=np.concatenate(rows), prefill=first.step, passes=tuple(passes))
+
+
 def run(
     stages: Sequence[StageClient], prompt: Sequence[int], n_decode: int, *, k: int, drafter: Drafter,
     forwarding: str = "relayed", addresses: Sequence[str] | None = None, sink_host: str = "127.0.0.1",
@@ -213,9 +246,10 @@ def run(
 
 def _check(infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, k: int,
            route: ChainRoute | None, drafter: Drafter) -> None:
-    if isinstance(route, RingRoute):
-        raise ConfigurationError("speculative decoding runs relayed or chained (a ring's last stage chooses "
-                                 "its tokens with no drafter to ask)")
+    if isinstance(route, RingRoute) and not drafter.on_last_stage:
+        raise ConfigurationError("a ring runs only the last stage's nextn drafter (NextnDrafter): the "
+                                 "driver is off the ring's path, so its own drafts cannot reach a pass",
+                                 hint="run known drafts relayed or chained")
     if k < 1:
         raise ConfigurationError(f"speculative decoding needs k >= 1 drafted tokens per pass, got {k}")
     if n_decode < 1:

@@ -7,7 +7,9 @@ chained; the ring is shown as plain decoding's best), one ggml thread per worker
 known (``KnownDrafter`` over the plain run's own tokens): acceptance 1.0 is the mechanism's ceiling
 for k = 1, 2, 3, and 0.5 shows what misses cost.  The second test drafts with the synthetic nextn block
 itself (tiny-v4-mtp, ``--mtp`` on the last stage, docs/mtp.md): its random weights accept almost
-nothing, so it shows what drafting costs when it buys nothing, beside the ceiling on the same model.
+nothing, so it shows what drafting costs when it buys nothing, beside the ceiling on the same model,
+chained and on a drafting ring (the last stage verifies and starts the next pass itself) beside the
+plain ring.
 Modes are interleaved over ROUNDS rounds so the machine's load drifts over all of them alike.  The figures are
 the machine's, not pass/fail: the assertions are the tokens (every speculative run chooses the plain
 run's) and the crossings.  The goal (12 stages, k = 3, acceptance 1.0: >= 2.5x the plain chained
@@ -135,10 +137,13 @@ def _nextn_sweep(pipe, n: int) -> dict[str, dict]:
     routing = dict(forwarding="chained", addresses=pipe.addresses, sink_host=pipe.sink_host)
     plain = drive.run_placement(pipe.clients, [prompt], N_DECODE, all_logits=False, **routing)
     truth = plain.prompts[0].tokens
-    rows = {"plain chained": {"tok_s": _plain(pipe, prompt, "chained"), "runs": []}}
-    for name, make in (("nextn k=3", speculative.NextnDrafter),
-                       ("known k=3 at 1.0", lambda: speculative.KnownDrafter(truth))):
-        runs = [speculative.run(pipe.clients, prompt, N_DECODE, k=3, drafter=make(), **routing)
+    rows = {f"plain {mode}": {"tok_s": _plain(pipe, prompt, mode), "runs": []}
+            for mode in ("chained", "ring")}
+    for name, make, mode in (("nextn k=3", speculative.NextnDrafter, "chained"),
+                             ("nextn k=3 ring", speculative.NextnDrafter, "ring"),
+                             ("known k=3 at 1.0", lambda: speculative.KnownDrafter(truth), "chained")):
+        runs = [speculative.run(pipe.clients, prompt, N_DECODE, k=3, drafter=make(),
+                                **{**routing, "forwarding": mode})
                 for _ in range(REPETITIONS)]
         assert all(g.tokens == tuple(truth) for g in runs), name
         rows[name] = {"tok_s": [g.decode_tok_s for g in runs], "runs": runs}
@@ -164,9 +169,10 @@ def test_nextn_drafts_over_metro_seams(worker_command, stubs, worker_env, real_c
             runs, tok_s = row["runs"], median_iqr(row["tok_s"]).median
             accept = f"{sum(g.acceptance_rate for g in runs) / len(runs):.2f}" if runs else "-"
             per_pass = sum(g.tokens_per_pass for g in runs) / len(runs) if runs else 1.0
-            crossings = sum(g.crossings_per_token for g in runs) / len(runs) if runs else n + 1
+            crossings = sum(g.crossings_per_token for g in runs) / len(runs) if runs else \
+                n + (name == "plain chained")
             lines.append(f"{n:>6} {name:<17} {accept:>6} {per_pass:8.2f} {crossings:5.2f} {tok_s:6.2f} "
                          f"{tok_s / plain:6.2f}")
-    print(f"\n[bench nextn] tiny-v4-mtp over metro seams, 1 thread per worker, chained, median of "
+    print(f"\n[bench nextn] tiny-v4-mtp over metro seams, 1 thread per worker, chained and ring, median of "
           f"{REPETITIONS} runs x {N_DECODE - 1} tokens; load average before {load_before[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f}\n" + "\n".join(lines))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -139,32 +140,43 @@ def test_a_full_context_ends_the_ring(reference, worker_command, stubs, worker_e
     assert got.tokens[:N_DECODE] == ref.tokens
 
 
+def killed_mid_ring(route: ring.RingRoute, process, run: Callable[[], object]
+                    ) -> tuple[StageFailed, float, int]:
+    """Run ``run`` (a ring over ``route``) and SIGKILL ``process`` once the ring has delivered 10 times:
+    the failure the run ends with, the seconds from the kill to that end, the deliveries by then."""
+    killed_at: list[float] = []
+
+    def kill_when_flowing() -> None:
+        until = time.monotonic() + 60
+        while route.sink.delivered < 10 and time.monotonic() < until:
+            time.sleep(0.005)
+        killed_at.append(time.monotonic())
+        process.kill()
+
+    killer = threading.Thread(target=kill_when_flowing, daemon=True)
+    killer.start()
+    with pytest.raises(StageFailed) as caught:
+        run()
+    took = time.monotonic() - killed_at[0]
+    delivered = route.sink.delivered
+    killer.join()
+    return caught.value, took, delivered
+
+
 @pytest.mark.parametrize("victim", [0, 1, 2], ids=["first", "middle", "last"])
 def test_stage_killed_mid_ring_is_named(victim, reference, worker_command, stubs, worker_env,
                                         tmp_path) -> None:
     prompts, _ = reference
     with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         infos = drive.describe(p.clients)
-        killed_at: list[float] = []
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
-            def kill_when_flowing() -> None:
-                until = time.monotonic() + 60
-                while route.sink.delivered < 10 and time.monotonic() < until:
-                    time.sleep(0.005)
-                killed_at.append(time.monotonic())
-                p.stages[victim].process.kill()
-
-            killer = threading.Thread(target=kill_when_flowing, daemon=True)
-            killer.start()
-            with pytest.raises(StageFailed) as caught:
-                ring.generate(route, prompts[1], 10 * worker_command.ctx_size, session="killed")
-            took = time.monotonic() - killed_at[0]
-            delivered = route.sink.delivered
-            killer.join()
+            failed, took, delivered = killed_mid_ring(
+                route, p.stages[victim].process,
+                lambda: ring.generate(route, prompts[1], 10 * worker_command.ctx_size, session="killed"))
         pids = p.pids
-    print(f"\n[ring] stage {victim} of 3 killed after {delivered} deliveries: {caught.value} "
+    print(f"\n[ring] stage {victim} of 3 killed after {delivered} deliveries: {failed} "
           f"(ended {took:.2f} s after the kill)")
-    assert caught.value.stage == victim and caught.value.code == "DIED" and "SIGKILL" in str(caught.value)
+    assert failed.stage == victim and failed.code == "DIED" and "SIGKILL" in str(failed)
     assert took < KILL_BOUND_S
     assert not any(proc_alive(pid) for pid in pids)
     assert our_workers(worker_command.program[0]) == []
@@ -229,9 +241,11 @@ def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_en
             p.clients[0].pb2_grpc.ShardWorkerStub(channel).Forward(relayed, timeout=30)
         short = attempt("short", pb2.Ring(budget=3, stages=addresses[:1]))
         empty = attempt("empty", pb2.Ring(budget=0, stages=addresses))
-    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]}")
+        drafted = attempt("drafted", pb2.Ring(budget=3, stages=addresses), drafted=1)
+    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]} | {drafted[1]}")
     assert no_sink.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "ring without deliver_to" in \
         no_sink.value.details()
     assert short[0] is grpc.StatusCode.INVALID_ARGUMENT and "names 1 stage address" in short[1]
     assert short[2].get("dgr-failed-stage") == "1"
     assert empty[0] is grpc.StatusCode.INVALID_ARGUMENT and "budget 0" in empty[1]
+    assert drafted[0] is grpc.StatusCode.INVALID_ARGUMENT and "ring without draft" in drafted[1]

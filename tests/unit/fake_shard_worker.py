@@ -23,6 +23,11 @@ dgr-failed-stage: K.  Ring passes (ForwardRequest.ring) too: the last stage pick
 thread of its own delivers the token and then starts the next pass without waiting for its ack; a
 failed pass is delivered as RING_FAILED naming the stage (a simpler schedule than the C++ worker's,
 the same messages).
+
+``--mtp`` on the last stage stands in for the nextn block (docs/mtp.md): it verifies a pass's
+``drafted`` tokens as the C++ worker does and drafts ``draft`` copies of the bonus token (the toy's
+continuations mostly repeat a token, so some stand and some are rejected).  Drafting rings
+(``Ring.draft``) follow worker/src/ring.cpp's ``ring_step``.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ class Servicer(pbg.ShardWorkerServicer):
             layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
             last_stage=self.end == t.n_layer, n_embd=t.n_embd, boundary_width=t.n_embd,
             n_vocab=t.n_vocab, n_ctx=self.args.ctx, n_threads=self.args.threads,
-            max_rewind=self.args.max_rewind,
+            max_rewind=self.args.max_rewind, mtp=self.args.mtp and self.end == t.n_layer,
             memory=pb.MemoryAccount(
                 weight_bytes=(self.end - self.begin) * t.w[0].nbytes
                 + (t.embed.nbytes if self.begin == 0 else 0)
@@ -141,6 +146,8 @@ class Servicer(pbg.ShardWorkerServicer):
         if not last and not request.downstream:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "chained Forward: this stage is not the last but "
                           "no downstream address was given")
+        if request.HasField("ring") and request.ring.draft:
+            self._check_drafting_ring(request, context, last)
         with self.lock:
             reply = self._forward(request, context)
         hop = pb.Hop(stage=index, layer_begin=self.begin, layer_end=self.end,
@@ -158,6 +165,7 @@ class Servicer(pbg.ShardWorkerServicer):
                     deliver_to=request.deliver_to, request_id=request.request_id,
                     keep_boundaries=request.keep_boundaries, trace=[*request.trace, hop],
                     ring=request.ring if request.HasField("ring") else None, rewind=request.rewind,
+                    draft=request.draft, drafted=request.drafted,
                 )
                 address, what = request.downstream[0], f"stage {index + 1} at {request.downstream[0]}"
                 nxt.trace[-1].sent_ns = time.monotonic_ns()
@@ -168,6 +176,7 @@ class Servicer(pbg.ShardWorkerServicer):
                 delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop])
                 delivery.reply.logits.CopyFrom(reply.logits)
                 delivery.reply.kv_used, delivery.reply.compute_seconds = reply.kv_used, reply.compute_seconds
+                delivery.reply.draft[:], delivery.reply.accepted = reply.draft, reply.accepted
                 address, what = request.deliver_to, f"delivering to the sink at {request.deliver_to}"
                 delivery.trace[-1].sent_ns = time.monotonic_ns()
                 pbg.PipelineSinkStub(self._channel(address)).Deliver(delivery, timeout=timeout)
@@ -180,7 +189,20 @@ class Servicer(pbg.ShardWorkerServicer):
             context.abort(exc.code(), f"{what}: {exc.code().name}: {exc.details()}")
         return pb.ForwardReply()
 
+    def _check_drafting_ring(self, request, context, last: bool) -> None:
+        draft = request.ring.draft
+        if draft > self.args.max_rewind:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ring Forward with draft {draft}: this stage "
+                          f"takes back at most {self.args.max_rewind} (start every stage with --max-rewind "
+                          f"{draft})")
+        if last and not self.args.mtp:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ring Forward with draft {draft}: the last "
+                          "stage was started without --mtp")
+
     def _ring_on(self, request, reply, hop) -> None:
+        if request.ring.draft:
+            self._drafting_ring_on(request, reply, hop)
+            return
         ring = request.ring
         logits = np.frombuffer(reply.logits.data, dtype="<f4").reshape(list(reply.logits.shape))
         token = int(np.argmax(logits[-1])) + (self.fault == "wrong-token")
@@ -202,6 +224,43 @@ class Servicer(pbg.ShardWorkerServicer):
                 boundary_dtype=request.boundary_dtype, all_logits=request.all_logits,
                 downstream=ring.stages[1:], deliver_to=request.deliver_to, request_id=request.request_id,
                 keep_boundaries=request.keep_boundaries, ring=more)
+        self.ring_jobs.put((request.deliver_to, delivery, nxt))
+
+    def _drafting_ring_on(self, request, reply, hop) -> None:
+        """worker/src/ring.cpp's ring_step in numpy: the accepted drafts and the bonus token, cut at a
+        stop token or the budget; the next pass feeds the bonus and the drafts (trimmed)."""
+        ring, drafted = request.ring, request.drafted
+        rows = np.frombuffer(reply.logits.data, dtype="<f4").reshape(list(reply.logits.shape))
+        first = rows.shape[0] - 1 - drafted
+        chosen, end = [], pb.RING_CONTINUES
+        for j in range(reply.accepted + 1):
+            chosen.append(int(np.argmax(rows[first + j])))
+            if chosen[-1] in ring.stop_tokens or len(chosen) >= ring.budget:
+                end = pb.RING_STOP_TOKEN if chosen[-1] in ring.stop_tokens else pb.RING_BUDGET
+                break
+        limit = min(ring.max_position or self.args.ctx - 1, self.args.ctx - 1)
+        pos = request.positions[0] + len(request.positions) - drafted + reply.accepted
+        if end == pb.RING_CONTINUES and pos > limit:
+            end = pb.RING_CONTEXT_FULL
+        drafts = list(reply.draft[:max(0, min(ring.budget - len(chosen) - 1, limit - pos))])
+        hop.sent_ns = time.monotonic_ns()
+        delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop],
+                               ring=pb.RingToken(token=chosen[-1], index=ring.index, end=end, tokens=chosen,
+                                                 drafted=drafted))
+        delivery.reply.logits.CopyFrom(_tensor(rows[first:first + len(chosen)], pb.F32))
+        delivery.reply.accepted = reply.accepted
+        nxt = None
+        if end == pb.RING_CONTINUES:
+            delivery.reply.draft[:] = drafts
+            more = pb.Ring()
+            more.CopyFrom(ring)
+            more.budget, more.index = ring.budget - len(chosen), ring.index + len(chosen)
+            nxt = pb.ForwardRequest(
+                session_id=request.session_id, epoch=request.epoch, tokens=[chosen[-1], *drafts],
+                positions=range(pos, pos + 1 + len(drafts)), rewind=pos < request.positions[-1] + 1,
+                draft=ring.draft, drafted=len(drafts), boundary_dtype=request.boundary_dtype,
+                all_logits=request.all_logits, downstream=ring.stages[1:], deliver_to=request.deliver_to,
+                request_id=request.request_id, keep_boundaries=request.keep_boundaries, ring=more)
         self.ring_jobs.put((request.deliver_to, delivery, nxt))
 
     def _ring_loop(self) -> None:
@@ -243,6 +302,9 @@ class Servicer(pbg.ShardWorkerServicer):
             time.sleep(3600)
         positions = list(request.positions)
         n = len(positions)
+        if self.end == self.toy.n_layer and (_draft_count(request) or request.drafted) and not self.args.mtp:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this stage drafts nothing: only the last "
+                          "stage of workers started with --mtp verifies and drafts")
         if n > N_BATCH:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n} positions in one Forward (max {N_BATCH})")
         epoch, kv, used = self.sessions.get(request.session_id, (request.epoch, {}, 0))
@@ -274,9 +336,11 @@ class Servicer(pbg.ShardWorkerServicer):
         self.sessions[request.session_id] = (epoch, kv, used + n)
         reply = pb.ForwardReply(captures=captures, kv_used=used + n)
         if self.end == self.toy.n_layer:
-            rows = x if request.all_logits else x[-1:]
+            drafting = request.HasField("ring") and request.ring.draft > 0  # every row chooses a token
+            rows = x if request.all_logits or drafting else x[-1:]
             # row by row, as every layer above: a row's logits never depend on the rows batched with it
             reply.logits.CopyFrom(_tensor(np.stack([row @ self.toy.embed.T for row in rows]), pb.F32))
+            self._draft(request, context, x, reply)
         else:
             reply.boundary.CopyFrom(_tensor(x, request.boundary_dtype or pb.F32))
         if self.fault == "bad-shape":
@@ -286,6 +350,19 @@ class Servicer(pbg.ShardWorkerServicer):
         return reply
 
 
+    def _draft(self, request, context, x: np.ndarray, reply) -> None:
+        """The stand-in nextn block: verify the pass's drafts, then draft copies of the bonus token."""
+        draft = _draft_count(request)
+        if not (draft or request.drafted):
+            return
+        n, drafted = x.shape[0], request.drafted
+        picks = [int(np.argmax(row @ self.toy.embed.T)) for row in x]
+        kept = 0
+        while kept < drafted and picks[n - drafted + kept - 1] == request.tokens[n - drafted + kept]:
+            kept += 1
+        reply.accepted = kept
+        reply.draft[:] = [picks[n - drafted + kept - 1]] * draft
+
     def _rewound(self, context, kv: dict[int, list[np.ndarray]], used: int, to: int):
         """The session's KV without the positions from ``to`` on (the C++ worker's checks and messages)."""
         if used - to > self.args.max_rewind:
@@ -293,6 +370,11 @@ class Servicer(pbg.ShardWorkerServicer):
                           f"rewind from {used} to {to} takes back {used - to} positions; this worker "
                           f"takes back at most {self.args.max_rewind}")
         return {il: rows[:to] for il, rows in kv.items()}, to
+
+
+def _draft_count(request) -> int:
+    """The drafts a last stage makes after the pass: a drafting ring's count, else ``draft``."""
+    return request.ring.draft if request.HasField("ring") and request.ring.draft else request.draft
 
 
 def _tensor(x: np.ndarray, dtype: int) -> pb.Tensor:
@@ -316,6 +398,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--max-sessions", type=int, default=4)
     ap.add_argument("--max-rewind", type=int, default=0)
+    ap.add_argument("--mtp", action="store_true")
     ap.add_argument("--identity")
     ap.add_argument("--lane")
     ap.add_argument("--stop-on-stdin-eof", action="store_true")

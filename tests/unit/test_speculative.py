@@ -116,11 +116,16 @@ def test_workers_that_cannot_take_back_k_positions_are_refused(stubs, tmp_path: 
         p.clients[0].forward(session, 1, [2], tokens=[5], rewind=True)
 
 
-def test_the_ring_is_refused(stubs, tmp_path: Path) -> None:
+def test_a_ring_refuses_every_drafter_but_the_last_stages(stubs, tmp_path: Path) -> None:
+    """The driver is off a ring's path: only the last stage's nextn block can draft there, and the fake
+    workers hold none."""
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
-        with pytest.raises(ConfigurationError, match="relayed or chained"):
+        with pytest.raises(ConfigurationError, match="NextnDrafter") as known:
             speculative.run(p.clients, PROMPT, 4, k=1, drafter=speculative.KnownDrafter([]),
                             forwarding="ring")
+        with pytest.raises(ConfigurationError, match="needs a last stage that drafts"):
+            speculative.run(p.clients, PROMPT, 4, k=1, drafter=speculative.NextnDrafter(), forwarding="ring")
+    assert "relayed or chained" in known.value.hint
 
 
 @pytest.mark.parametrize("forwarding", ["relayed", "chained"])

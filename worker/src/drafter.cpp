@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dgr {
 
@@ -41,12 +42,18 @@ MtpDrafter::~MtpDrafter() {
 void MtpDrafter::clear() {
     llama_memory_clear(llama_get_memory(ctx_), true);
     pending_h_.assign((size_t) width_, 0.0f);
+    caught_h_.clear();
 }
 
 void MtpDrafter::rewind(int32_t from) {
-    if (llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) >= from &&
-        !llama_memory_seq_rm(llama_get_memory(ctx_), 0, from, -1)) {
+    const int32_t held = llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) + 1;
+    if (held > from && !llama_memory_seq_rm(llama_get_memory(ctx_), 0, from, -1)) {
         throw std::runtime_error("llama could not take the MTP context back to position " + std::to_string(from));
+    }
+    const int64_t row = (int64_t) from - caught_p_;
+    if (from < held && row >= 0 && (row + 1) * width_ <= (int64_t) caught_h_.size()) {
+        // position ``from`` pairs h(from - 1) with its token: the row the catch-up fed there
+        std::memcpy(pending_h_.data(), &caught_h_[(size_t) (row * width_)], sizeof(float) * (size_t) width_);
     }
 }
 
@@ -88,6 +95,8 @@ void MtpDrafter::catch_up(llama_context * main, const std::vector<int32_t> & tok
                                  std::to_string(p + valid - 1));
     }
     std::memcpy(pending_h_.data(), last, sizeof(float) * (size_t) width_);
+    caught_h_ = std::move(h);
+    caught_p_ = p;
 }
 
 std::vector<int32_t> MtpDrafter::draft(int32_t bonus, int32_t position, int32_t k) {

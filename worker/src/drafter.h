@@ -25,7 +25,9 @@ public:
     MtpDrafter & operator=(const MtpDrafter &) = delete;
 
     void clear();                 // a route change or a released session: nothing held
-    void rewind(int32_t from);    // positions from ``from`` on go (a rewinding Forward)
+    // Positions from ``from`` on go (a rewinding Forward).  Within the last catch-up (a ring that ended
+    // inside its pass's accepted drafts) the block's input state goes back with them.
+    void rewind(int32_t from);
     // ``main`` just computed positions [p, p + n) with every row an output (h_nextn); the first
     // ``valid`` of them are the session's continuation (the rest: rejected drafts).
     void catch_up(llama_context * main, const std::vector<int32_t> & tokens, int32_t p, int32_t valid);
@@ -39,6 +41,8 @@ private:
     int32_t            width_ = 0;       // n_embd_out: the hidden rows the block reads
     int32_t            n_vocab_ = 0;
     std::vector<float> pending_h_;       // the main hidden state at the last accepted position
+    std::vector<float> caught_h_;        // the rows the last catch-up fed: row i at position caught_p_ + i
+    int32_t            caught_p_ = 0;
 };
 
 // Greedy acceptance as the driver computes it (pipeline/speculative.accept): how many of the last

@@ -1,5 +1,6 @@
 #include "ring.h"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -25,6 +26,39 @@ int32_t greedy_token(const float * row, int64_t n) {
         }
     }
     return best;
+}
+
+RingStep ring_step(const pb::Ring & ring, const RingPass & pass) {
+    RingStep step;
+    // row j of the verified part chose the token after fed token j; the rows before it judge nothing
+    step.first_row = pass.rows - 1 - pass.drafted;
+    const uint32_t budget = std::max<uint32_t>(ring.budget(), 1);
+    for (int32_t j = 0; j <= pass.accepted; ++j) {
+        const int32_t token = greedy_token(pass.logits + (step.first_row + j) * (int64_t) pass.n_vocab, pass.n_vocab);
+        step.tokens.push_back(token);
+        if (std::find(ring.stop_tokens().begin(), ring.stop_tokens().end(), token) != ring.stop_tokens().end()) {
+            step.end = pb::RING_STOP_TOKEN;
+            return step;
+        }
+        if (step.tokens.size() >= budget) {
+            step.end = pb::RING_BUDGET;
+            return step;
+        }
+    }
+    step.next_position = pass.first_position + (pass.n_positions - pass.drafted) + pass.accepted;
+    if (step.next_position > pass.max_position) {
+        step.end = pb::RING_CONTEXT_FULL;
+        return step;
+    }
+    if (ring.draft() > 0 && pass.drafts != nullptr) {
+        // as the driver's verify loop: no draft past the budget (the pass after can choose one more than
+        // it feeds) or past the last position a pass may feed
+        const int64_t room = std::min<int64_t>((int64_t) budget - (int64_t) step.tokens.size() - 1,
+                                               (int64_t) pass.max_position - step.next_position);
+        const int64_t m = std::max<int64_t>(0, std::min<int64_t>((int64_t) pass.drafts->size(), room));
+        step.drafts.assign(pass.drafts->begin(), pass.drafts->begin() + m);
+    }
+    return step;
 }
 
 namespace {

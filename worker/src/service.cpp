@@ -100,6 +100,12 @@ static ForwardArgs read_args(const pb::ForwardRequest & req) {
     a.draft      = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
     a.drafted    = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
     a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
+    if (req.has_ring() && req.ring().draft() > 0) {
+        // a drafting ring's last stage drafts the ring's count and delivers the row every chosen token
+        // came from: each row of such a pass (the last chosen token, then drafts) chooses one
+        a.draft      = (int32_t) std::min<uint32_t>(req.ring().draft(), 1u << 20);
+        a.all_logits = true;
+    }
     if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
         throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req.boundary_dtype()) +
                          " is not supported (F32 or F16)");
@@ -175,6 +181,24 @@ static void check_ring(const pb::ForwardRequest & req, int32_t index, const Stag
     if (in.last_stage && ring.stages_size() != index + 1) {
         bad("this is stage " + std::to_string(index) + ", the last, but the ring names " +
             std::to_string(ring.stages_size()) + " stage address(es)");
+    }
+    if (ring.draft() == 0 && req.drafted() > 0) {
+        bad("drafted tokens in a ring without draft: only a drafting ring verifies drafts");
+    }
+    if (ring.draft() == 0) {
+        return;
+    }
+    // a drafting ring refuses at its first pass what would fail it later (a rewind, the first draft)
+    auto unable = [&](const std::string & why) {
+        throw StageError(StageError::Kind::FailedPrecondition, "ring Forward with draft " +
+                         std::to_string(ring.draft()) + ": " + why);
+    };
+    if ((int32_t) ring.draft() > in.max_rewind) {
+        unable("a pass can reject every draft, and this stage takes back at most " + std::to_string(in.max_rewind) +
+               " position(s) (start every stage with --max-rewind " + std::to_string(ring.draft()) + ")");
+    }
+    if (in.last_stage && !in.mtp) {
+        unable("the last stage drafts with the nextn block, and this one was started without --mtp");
     }
 }
 
@@ -290,43 +314,68 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
     return grpc::Status::OK;
 }
 
+// The rows of ``t`` from ``first`` on, ``n`` of them (a drafting ring delivers the chosen tokens' rows).
+static TensorOut row_slice(TensorOut && t, int64_t first, int64_t n) {
+    const size_t row_bytes = t.data.size() / (size_t) std::max<int64_t>(1, t.shape[0]);
+    TensorOut out;
+    out.dtype = t.dtype;
+    out.shape = {n, t.shape[1]};
+    out.data = t.data.substr((size_t) first * row_bytes, (size_t) n * row_bytes);
+    return out;
+}
+
 void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, pb::Hop && hop) {
     const pb::Ring & ring = req.ring();
     const StageInfo & in = stage_.info();
-    const int64_t rows = r.logits.shape.empty() ? 0 : r.logits.shape[0];
-    const float * last = reinterpret_cast<const float *>(r.logits.data.data()) + (rows - 1) * (int64_t) in.n_vocab;
-    const int32_t token = greedy_token(last, in.n_vocab);
-    const int32_t next_pos = req.positions(req.positions_size() - 1) + 1;
-    const int32_t limit = ring.max_position() > 0 ? std::min(ring.max_position(), in.n_ctx - 1) : in.n_ctx - 1;
-    pb::RingEnd end = pb::RING_CONTINUES;
-    if (std::find(ring.stop_tokens().begin(), ring.stop_tokens().end(), token) != ring.stop_tokens().end()) {
-        end = pb::RING_STOP_TOKEN;
-    } else if (ring.budget() <= 1) {
-        end = pb::RING_BUDGET;
-    } else if (next_pos > limit) {
-        end = pb::RING_CONTEXT_FULL;
-    }
+    const bool drafting = ring.draft() > 0;
+    RingPass pass;
+    pass.logits         = reinterpret_cast<const float *>(r.logits.data.data());
+    pass.rows           = r.logits.shape.empty() ? 0 : r.logits.shape[0];
+    pass.n_vocab        = in.n_vocab;
+    pass.first_position = req.positions(0);
+    pass.n_positions    = req.positions_size();
+    pass.drafted        = drafting ? (int32_t) req.drafted() : 0;
+    pass.accepted       = drafting ? r.accepted : 0;
+    pass.drafts         = &r.draft;
+    pass.max_position   = ring.max_position() > 0 ? std::min(ring.max_position(), in.n_ctx - 1) : in.n_ctx - 1;
+    const RingStep step = ring_step(ring, pass);
     const std::chrono::milliseconds timeout(ring.pass_timeout_ms() > 0 ? ring.pass_timeout_ms() : 30000);
 
     pb::Delivery d;
     d.set_request_id(req.request_id());
-    put_tensor(std::move(r.logits), d.mutable_reply()->mutable_logits());
+    TensorOut logits = drafting ? row_slice(std::move(r.logits), step.first_row, (int64_t) step.tokens.size())
+                                : std::move(r.logits);  // a one-token ring delivers what it always did
+    put_tensor(std::move(logits), d.mutable_reply()->mutable_logits());
     d.mutable_reply()->set_compute_seconds(r.compute_seconds);
     d.mutable_reply()->set_kv_used(r.kv_used);
     d.mutable_trace()->CopyFrom(req.trace());
     pb::Hop * mine = d.add_trace();
     *mine = std::move(hop);
     pb::RingToken * chosen = d.mutable_ring();
-    chosen->set_token(token);
+    chosen->set_token(step.tokens.back());
     chosen->set_index(ring.index());
-    chosen->set_end(end);
+    chosen->set_end(step.end);
+    if (drafting) {
+        chosen->mutable_tokens()->Add(step.tokens.begin(), step.tokens.end());
+        chosen->set_drafted((uint32_t) pass.drafted);
+        d.mutable_reply()->set_accepted(r.accepted);
+        d.mutable_reply()->mutable_draft()->Add(step.drafts.begin(), step.drafts.end());
+    }
 
-    if (end == pb::RING_CONTINUES) {
+    if (step.end == pb::RING_CONTINUES) {
+        const auto n = (uint32_t) step.tokens.size();
         pb::ForwardRequest next;
         next.set_session_id(req.session_id());
         next.set_epoch(req.epoch());
-        next.add_positions(next_pos);
-        next.add_tokens(token);
+        next.add_tokens(step.tokens.back());
+        next.mutable_tokens()->Add(step.drafts.begin(), step.drafts.end());
+        for (int i = 0; i < next.tokens_size(); ++i) {
+            next.add_positions(step.next_position + i);
+        }
+        // the stages still hold this pass's rejected drafts: every one takes them back first
+        next.set_rewind(step.next_position < pass.first_position + pass.n_positions);
+        next.set_draft(ring.draft());
+        next.set_drafted((uint32_t) step.drafts.size());
         next.set_boundary_dtype(req.boundary_dtype());
         next.set_all_logits(req.all_logits());
         for (int i = 1; i < ring.stages_size(); ++i) {
@@ -337,8 +386,8 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
         next.set_keep_boundaries(req.keep_boundaries());
         pb::Ring * more = next.mutable_ring();
         *more = ring;
-        more->set_budget(ring.budget() - 1);
-        more->set_index(ring.index() + 1);
+        more->set_budget(ring.budget() - n);
+        more->set_index(ring.index() + n);
         mine->set_sent_ns(monotonic_ns());
         ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
         return;
