@@ -28,6 +28,8 @@ def test_certify_tiny_v4_mtp(cpu_build, recipe: str) -> None:
     cert, predicate = certify_and_verify(ENV, recipe)
     placements = {p["name"]: p for p in predicate["figures"]["placements"]}
     results = {r["name"]: r for r in predicate["results"]}
+    if recipe == "tiny-v4-mtp":  # the drafting ring: the last stage verifies and drafts on its own
+        assert placements["four-even-ring"]["mtp"]["forwarding"] == "ring"
     if recipe == "tiny-v4-mtp-file":
         identity = predicate["identity"]
         assert identity["artifacts"]["set"] == "tiny-v4"
