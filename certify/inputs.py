@@ -234,25 +234,31 @@ def prepare_attached(ctx: Context, recipe: Recipe, lane: str, *, store: Path | N
     )
 
 
-def write_identity(ctx: Context, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> list[str]:
-    """Write the identity file a worker of ``recipe`` on ``lane`` is started with; returns the worker's
-    command line to print (model, layers placeholder, ctx the certifier needs)."""
+@dataclass(frozen=True, kw_only=True)
+class WorkerLines:
+    """The command line an operator starts every attached stage with, and what the last stage adds."""
+
+    every_stage: list[str]
+    last_stage_also: list[str]  # MTP on: the last stage drafts (--mtp, or --mtp-model with its file)
+
+
+def worker_lines(recipe: Recipe, lane: str, prepared: Prepared, identity: Path) -> WorkerLines:
+    """Model, layers placeholder, the ctx the certifier needs, and with MTP on the rewind every stage
+    must allow and the last stage's drafting flag (docs/mtp.md)."""
+    every = [*prepared.worker, "--model", str(prepared.model), "--layers", "BEGIN:END",
+             "--listen", "HOST:PORT", "--ctx", str(ctx_size(recipe)),
+             "--identity", str(Path(identity).resolve()), "--lane", lane]
+    if not recipe.mtp:
+        return WorkerLines(every_stage=every, last_stage_also=[])
+    every += ["--max-rewind", str(recipe.mtp.draft_tokens)]
+    last = ["--mtp-model", str(prepared.mtp_model)] if prepared.mtp_model else ["--mtp"]
+    return WorkerLines(every_stage=every, last_stage_also=last)
+
+
+def write_identity(ctx: Context, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> WorkerLines:
+    """Write the identity file a worker of ``recipe`` on ``lane`` is started with; returns the workers'
+    command lines to print."""
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=False)
     doc = stable_identity(recipe, lane, prepared.identity)
     write_json(Path(path), doc)
-    context = ctx_size(recipe)
-    return [
-        *prepared.worker,
-        "--model",
-        str(prepared.model),
-        "--layers",
-        "BEGIN:END",
-        "--listen",
-        "HOST:PORT",
-        "--ctx",
-        str(context),
-        "--identity",
-        str(Path(path).resolve()),
-        "--lane",
-        lane,
-    ]
+    return worker_lines(recipe, lane, prepared, path)

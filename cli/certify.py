@@ -67,9 +67,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         from certify.inputs import write_identity
 
         recipe.require_lane(args.lane)
-        argv = write_identity(ctx, recipe, args.lane, args.write_identity, store=store)
+        lines = write_identity(ctx, recipe, args.lane, args.write_identity, store=store)
         print(f"identity: {args.write_identity.resolve()} ({recipe.name} on {args.lane})")
-        print(f"start each stage with: {shlex.join(argv)}")
+        print(f"start each stage with: {shlex.join(lines.every_stage)}")
+        if lines.last_stage_also:
+            print(f"and the last stage also with: {shlex.join(lines.last_stage_also)}")
         return 0
     written = certify(ctx, recipe, args.lane, render=render, store=store, placement_file=args.placement_file,
                       reference=args.reference)
