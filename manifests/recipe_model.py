@@ -347,9 +347,10 @@ def _check_nextn(recipe: Recipe) -> None:
     from manifests.artifact_sets import load_set
 
     assert isinstance(recipe.mtp, Mtp)
-    name, variant_name = recipe.mtp.artifacts or recipe.artifacts, recipe.mtp.variant or recipe.variant
-    if recipe.mtp.artifacts and not recipe.mtp.variant:
-        variant_name = None  # the MTP set's default variant
+    if recipe.mtp.artifacts:  # the block's own file; no variant named: that set's default
+        name, variant_name = recipe.mtp.artifacts, recipe.mtp.variant
+    else:
+        name, variant_name = recipe.artifacts, recipe.variant
     try:
         variant = load_set(name).variant(variant_name)
     except ConfigurationError:
