@@ -242,17 +242,23 @@ class WorkerLines:
     last_stage_also: list[str]  # MTP on: the last stage drafts (--mtp, or --mtp-model with its file)
 
 
+def mtp_options(recipe: Recipe, mtp_model: Path | None) -> dict[str, Any]:
+    """The WorkerCommand fields MTP sets: with it on, every stage can take back a pass's rejected
+    drafts and the last stage drafts (from the main file, or from the block's own)."""
+    return {"max_rewind": recipe.mtp.draft_tokens if recipe.mtp else None, "mtp": bool(recipe.mtp),
+            "mtp_model": mtp_model}
+
+
 def worker_lines(recipe: Recipe, lane: str, prepared: Prepared, identity: Path) -> WorkerLines:
     """Model, layers placeholder, the ctx the certifier needs, and with MTP on the rewind every stage
     must allow and the last stage's drafting flag (docs/mtp.md)."""
+    from worker.launcher import WorkerCommand
+
+    flags = WorkerCommand(program=(), model=prepared.model, **mtp_options(recipe, prepared.mtp_model))
     every = [*prepared.worker, "--model", str(prepared.model), "--layers", "BEGIN:END",
              "--listen", "HOST:PORT", "--ctx", str(ctx_size(recipe)),
-             "--identity", str(Path(identity).resolve()), "--lane", lane]
-    if not recipe.mtp:
-        return WorkerLines(every_stage=every, last_stage_also=[])
-    every += ["--max-rewind", str(recipe.mtp.draft_tokens)]
-    last = ["--mtp-model", str(prepared.mtp_model)] if prepared.mtp_model else ["--mtp"]
-    return WorkerLines(every_stage=every, last_stage_also=last)
+             "--identity", str(Path(identity).resolve()), "--lane", lane, *flags.rewind_args()]
+    return WorkerLines(every_stage=every, last_stage_also=flags.drafting_args())
 
 
 def write_identity(ctx: Context, recipe: Recipe, lane: str, path: Path, *, store: Path | None) -> WorkerLines:

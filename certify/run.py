@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from certify import certificate as cert
 from certify import gates, hardware
-from certify.inputs import Prepared, ctx_size, prepare, worker_threads
+from certify.inputs import Prepared, ctx_size, mtp_options, prepare, worker_threads
 from certify.keys import SigningKey, signing_key
 from certify.verdict import Result, Status, Verdict, decide
 from core.canonical import atomic_write_bytes, sha256_bytes, write_json
@@ -165,10 +165,7 @@ def make_plan(
             max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",
             lane=worker_lane,
-            # MTP on: the last stage drafts, and every stage can take back a pass's rejected drafts
-            max_rewind=run.recipe.mtp.draft_tokens if run.recipe.mtp else None,
-            mtp=bool(run.recipe.mtp),
-            mtp_model=prepared.mtp_model,
+            **mtp_options(run.recipe, prepared.mtp_model),
         )
 
     return measure.Plan(

@@ -48,16 +48,16 @@ def write_mtp_only(gguf: Any, sources: Sequence[Path], out: Path) -> Path:
                                  f"nextn block to write as an MTP-only file")
     n_layer_main = int(_field(readers[0], f"{arch}.block_count")) - int(n_nextn)
     tensors = {t.name: t for r in readers for t in r.tensors}
+    kept = [tensors[name] for name in mtp_tensor_names(list(tensors), n_layer_main)]
     writer = gguf.GGUFWriter(out, arch)
     _copy_header(gguf, readers[0], writer)
-    for name in mtp_tensor_names(list(tensors), n_layer_main):
-        t = tensors[name]
+    for t in kept:
         writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name in mtp_tensor_names(list(tensors), n_layer_main):
-        writer.write_tensor_data(tensors[name].data)
+    for t in kept:
+        writer.write_tensor_data(t.data)
     writer.close()
     if not out.is_file():
         raise IntegrityError(f"mtp_file: the writer did not produce {out.name}")

@@ -96,15 +96,24 @@ class WorkerCommand:
             args += ["--ctx", str(self.ctx_size)]
         if self.max_sessions is not None:
             args += ["--max-sessions", str(self.max_sessions)]
-        if self.max_rewind is not None:
-            args += ["--max-rewind", str(self.max_rewind)]
+        args += self.rewind_args()
         if self.identity is not None:
             args += ["--identity", os.fspath(self.identity)]
         if self.lane is not None:
             args += ["--lane", self.lane]
-        if self.mtp and last:
-            args += ["--mtp-model", os.fspath(self.mtp_model)] if self.mtp_model else ["--mtp"]
+        if last:
+            args += self.drafting_args()
         return args + list(self.extra)
+
+    def rewind_args(self) -> list[str]:
+        """What every stage of a speculative run is started with: the positions a pass may take back."""
+        return ["--max-rewind", str(self.max_rewind)] if self.max_rewind is not None else []
+
+    def drafting_args(self) -> list[str]:
+        """What the last stage adds with MTP on: --mtp, or --mtp-model with the block's own file."""
+        if not self.mtp:
+            return []
+        return ["--mtp-model", os.fspath(self.mtp_model)] if self.mtp_model else ["--mtp"]
 
 
 @dataclass(frozen=True, kw_only=True)
