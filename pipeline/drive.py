@@ -301,15 +301,20 @@ def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: 
 
 @contextmanager
 def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str,
-             addresses: Sequence[str] | None, sink_host: str) -> Iterator[ChainRoute | None]:
+             addresses: Sequence[str] | None, sink_host: str, *,
+             ring_streams: bool = True) -> Iterator[ChainRoute | None]:
     """None for relayed passes; for chained ones, a route with the driver's sink listening."""
     if forwarding not in FORWARDING:
         raise ConfigurationError(f"forwarding {forwarding!r} is not one of {', '.join(FORWARDING)}")
     if forwarding == "relayed":
         yield None
         return
-    routed = ring_route if forwarding == "ring" else chain_route
-    with routed(stages, infos, addresses=addresses, sink_host=sink_host) as route:
+    if forwarding == "ring":
+        with ring_route(stages, infos, addresses=addresses, sink_host=sink_host,
+                        streams=ring_streams) as route:
+            yield route
+        return
+    with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
         yield route
 
 
@@ -509,17 +514,19 @@ def measure_speed(
     forwarding: str = "relayed",
     addresses: Sequence[str] | None = None,
     sink_host: str = "127.0.0.1",
+    ring_streams: bool = True,
 ) -> SpeedSamples:
     """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
 
     Only the last logits row comes back (as in real serving), and boundaries are not kept.
+    ``ring_streams=False``: a ring's passes as one Forward call per stage (the benchmark compares).
     """
     if repetitions < 1 or n_decode < 2:
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
     runs = []
-    with _routing(stages, infos, forwarding, addresses, sink_host) as route:
+    with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams) as route:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
             try:

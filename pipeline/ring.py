@@ -112,9 +112,13 @@ class Generated:
 
 
 class RingRoute(ChainRoute):
-    """A ChainRoute (chained prefill passes) whose sink also reads rings."""
+    """A ChainRoute (chained prefill passes) whose sink also reads rings.
+
+    ``streamed``: the ring's passes go stage to stage over one open Passes stream per neighbour (set
+    when every stage offers it); else each pass is one Forward call per stage (older workers)."""
 
     sink: RingSink
+    streamed: bool = False
 
     def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
                stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
@@ -130,7 +134,7 @@ class RingRoute(ChainRoute):
         request_id = uuid.uuid4().hex
         ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
                         max_position=min(i.n_ctx for i in self.infos) - 1,
-                        pass_timeout_ms=int(first.deadline * 1000), draft=draft)
+                        pass_timeout_ms=int(first.deadline * 1000), draft=draft, stream=self.streamed)
         fed = [int(token), *(int(t) for t in drafts)]
         checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
@@ -257,12 +261,15 @@ def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_token
 
 @contextmanager
 def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
-               sink_host: str) -> Iterator[RingRoute]:
-    """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit."""
+               sink_host: str, streams: bool = True) -> Iterator[RingRoute]:
+    """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit.
+    ``streams=False``: one Forward call per pass and stage even where every stage offers streams (the
+    benchmark's side by side)."""
     first = stages[0]
     with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
+        route.streamed = streams and all(i.streams for i in infos)
         try:
             yield route
         finally:

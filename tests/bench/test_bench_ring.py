@@ -1,5 +1,9 @@
 """Decode speed of ring decode (issue 19 item 2) beside relayed and chained forwarding, loopback, CPU.
 
+The ring twice: ``ring`` hands each pass stage to stage over one open Passes stream per neighbour
+(what the certificate uses wherever every stage offers it), ``ring-unary`` as one Forward call per
+pass and stage (older workers), so the table shows what the streams take off each crossing.
+
 One ggml thread per worker (as DGR_WORKER_THREADS=1 does for a certificate), the embedded tiny model,
 monolithic and 2, 4 and 12 stages, in one run: each placement's workers serve all three modes,
 interleaved over ROUNDS rounds so drift in the machine's load hits every mode alike.  The table gives
@@ -34,8 +38,9 @@ PLACEMENTS = {
     "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
     "12-stages": [(k, k + 1) for k in range(12)],
 }
-MODES = ("relayed", "chained", "ring")
-CROSSINGS = {"relayed": lambda n: 2 * n, "chained": lambda n: n + 1, "ring": lambda n: n}
+MODES = ("relayed", "chained", "ring-unary", "ring")
+CROSSINGS = {"relayed": lambda n: 2 * n, "chained": lambda n: n + 1,
+             "ring-unary": lambda n: n, "ring": lambda n: n}
 N_DECODE = 65  # 64 decode steps per repetition
 ROUNDS = 2
 PROMPT = "Once upon a time"
@@ -46,7 +51,8 @@ def _sweep(clients) -> dict[str, dict]:
     prompt = clients[0].tokenize(PROMPT, add_special=True)
     for _ in range(ROUNDS):
         for mode in MODES:
-            s = drive.measure_speed(clients, prompt, N_DECODE, repetitions=3, warmup=1, forwarding=mode)
+            s = drive.measure_speed(clients, prompt, N_DECODE, repetitions=3, warmup=1,
+                                    forwarding=mode.removesuffix("-unary"), ring_streams=mode == "ring")
             got[mode]["tok_s"] += list(s.decode_tok_s)
             got[mode]["crossings"] = s.crossings_per_token
     return got
@@ -76,7 +82,8 @@ def test_ring_vs_chained_vs_relayed(benchmark, worker_command, stubs, worker_env
             lines.append(f"{name:<11} {mode:<8} {m.median:7.1f} {m.iqr:6.1f} {run['crossings']:5d} "
                          f"{m.median / mono:6.2f}")
     print(f"\n[bench ring] tiny-llama, 1 thread per worker, loopback, median of {ROUNDS * 3} runs x "
-          f"{N_DECODE - 1} decode tokens; /mono = ratio to the monolithic worker driven relayed "
+          f"{N_DECODE - 1} decode tokens; ring: Passes streams, ring-unary: a Forward call per hop; "
+          f"/mono = ratio to the monolithic worker driven relayed "
           f"({mono:.1f} tok/s); load average before {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}, "
           f"{os.cpu_count()} cpus\n  " + "\n  ".join(lines))

@@ -249,3 +249,62 @@ def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_en
     assert short[2].get("dgr-failed-stage") == "1"
     assert empty[0] is grpc.StatusCode.INVALID_ARGUMENT and "budget 0" in empty[1]
     assert drafted[0] is grpc.StatusCode.INVALID_ARGUMENT and "ring without draft" in drafted[1]
+
+
+STREAM_STOP_BOUND_S = 1.5  # a held stream used to keep a worker for its whole 2 s call grace
+
+
+def test_streamed_and_unary_rings_agree_and_a_held_stream_does_not_delay_sigterm(
+        reference, worker_command, stubs, worker_env, tmp_path) -> None:
+    """Every real worker offers Passes streams and a ring uses them (Ring.stream); a ring without them
+    (one Forward call per pass and stage, as with older workers) chooses the same tokens from bitwise
+    the same logits.  Afterwards every stage holds an open inbound stream, a call in flight: each must
+    still stop on SIGTERM well inside its 2 s call grace (the worker cancels its streams first)."""
+    prompts, mono = reference
+    prompt, ref = prompts[0], mono.prompts[0]
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        got = {}
+        for streams in (False, True):
+            with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1",
+                                 streams=streams) as route:
+                assert route.streamed is streams
+                got[streams] = ring.generate(route, prompt, N_DECODE, session=f"streams-{streams}")
+        signalled = time.monotonic()
+        for s in p.stages:
+            s.process.send_signal(signal.SIGTERM)
+        took = []
+        for s in p.stages:
+            s.process.wait(timeout=30)
+            took.append(time.monotonic() - signalled)
+    print(f"\n[ring] streamed == unary over {len(got[True].tokens)} tokens; SIGTERM with streams held: "
+          f"stopped after {', '.join(f'{t:.2f}' for t in took)} s")
+    assert all(i.streams for i in infos)
+    assert got[True].tokens == got[False].tokens == tuple(ref.tokens)
+    assert np.array_equal(got[True].logits, got[False].logits)
+    assert np.array_equal(got[True].logits[1:], ref.logits[len(prompt):len(prompt) + N_DECODE - 1])
+    assert [s.process.returncode for s in p.stages] == [0] * 3
+    assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: the held streams waited out the grace"
+
+
+def test_a_streamed_pass_refused_downstream_reaches_the_sink_named(reference, worker_command, stubs,
+                                                                    worker_env, tmp_path) -> None:
+    """On a stream nobody waits for a pass's status: a stage that refuses one (here the last stage of a
+    ring naming too few stages) tells the sink, RING_FAILED naming itself with the reason."""
+    prompts, _ = reference
+    prompt = prompts[1]
+    with launch(worker_command, PLACEMENTS["2-stages"], stubs=stubs, evidence=tmp_path / "ev",
+                env=worker_env) as p:
+        first, pb2 = p.clients[0], p.clients[0].pb2
+        addresses = [s.address for s in p.clients]
+        with ring.RingSink(pb2, first.pb2_grpc, host="127.0.0.1") as sink:
+            deliveries = sink.open_ring("short")
+            ack = first.forward_chained("short", 1, list(range(len(prompt))), tokens=prompt,
+                                        downstream=addresses[1:], deliver_to=sink.address, request_id="short",
+                                        ring=pb2.Ring(budget=3, stages=addresses[:1], stream=True))
+            ack.result(timeout=30)  # stage 0 handed it on: its own part succeeded
+            failed = deliveries.get(timeout=30).delivery.ring
+    print(f"\n[ring] streamed pass refused downstream: stage {failed.failed_stage}: {failed.detail}")
+    assert ring.ENDS[failed.end] == "failed" and failed.failed_stage == 1
+    assert failed.code == "INVALID_ARGUMENT"
+    assert "names 1 stage address" in failed.detail and failed.detail.startswith("stage 1: INVALID_ARGUMENT")

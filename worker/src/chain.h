@@ -66,8 +66,10 @@ public:
     ChainResult deliver(const std::string & address, const dgr::shard::v1::Delivery & delivery,
                         std::chrono::milliseconds timeout);
 
-private:
+    // The channel to ``address`` (kept, least recently used first out); streams.cpp opens its streams on it.
     std::shared_ptr<grpc::Channel> channel(const std::string & address);
+
+private:
 
     ChainPolicy policy_;
     std::mutex mu_;

@@ -187,6 +187,7 @@ int main(int argc, char ** argv) {
         serving = true;
         const int sig = stop_requested.get_future().get();
         std::fprintf(stderr, "dgr-shard-worker: signal %d, shutting down\n", sig);
+        service.stop_streams();  // an open Passes stream is a call in flight: Shutdown would wait out its grace
         stop_within(*server, std::chrono::seconds(kCallGraceSeconds), std::chrono::seconds(kStopBoundSeconds));
     } catch (const std::exception & e) {
         std::fprintf(stderr, "dgr-shard-worker: %s\n", e.what());

@@ -111,6 +111,15 @@ struct RingRunner::State {
     void pass_failed(const std::string & address, const std::string & id, const std::string & sink, uint32_t index,
                      const ChainResult & r) {
         const std::string code = status_code_name(r.status.error_code());
+        if (!r.failed_stage.empty()) {  // a hop further on named itself (chain.cpp's trailer)
+            failed(id, sink, index, std::atoi(r.failed_stage.c_str()), code, r.status.error_message());
+        } else {
+            failed(id, sink, index, 0, code, "stage 0 at " + address + ": " + code + ": " + r.status.error_message());
+        }
+    }
+
+    void failed(const std::string & id, const std::string & sink, uint32_t index, int32_t stage,
+                const std::string & code, const std::string & detail) {
         pb::Delivery d;
         d.set_request_id(id);
         auto * ring = d.mutable_ring();
@@ -118,15 +127,9 @@ struct RingRunner::State {
         ring->set_index(index);
         ring->set_end(pb::RING_FAILED);
         ring->set_code(code);
-        if (!r.failed_stage.empty()) {  // a hop further on named itself (chain.cpp's trailer)
-            ring->set_failed_stage(std::atoi(r.failed_stage.c_str()));
-            ring->set_detail(r.status.error_message());
-        } else {
-            ring->set_failed_stage(0);
-            ring->set_detail("stage 0 at " + address + ": " + code + ": " + r.status.error_message());
-        }
-        std::fprintf(stderr, "dgr-shard-worker: ring %s pass %u failed: %s\n", id.c_str(), index,
-                     ring->detail().c_str());
+        ring->set_failed_stage(stage);
+        ring->set_detail(detail);
+        std::fprintf(stderr, "dgr-shard-worker: ring %s pass %u failed: %s\n", id.c_str(), index, detail.c_str());
         std::lock_guard<std::mutex> lock(mu);
         if (stopped.count(id)) {
             return;  // only the first failure is news; later ones follow from it
@@ -224,6 +227,20 @@ void RingRunner::deliver(const std::string & sink, pb::Delivery delivery, ms tim
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
     state_->wake_delivery.notify_one();
+}
+
+bool RingRunner::deliver_and_go_on(const std::string & sink, pb::Delivery delivery, ms timeout) {
+    const std::string id = delivery.request_id();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+    state_->wake_delivery.notify_one();
+    return !state_->stopping && !state_->stopped.count(id);
+}
+
+void RingRunner::fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,
+                      const grpc::Status & status, const std::string & where) {
+    const std::string code = status_code_name(status.error_code());
+    state_->failed(request_id, sink, index, stage, code, where + ": " + code + ": " + status.error_message());
 }
 
 void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,

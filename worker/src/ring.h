@@ -65,6 +65,15 @@ public:
     void deliver_and_start(const std::string & sink, dgr::shard::v1::Delivery delivery, const std::string & address,
                            dgr::shard::v1::ForwardRequest next, std::chrono::milliseconds timeout);
 
+    // A streamed ring (Ring.stream): queue ``delivery``; true when the ring goes on (neither it nor this
+    // worker has stopped), and the caller then sends the next pass on its stream itself.
+    bool deliver_and_go_on(const std::string & sink, dgr::shard::v1::Delivery delivery,
+                           std::chrono::milliseconds timeout);
+    // A streamed ring's pass failed where nobody waits for its status: stop the ring and tell its sink
+    // (RING_FAILED naming ``stage``, detail "WHERE: CODE: message"), once per ring.
+    void fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,
+              const grpc::Status & status, const std::string & where);
+
     struct State;
 
 private:

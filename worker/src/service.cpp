@@ -69,6 +69,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_n_batch(in.n_batch);
         reply->set_max_rewind(in.max_rewind);
         reply->set_mtp(in.mtp);
+        reply->set_streams(true);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);
@@ -202,88 +203,101 @@ static void check_ring(const pb::ForwardRequest & req, int32_t index, const Stag
     }
 }
 
-grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
-    const int32_t index = req->trace_size();
+// A chained or ring pass's own part: every check of the route, then this stage's layers; ``hop`` is
+// this stage's trace entry. A failure is this stage's own (the caller names it).
+grpc::Status ShardService::compute(const pb::ForwardRequest & req, int64_t received_ns, ForwardResult & r, pb::Hop & hop) {
+    const int32_t index = req.trace_size();
     const StageInfo & in = stage_.info();
     const std::string range = std::to_string(in.layer_begin) + ":" + std::to_string(in.layer_end);
-    ForwardResult r;
     grpc::Status own = guarded("Forward", [&] {
-        if (!req->capture_layers().empty()) {
+        if (!req.capture_layers().empty()) {
             throw StageError(StageError::Kind::InvalidArgument, "capture_layers is not supported on a chained call "
                              "(deliver_to set); capture on a relayed call");
         }
-        if (in.last_stage && req->downstream_size() > 0) {
+        if (in.last_stage && req.downstream_size() > 0) {
             throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this is the last stage (layers " + range +
-                             " of " + std::to_string(in.n_layer) + ") but " + std::to_string(req->downstream_size()) +
+                             " of " + std::to_string(in.n_layer) + ") but " + std::to_string(req.downstream_size()) +
                              " downstream address(es) were given");
         }
-        if (!in.last_stage && req->downstream_size() == 0) {
+        if (!in.last_stage && req.downstream_size() == 0) {
             throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this stage (layers " + range + " of " +
                              std::to_string(in.n_layer) + ") is not the last but no downstream address was given");
         }
         // every address of the chain, not only the one this stage dials: a refused chain changes no stage
-        for (const std::string & address : req->downstream()) {
+        for (const std::string & address : req.downstream()) {
             const std::string why = chain_.refusal(address);
             if (!why.empty()) {
                 throw StageError(StageError::Kind::PermissionDenied, "chained Forward: downstream " + why);
             }
         }
-        if (const std::string why = chain_.refusal(req->deliver_to()); !why.empty()) {
+        if (const std::string why = chain_.refusal(req.deliver_to()); !why.empty()) {
             throw StageError(StageError::Kind::PermissionDenied, "chained Forward: deliver_to " + why);
         }
-        if (req->has_ring()) {
-            check_ring(*req, index, in);
-            for (const std::string & address : req->ring().stages()) {
+        if (req.has_ring()) {
+            check_ring(req, index, in);
+            for (const std::string & address : req.ring().stages()) {
                 const std::string why = chain_.refusal(address);
                 if (!why.empty()) {
                     throw StageError(StageError::Kind::PermissionDenied, "ring Forward: stage " + why);
                 }
             }
         }
-        r = stage_.forward(read_args(*req));
+        r = stage_.forward(read_args(req));
     });
-    if (!own.ok()) {
-        return own;  // the caller names us: it knows our address
-    }
-
-    pb::Hop hop;
     hop.set_stage(index);
     hop.set_layer_begin(in.layer_begin);
     hop.set_layer_end(in.layer_end);
     hop.set_compute_seconds(r.compute_seconds);
     hop.set_received_ns(received_ns);
+    return own;
+}
 
-    if (!in.last_stage) {
-        pb::ForwardRequest next;
-        next.set_session_id(req->session_id());
-        next.set_epoch(req->epoch());
-        next.mutable_positions()->CopyFrom(req->positions());
-        next.mutable_tokens()->CopyFrom(req->tokens());  // a few ids: always passed for a sideband stage
-        put_tensor(std::move(r.boundary), next.mutable_boundary());
-        next.set_boundary_dtype(req->boundary_dtype());
-        next.set_all_logits(req->all_logits());
-        next.set_rewind(req->rewind());
-        next.set_draft(req->draft());
-        next.set_drafted(req->drafted());
-        for (int i = 1; i < req->downstream_size(); ++i) {
-            next.add_downstream(req->downstream(i));
-        }
-        next.set_deliver_to(req->deliver_to());
-        next.set_request_id(req->request_id());
-        next.set_keep_boundaries(req->keep_boundaries());
-        if (req->has_ring()) {
-            *next.mutable_ring() = req->ring();
-        }
-        next.mutable_trace()->CopyFrom(req->trace());
-        hop.set_boundary_bytes(next.boundary().data().size());
-        if (req->keep_boundaries()) {
-            *hop.mutable_boundary() = next.boundary();
-        }
-        pb::Hop * mine = next.add_trace();
-        *mine = std::move(hop);
+// What this (non-last) stage hands the next: the same pass with its boundary, the route shortened by
+// one and its own hop appended to the trace (sent_ns set last, just before sending).
+static pb::ForwardRequest next_request(const pb::ForwardRequest & req, ForwardResult && r, pb::Hop && hop) {
+    pb::ForwardRequest next;
+    next.set_session_id(req.session_id());
+    next.set_epoch(req.epoch());
+    next.mutable_positions()->CopyFrom(req.positions());
+    next.mutable_tokens()->CopyFrom(req.tokens());  // a few ids: always passed for a sideband stage
+    put_tensor(std::move(r.boundary), next.mutable_boundary());
+    next.set_boundary_dtype(req.boundary_dtype());
+    next.set_all_logits(req.all_logits());
+    next.set_rewind(req.rewind());
+    next.set_draft(req.draft());
+    next.set_drafted(req.drafted());
+    for (int i = 1; i < req.downstream_size(); ++i) {
+        next.add_downstream(req.downstream(i));
+    }
+    next.set_deliver_to(req.deliver_to());
+    next.set_request_id(req.request_id());
+    next.set_keep_boundaries(req.keep_boundaries());
+    if (req.has_ring()) {
+        *next.mutable_ring() = req.ring();
+    }
+    next.mutable_trace()->CopyFrom(req.trace());
+    hop.set_boundary_bytes(next.boundary().data().size());
+    if (req.keep_boundaries()) {
+        *hop.mutable_boundary() = next.boundary();
+    }
+    pb::Hop * mine = next.add_trace();
+    *mine = std::move(hop);
+    mine->set_sent_ns(monotonic_ns());
+    return next;
+}
+
+grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
+    const int32_t index = req->trace_size();
+    ForwardResult r;
+    pb::Hop hop;
+    if (grpc::Status own = compute(*req, received_ns, r, hop); !own.ok()) {
+        return own;  // the caller names us: it knows our address
+    }
+    if (!stage_.info().last_stage) {
+        const pb::ForwardRequest next = next_request(*req, std::move(r), std::move(hop));
         const std::string & address = req->downstream(0);
-        mine->set_sent_ns(monotonic_ns());
-        const ChainResult res = chain_.forward(*ctx, address, next);
+        // a streamed ring's first pass: stage 0 hands it on over its stream and acks at once
+        const ChainResult res = req->ring().stream() ? streams_.send(address, next) : chain_.forward(*ctx, address, next);
         if (!res.status.ok()) {
             return hop_failure(ctx, res, index + 1, "stage " + std::to_string(index + 1) + " at " + address);
         }
@@ -312,6 +326,51 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         return hop_failure(ctx, ChainResult{res.status, ""}, index, "delivering to the sink at " + req->deliver_to());
     }
     return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Passes(grpc::ServerContext * ctx, grpc::ServerReader<pb::ForwardRequest> * reader,
+                                  pb::PassesClosed * closed) {
+    streams_.opened(ctx);
+    pb::ForwardRequest pass;
+    uint64_t n = 0;
+    grpc::Status ended = grpc::Status::OK;
+    while (reader->Read(&pass)) {
+        ++n;
+        if (!pass.has_ring() || !pass.ring().stream() || pass.deliver_to().empty()) {
+            // only our own stages open this stream; a pass without a sink has nobody to fail to
+            ended = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Passes carries a streamed ring's passes only "
+                                 "(Ring.stream set, deliver_to the driver's sink)");
+            std::fprintf(stderr, "dgr-shard-worker: Passes: %s\n", ended.error_message().c_str());
+            break;
+        }
+        streamed(pass, monotonic_ns());
+    }
+    streams_.closed(ctx);
+    closed->set_passes(n);
+    return ended;
+}
+
+// A streamed ring's pass: as a chained one, but nobody waits for its status, so a failure (this stage's
+// own, or handing the pass on) goes to the ring's sink naming the stage it belongs to.
+void ShardService::streamed(const pb::ForwardRequest & req, int64_t received_ns) {
+    const int32_t index = req.trace_size();
+    const uint32_t ring_index = req.ring().index();
+    ForwardResult r;
+    pb::Hop hop;
+    if (grpc::Status own = compute(req, received_ns, r, hop); !own.ok()) {
+        ring_.fail(req.deliver_to(), req.request_id(), ring_index, index, own, "stage " + std::to_string(index));
+        return;
+    }
+    if (!stage_.info().last_stage) {
+        const std::string & address = req.downstream(0);
+        const ChainResult res = streams_.send(address, next_request(req, std::move(r), std::move(hop)));
+        if (!res.status.ok()) {
+            ring_.fail(req.deliver_to(), req.request_id(), ring_index, index + 1, res.status,
+                       "stage " + std::to_string(index + 1) + " at " + address);
+        }
+        return;
+    }
+    ring_on(req, std::move(r), std::move(hop));
 }
 
 // The rows of ``t`` from ``first`` on, ``n`` of them (a drafting ring delivers the chosen tokens' rows).
@@ -389,7 +448,17 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
         more->set_budget(ring.budget() - n);
         more->set_index(ring.index() + n);
         mine->set_sent_ns(monotonic_ns());
-        ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
+        if (!ring.stream()) {
+            ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
+            return;
+        }
+        if (ring_.deliver_and_go_on(req.deliver_to(), std::move(d), timeout)) {
+            const ChainResult res = streams_.send(ring.stages(0), next);
+            if (!res.status.ok()) {
+                ring_.fail(req.deliver_to(), req.request_id(), next.ring().index(), 0, res.status,
+                           "stage 0 at " + ring.stages(0));
+            }
+        }
         return;
     }
     mine->set_sent_ns(monotonic_ns());
