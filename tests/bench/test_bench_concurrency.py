@@ -1,8 +1,9 @@
 """Aggregate decode throughput with several sessions in flight (issue 19 item 4), in one run.
 
 tiny-llama on the CPU lane, loopback, one thread per worker: the monolithic worker and 2, 4 and 12
-stages, relayed and chained, each at concurrency 1, 4 and n_stages (sessions decoded at the same time,
-each its own (session, epoch); pipeline.concurrency).  Every concurrent session is checked bitwise
+stages, relayed, chained and ring (several rings share each stage's streams), each at concurrency 1,
+4 and n_stages (sessions decoded at the same time, each its own (session, epoch);
+pipeline.concurrency).  Every concurrent session is checked bitwise
 against the same session alone.  Figures: aggregate tok/s median and IQR over the rounds, and the ratio
 to the monolithic worker's single-stream figure, with the cores and the load average printed.
 
@@ -60,7 +61,7 @@ def test_bench_aggregate_throughput(benchmark, worker_command, stubs, worker_env
     cmd = dataclasses.replace(worker_command, threads=1, max_sessions=12)
     table: dict[str, dict[int, dict[str, float]]] = {}
     for name, stages in PLACEMENTS.items():
-        modes = ["relayed"] if name == "mono" else ["relayed", "chained"]
+        modes = ["relayed"] if name == "mono" else ["relayed", "chained", "ring"]
         with launch(cmd, stages, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
             prompt = p.clients[0].tokenize(PROMPT)[:16]
             for mode in modes:

@@ -47,13 +47,14 @@ PROMPT = "Once upon a time"
 
 
 def _sweep(clients) -> dict[str, dict]:
-    got: dict[str, dict] = {m: {"tok_s": [], "crossings": 0} for m in MODES}
+    got: dict[str, dict] = {m: {"tok_s": [], "seam_s": [], "crossings": 0} for m in MODES}
     prompt = clients[0].tokenize(PROMPT, add_special=True)
     for _ in range(ROUNDS):
         for mode in MODES:
             s = drive.measure_speed(clients, prompt, N_DECODE, repetitions=3, warmup=1,
                                     forwarding=mode.removesuffix("-unary"), ring_streams=mode == "ring")
             got[mode]["tok_s"] += list(s.decode_tok_s)
+            got[mode]["seam_s"] += [t for rep in s.seam_seconds for t in rep]
             got[mode]["crossings"] = s.crossings_per_token
     return got
 
@@ -72,18 +73,22 @@ def test_ring_vs_chained_vs_relayed(benchmark, worker_command, stubs, worker_env
             assert all(v > 0 for v in run["tok_s"])
     load_after = os.getloadavg()
     mono = median_iqr(figures["monolithic"]["relayed"]["tok_s"]).median
-    lines = [f"{'placement':<11} {'mode':<8} {'tok/s':>7} {'IQR':>6} {'x/tok':>5} {'/mono':>6}"]
+    lines = [f"{'placement':<11} {'mode':<10} {'tok/s':>7} {'IQR':>6} {'x/tok':>5} {'/mono':>6} "
+             f"{'seam ms':>8}"]
     table = {}
     for name, runs in figures.items():
         for mode, run in runs.items():
             m = median_iqr(run["tok_s"])
+            seam = median_iqr(run["seam_s"]).median * 1e3 if run["seam_s"] else float("nan")
             table[f"{name}/{mode}"] = {"tok_s": m.median, "iqr": m.iqr, "crossings": run["crossings"],
-                                       "ratio_to_monolithic": m.median / mono}
-            lines.append(f"{name:<11} {mode:<8} {m.median:7.1f} {m.iqr:6.1f} {run['crossings']:5d} "
-                         f"{m.median / mono:6.2f}")
+                                       "ratio_to_monolithic": m.median / mono, "seam_ms": seam}
+            lines.append(f"{name:<11} {mode:<10} {m.median:7.1f} {m.iqr:6.1f} {run['crossings']:5d} "
+                         f"{m.median / mono:6.2f} {seam:8.3f}")
     print(f"\n[bench ring] tiny-llama, 1 thread per worker, loopback, median of {ROUNDS * 3} runs x "
           f"{N_DECODE - 1} decode tokens; ring: Passes streams, ring-unary: a Forward call per hop; "
-          f"/mono = ratio to the monolithic worker driven relayed "
+          f"/mono = ratio to the monolithic worker driven relayed; seam ms = median one-way time of one "
+          f"worker-to-worker seam crossing (next stage received - this stage sent; relayed: the driver's "
+          f"round trip less compute) "
           f"({mono:.1f} tok/s); load average before {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}, "
           f"{os.cpu_count()} cpus\n  " + "\n  ".join(lines))

@@ -1,0 +1,116 @@
+"""llama.cpp's own way of splitting a model across processes, for the benchmark's side by side: the
+pinned tree's ``ggml-rpc-server`` and an RPC-enabled ``llama-bench``.
+
+Built here rather than by a lane: nothing ships it, only ``nox -s bench`` needs it.  The pristine
+(unpatched) tree at the pin, the CPU lane's own CMake switches plus ``GGML_RPC=ON``, through ccache,
+into ``<workspace>/builds/bench-rpc-<tree>``; a rebuild is a no-op once both programs are there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from core import proc
+from core.context import Context
+from fetch.source import ensure_pristine
+from lanes import cmake
+from lanes.base import BuildOptions
+
+TARGETS = ("ggml-rpc-server", "llama-bench")
+
+
+@dataclass(frozen=True)
+class RpcTools:
+    server: Path
+    bench: Path
+
+
+def build(ctx: Context) -> RpcTools:
+    """The two programs, built once per pinned tree (minutes cold, seconds with a warm ccache)."""
+    tree = ensure_pristine(ctx)
+    where = ctx.workspace.builds / f"bench-rpc-{tree.tree[:16]}"
+    tools = RpcTools(server=where / "bin" / TARGETS[0], bench=where / "bin" / TARGETS[1])
+    if tools.server.is_file() and tools.bench.is_file():
+        return tools
+    host = cmake.probe_host(ctx.env)
+    assert host.problem is None, host.problem
+    args = [*cmake.common_args(BuildOptions.from_env(ctx.env)), cmake.define("GGML_RPC", "ON")]
+    if host.ccache:
+        args += [cmake.define("CMAKE_C_COMPILER_LAUNCHER", host.ccache),
+                 cmake.define("CMAKE_CXX_COMPILER_LAUNCHER", host.ccache)]
+    ctx.workspace.ensure(where)
+    cmake.configure(host, source=tree.path, build_dir=where, args=args, env=ctx.env)
+    cmake.build(host, build_dir=where, targets=TARGETS, jobs=2, env=ctx.env)
+    return tools
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, server: subprocess.Popen, deadline_s: float = 60.0) -> None:
+    until = time.monotonic() + deadline_s
+    while time.monotonic() < until:
+        if server.poll() is not None:
+            raise RuntimeError(f"ggml-rpc-server on port {port} exited with {server.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"ggml-rpc-server on port {port} did not listen within {deadline_s:.0f} s")
+
+
+@contextmanager
+def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path) -> Iterator[list[str]]:
+    """``n`` RPC servers on 127.0.0.1, one CPU thread each by default; their addresses, stopped on exit."""
+    procs: list[subprocess.Popen] = []
+    addresses: list[str] = []
+    with contextlib.ExitStack() as logs:
+        logs.callback(_stop, procs)  # first in, last out: every server started is stopped, whatever fails
+        for k in range(n):
+            port = _free_port()
+            out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
+            argv = [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)]
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env)))
+            _wait_listening(port, procs[-1])
+            addresses.append(f"127.0.0.1:{port}")
+        yield addresses
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def tg(bench: Path, model: Path, *, n_gen: int, repetitions: int, threads: int, env: Mapping[str, str],
+       rpc: Sequence[str] = (), gpu_layers: int = 0) -> list[float]:
+    """llama-bench's tg tok/s samples: the whole model here, or ``gpu_layers`` of its layers on the RPC
+    servers (split between them by their free memory: equally on one host)."""
+    argv = [str(bench), "-m", str(model), "-p", "0", "-n", str(n_gen), "-t", str(threads),
+            "-r", str(repetitions), "-o", "json"]
+    if rpc:
+        argv += ["--rpc", ",".join(rpc), "-ngl", str(gpu_layers)]
+    else:
+        argv += ["-ngl", "0"]
+    out = proc.run(argv, env=env, no_output_timeout=300).output
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    row = next((r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == n_gen), None)
+    assert row is not None, f"llama-bench printed no tg{n_gen} row: {out[-500:]}"
+    return [float(v) for v in row["samples_ts"]]
