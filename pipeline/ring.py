@@ -114,8 +114,9 @@ class Generated:
 class RingRoute(ChainRoute):
     """A ChainRoute (chained prefill passes) whose sink also reads rings.
 
-    ``streamed``: the ring's passes go stage to stage over one open Passes stream per neighbour (set
-    when every stage offers it); else each pass is one Forward call per stage (older workers)."""
+    ``streamed``: the ring's passes go stage to stage as messages on a TCP connection kept open to
+    each next stage's pass port (set when every stage names one); else each pass is one Forward call
+    per stage (older workers)."""
 
     sink: RingSink
     streamed: bool = False
@@ -269,7 +270,7 @@ def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Seque
     with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
-        route.streamed = streams and all(i.streams for i in infos)
+        route.streamed = streams and all(i.pass_port > 0 for i in infos)
         try:
             yield route
         finally:

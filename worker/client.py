@@ -77,7 +77,7 @@ class StageInfo:
     identity_json: str
     max_rewind: int = 0  # most positions a rewinding Forward may take back (speculative decoding)
     mtp: bool = False  # the last stage drafts with the model's nextn block (--mtp)
-    streams: bool = False  # takes a streamed ring's passes on Passes (Ring.stream; older workers: False)
+    pass_port: int = 0  # TCP port taking a streamed ring's passes (Ring.stream); 0: none (older workers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +238,7 @@ class StageClient:
             n_embd=r.n_embd, boundary_width=r.boundary_width,
             needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
             n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
-            max_rewind=r.max_rewind, mtp=r.mtp, streams=r.streams,
+            max_rewind=r.max_rewind, mtp=r.mtp, pass_port=r.pass_port,
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,

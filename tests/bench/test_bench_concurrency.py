@@ -1,7 +1,7 @@
 """Aggregate decode throughput with several sessions in flight (issue 19 item 4), in one run.
 
 tiny-llama on the CPU lane, loopback, one thread per worker: the monolithic worker and 2, 4 and 12
-stages, relayed, chained and ring (several rings share each stage's streams), each at concurrency 1,
+stages, relayed, chained and ring (several rings share each stage's pass connections), each at concurrency 1,
 4 and n_stages (sessions decoded at the same time, each its own (session, epoch);
 pipeline.concurrency).  Every concurrent session is checked bitwise
 against the same session alone.  Figures: aggregate tok/s median and IQR over the rounds, and the ratio

@@ -1,8 +1,8 @@
 """Decode speed of ring decode (issue 19 item 2) beside relayed and chained forwarding, loopback, CPU.
 
-The ring twice: ``ring`` hands each pass stage to stage over one open Passes stream per neighbour
-(what the certificate uses wherever every stage offers it), ``ring-unary`` as one Forward call per
-pass and stage (older workers), so the table shows what the streams take off each crossing.
+The ring twice: ``ring`` hands each pass stage to stage on a TCP connection kept open to the next
+stage's pass port (what the certificate uses wherever every stage names one), ``ring-unary`` as one
+Forward call per pass and stage (older workers), so the table shows what that takes off each crossing.
 
 One ggml thread per worker (as DGR_WORKER_THREADS=1 does for a certificate), the embedded tiny model,
 monolithic and 2, 4 and 12 stages, in one run: each placement's workers serve all three modes,
@@ -85,7 +85,7 @@ def test_ring_vs_chained_vs_relayed(benchmark, worker_command, stubs, worker_env
             lines.append(f"{name:<11} {mode:<10} {m.median:7.1f} {m.iqr:6.1f} {run['crossings']:5d} "
                          f"{m.median / mono:6.2f} {seam:8.3f}")
     print(f"\n[bench ring] tiny-llama, 1 thread per worker, loopback, median of {ROUNDS * 3} runs x "
-          f"{N_DECODE - 1} decode tokens; ring: Passes streams, ring-unary: a Forward call per hop; "
+          f"{N_DECODE - 1} decode tokens; ring: pass connections, ring-unary: a Forward call per hop; "
           f"/mono = ratio to the monolithic worker driven relayed; seam ms = median one-way time of one "
           f"worker-to-worker seam crossing (next stage received - this stage sent; relayed: the driver's "
           f"round trip less compute) "

@@ -11,6 +11,8 @@ a malformed ring is refused.
 from __future__ import annotations
 
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -251,15 +253,15 @@ def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_en
     assert drafted[0] is grpc.StatusCode.INVALID_ARGUMENT and "ring without draft" in drafted[1]
 
 
-STREAM_STOP_BOUND_S = 1.5  # a held stream used to keep a worker for its whole 2 s call grace
+STREAM_STOP_BOUND_S = 1.5  # an open pass stream once kept a worker for its whole 2 s call grace
 
 
-def test_streamed_and_unary_rings_agree_and_a_held_stream_does_not_delay_sigterm(
+def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_sigterm(
         reference, worker_command, stubs, worker_env, tmp_path) -> None:
-    """Every real worker offers Passes streams and a ring uses them (Ring.stream); a ring without them
-    (one Forward call per pass and stage, as with older workers) chooses the same tokens from bitwise
-    the same logits.  Afterwards every stage holds an open inbound stream, a call in flight: each must
-    still stop on SIGTERM well inside its 2 s call grace (the worker cancels its streams first)."""
+    """Every real worker names a pass port and a ring uses it (Ring.stream); a ring without it (one
+    Forward call per pass and stage, as with older workers) chooses the same tokens from bitwise the
+    same logits.  Afterwards every stage holds open pass connections both ways: each must still stop
+    on SIGTERM well inside its 2 s call grace."""
     prompts, mono = reference
     prompt, ref = prompts[0], mono.prompts[0]
     with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
@@ -277,19 +279,19 @@ def test_streamed_and_unary_rings_agree_and_a_held_stream_does_not_delay_sigterm
         for s in p.stages:
             s.process.wait(timeout=30)
             took.append(time.monotonic() - signalled)
-    print(f"\n[ring] streamed == unary over {len(got[True].tokens)} tokens; SIGTERM with streams held: "
+    print(f"\n[ring] streamed == unary over {len(got[True].tokens)} tokens; SIGTERM with connections held: "
           f"stopped after {', '.join(f'{t:.2f}' for t in took)} s")
-    assert all(i.streams for i in infos)
+    assert all(i.pass_port > 0 for i in infos)
     assert got[True].tokens == got[False].tokens == tuple(ref.tokens)
     assert np.array_equal(got[True].logits, got[False].logits)
     assert np.array_equal(got[True].logits[1:], ref.logits[len(prompt):len(prompt) + N_DECODE - 1])
     assert [s.process.returncode for s in p.stages] == [0] * 3
-    assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: the held streams waited out the grace"
+    assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: held connections waited out the grace"
 
 
 def test_a_streamed_pass_refused_downstream_reaches_the_sink_named(reference, worker_command, stubs,
                                                                     worker_env, tmp_path) -> None:
-    """On a stream nobody waits for a pass's status: a stage that refuses one (here the last stage of a
+    """Nobody waits for a streamed pass's status: a stage that refuses one (here the last stage of a
     ring naming too few stages) tells the sink, RING_FAILED naming itself with the reason."""
     prompts, _ = reference
     prompt = prompts[1]
@@ -308,3 +310,41 @@ def test_a_streamed_pass_refused_downstream_reaches_the_sink_named(reference, wo
     assert ring.ENDS[failed.end] == "failed" and failed.failed_stage == 1
     assert failed.code == "INVALID_ARGUMENT"
     assert "names 1 stage address" in failed.detail and failed.detail.startswith("stage 1: INVALID_ARGUMENT")
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(30)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_the_pass_port_drops_what_is_not_a_pass_and_keeps_serving(reference, worker_command, stubs,
+                                                                   worker_env, tmp_path) -> None:
+    """Hostile bytes on a worker's pass port: a length over the model's message limit, a body that is
+    not a ForwardRequest, and a well-formed request that is not a streamed ring pass.  The first two
+    close that connection; the third is dropped; the worker logs each and still runs a streamed ring."""
+    prompts, mono = reference
+    with launch(worker_command, PLACEMENTS["2-stages"], stubs=stubs, evidence=tmp_path / "ev",
+                env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        port = infos[1].pass_port
+        pb2 = p.clients[0].pb2
+        plain = pb2.ForwardRequest(session_id="x", epoch=1, positions=[0], tokens=[1]).SerializeToString()
+        with socket.create_connection(("127.0.0.1", port)) as huge, \
+             socket.create_connection(("127.0.0.1", port)) as junk, \
+             socket.create_connection(("127.0.0.1", port)) as stray:
+            huge.sendall(struct.pack("<I", 0xFFFFFFF0))
+            junk.sendall(struct.pack("<I", 6) + b"\xff\xff\xff\xff\xff\xff")
+            stray.sendall(struct.pack("<I", len(plain)) + plain)
+            closed = [_closed_by_peer(huge), _closed_by_peer(junk)]
+            with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+                got = ring.generate(route, prompts[0], N_DECODE, session="after")
+    stderr = p.stages[1].stderr_path.read_text()
+    print(f"\n[ring] pass port: oversized and junk connections closed {closed}; then a streamed ring gave "
+          f"{len(got.tokens)} tokens")
+    assert closed == [True, True]
+    assert route.streamed and got.tokens == tuple(mono.prompts[0].tokens)
+    assert "over this model's limit" in stderr and "not a ForwardRequest" in stderr
+    assert "not a streamed ring's pass" in stderr

@@ -179,15 +179,17 @@ int main(int argc, char ** argv) {
         }
 
         const std::string host = opts.listen.substr(0, opts.listen.rfind(':'));
+        const int pass_port = service.listen_passes(host, opts.pass_port);
         std::fprintf(stdout, "DGR-WORKER-LISTENING %s:%d\n", host.c_str(), port);
         std::fflush(stdout);
-        std::fprintf(stderr, "dgr-shard-worker: serving layers [%d, %d) of %s on %s:%d\n",
-                     stage.info().layer_begin, stage.info().layer_end, opts.model_path.c_str(), host.c_str(), port);
+        std::fprintf(stderr, "dgr-shard-worker: serving layers [%d, %d) of %s on %s:%d (ring passes on port %d)\n",
+                     stage.info().layer_begin, stage.info().layer_end, opts.model_path.c_str(), host.c_str(), port,
+                     pass_port);
 
         serving = true;
         const int sig = stop_requested.get_future().get();
         std::fprintf(stderr, "dgr-shard-worker: signal %d, shutting down\n", sig);
-        service.stop_streams();  // an open Passes stream is a call in flight: Shutdown would wait out its grace
+        service.stop_streams();  // a neighbour's next pass then fails at once and names this stage
         stop_within(*server, std::chrono::seconds(kCallGraceSeconds), std::chrono::seconds(kStopBoundSeconds));
     } catch (const std::exception & e) {
         std::fprintf(stderr, "dgr-shard-worker: %s\n", e.what());

@@ -14,6 +14,7 @@ const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
         "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
+        "                        [--pass-port N]\n"
         "                        [--mtp | --mtp-model FILE]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
@@ -27,6 +28,8 @@ const char * usage_text() {
         "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
         "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
         "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
+        "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
+        "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
         "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
         "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
         "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
@@ -129,6 +132,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--batch")        { out.n_batch = parse_int(arg, val, 1, 1 << 20); }
         else if (arg == "--max-sessions") { out.max_sessions = parse_int(arg, val, 1, 4096); }
         else if (arg == "--max-rewind")   { out.max_rewind = parse_int(arg, val, 0, 64); }
+        else if (arg == "--pass-port")    { out.pass_port = parse_int(arg, val, 0, 65535); }
         else if (arg == "--n-gpu-layers") { out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20); }
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }

@@ -69,7 +69,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_n_batch(in.n_batch);
         reply->set_max_rewind(in.max_rewind);
         reply->set_mtp(in.mtp);
-        reply->set_streams(true);
+        reply->set_pass_port(streams_.port());
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);
@@ -296,7 +296,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
     if (!stage_.info().last_stage) {
         const pb::ForwardRequest next = next_request(*req, std::move(r), std::move(hop));
         const std::string & address = req->downstream(0);
-        // a streamed ring's first pass: stage 0 hands it on over its stream and acks at once
+        // a streamed ring's first pass: stage 0 hands it on over its pass connection and acks at once
         const ChainResult res = req->ring().stream() ? streams_.send(address, next) : chain_.forward(*ctx, address, next);
         if (!res.status.ok()) {
             return hop_failure(ctx, res, index + 1, "stage " + std::to_string(index + 1) + " at " + address);
@@ -328,26 +328,16 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
     return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Passes(grpc::ServerContext * ctx, grpc::ServerReader<pb::ForwardRequest> * reader,
-                                  pb::PassesClosed * closed) {
-    streams_.opened(ctx);
-    pb::ForwardRequest pass;
-    uint64_t n = 0;
-    grpc::Status ended = grpc::Status::OK;
-    while (reader->Read(&pass)) {
-        ++n;
+int ShardService::listen_passes(const std::string & host, int port) {
+    return streams_.listen(host, port, [this](const pb::ForwardRequest & pass, int64_t received_ns) {
         if (!pass.has_ring() || !pass.ring().stream() || pass.deliver_to().empty()) {
-            // only our own stages open this stream; a pass without a sink has nobody to fail to
-            ended = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Passes carries a streamed ring's passes only "
-                                 "(Ring.stream set, deliver_to the driver's sink)");
-            std::fprintf(stderr, "dgr-shard-worker: Passes: %s\n", ended.error_message().c_str());
-            break;
+            // only our own stages dial this port; a pass without a sink has nobody to fail to
+            std::fprintf(stderr, "dgr-shard-worker: pass port: dropped a message that is not a streamed ring's "
+                         "pass (Ring.stream set, deliver_to the driver's sink)\n");
+            return;
         }
-        streamed(pass, monotonic_ns());
-    }
-    streams_.closed(ctx);
-    closed->set_passes(n);
-    return ended;
+        streamed(pass, received_ns);
+    });
 }
 
 // A streamed ring's pass: as a chained one, but nobody waits for its status, so a failure (this stage's

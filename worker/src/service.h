@@ -22,7 +22,8 @@ struct BuildIdentity {
 class ShardService final : public dgr::shard::v1::ShardWorker::Service {
 public:
     ShardService(Stage & stage, BuildIdentity id, ChainPolicy chain = {})
-        : stage_(stage), id_(std::move(id)), chain_(std::move(chain)), streams_(chain_), ring_(chain_) {}
+        : stage_(stage), id_(std::move(id)), chain_(std::move(chain)), streams_(chain_, message_limit(stage.info())),
+          ring_(chain_) {}
 
     grpc::Status Info(grpc::ServerContext *, const dgr::shard::v1::InfoRequest *, dgr::shard::v1::InfoReply *) override;
     grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *, dgr::shard::v1::ForwardReply *) override;
@@ -30,15 +31,16 @@ public:
     grpc::Status Health(grpc::ServerContext *, const dgr::shard::v1::HealthRequest *, dgr::shard::v1::HealthReply *) override;
     grpc::Status Tokenize(grpc::ServerContext *, const dgr::shard::v1::TokenizeRequest *, dgr::shard::v1::TokenizeReply *) override;
     grpc::Status Detokenize(grpc::ServerContext *, const dgr::shard::v1::DetokenizeRequest *, dgr::shard::v1::DetokenizeReply *) override;
-    grpc::Status Passes(grpc::ServerContext *, grpc::ServerReader<dgr::shard::v1::ForwardRequest> *, dgr::shard::v1::PassesClosed *) override;
 
-    // The worker is stopping: end every Passes stream now (an open one would hold Shutdown for its grace).
+    // Take streamed ring passes on ``host``:``port`` (0: any free port); returns the port (Info's pass_port).
+    int listen_passes(const std::string & host, int port);
+    // The worker is stopping: close every pass connection now, both ways.
     void stop_streams() { streams_.stop(); }
 
 private:
     // deliver_to set: compute, then hand the boundary to the next stage (or the logits to the sink)
     grpc::Status chained(grpc::ServerContext * ctx, const dgr::shard::v1::ForwardRequest * req, int64_t received_ns);
-    // a pass that came on a Passes stream
+    // a pass that came on the pass port
     void streamed(const dgr::shard::v1::ForwardRequest & req, int64_t received_ns);
     grpc::Status compute(const dgr::shard::v1::ForwardRequest & req, int64_t received_ns, ForwardResult & r,
                          dgr::shard::v1::Hop & hop);
@@ -48,7 +50,7 @@ private:
     Stage &       stage_;
     BuildIdentity id_;
     Chain         chain_;
-    PassStreams   streams_;  // after chain_: it opens its streams on chain_'s channels
+    PassStreams   streams_;  // after chain_: it asks a stage's Info for its pass port on chain_'s channels
     RingRunner    ring_;     // after chain_: it calls through it
 };
 

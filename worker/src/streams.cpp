@@ -1,89 +1,284 @@
 #include "streams.h"
 
+#include "options.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace pb = dgr::shard::v1;
 
 namespace dgr {
 
-struct PassStreams::Stream {
-    std::mutex                                          mu;  // one writer at a time
-    std::unique_ptr<pb::ShardWorker::Stub>              stub;
-    std::unique_ptr<grpc::ClientContext>                ctx;
-    pb::PassesClosed                                    closed;
-    std::unique_ptr<grpc::ClientWriter<pb::ForwardRequest>> writer;
+struct PassStreams::Out {
+    std::mutex mu;  // one writer at a time
+    int        fd = -1;
 };
+
+namespace {
+
+std::string unbracket(const std::string & host) {
+    return host.size() > 1 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
+}
+
+void no_delay(int fd) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+bool read_exact(int fd, char * buf, size_t n) {
+    while (n > 0) {
+        const ssize_t got = recv(fd, buf, n, 0);
+        if (got > 0) {
+            buf += got;
+            n -= (size_t) got;
+        } else if (got < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return false;  // closed by the peer, shut down by stop(), or failed
+        }
+    }
+    return true;
+}
+
+// Both parts in order, retrying partial writes; MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE.
+bool write_all(int fd, const char * head, size_t head_n, const std::string & body, std::string & why) {
+    iovec parts[2] = {{const_cast<char *>(head), head_n}, {const_cast<char *>(body.data()), body.size()}};
+    msghdr msg{};
+    msg.msg_iov = parts;
+    msg.msg_iovlen = 2;
+    while (msg.msg_iovlen > 0) {
+        const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            why = std::strerror(errno);
+            return false;
+        }
+        size_t left = (size_t) sent;
+        while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
+            left -= msg.msg_iov[0].iov_len;
+            ++msg.msg_iov;
+            --msg.msg_iovlen;
+        }
+        if (msg.msg_iovlen > 0) {
+            msg.msg_iov[0].iov_base = static_cast<char *>(msg.msg_iov[0].iov_base) + left;
+            msg.msg_iov[0].iov_len -= left;
+        }
+    }
+    return true;
+}
+
+}  // namespace
 
 PassStreams::~PassStreams() { stop(); }
 
+int PassStreams::listen(const std::string & host, int port, OnPass on_pass) {
+    on_pass_ = std::move(on_pass);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo * found = nullptr;
+    const std::string bind_host = unbracket(host);
+    if (getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 ||
+        found == nullptr) {
+        throw std::runtime_error("pass port: cannot resolve '" + host + "'");
+    }
+    const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    const bool ok = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
+    freeaddrinfo(found);
+    if (!ok) {
+        const std::string why = std::strerror(errno);
+        if (fd >= 0) {
+            close(fd);
+        }
+        throw std::runtime_error("pass port: cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    getsockname(fd, reinterpret_cast<sockaddr *>(&bound), &len);
+    port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
+    listen_fd_ = fd;
+    std::thread([this] { accept_loop(); }).detach();
+    return port_;
+}
+
+void PassStreams::accept_loop() {
+    for (;;) {
+        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) {
+                continue;
+            }
+            return;  // the listener was shut down (stop) or failed
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stopping_) {
+                close(fd);
+                return;
+            }
+            in_.insert(fd);
+        }
+        no_delay(fd);
+        std::thread([this, fd] { read_loop(fd); }).detach();
+    }
+}
+
+void PassStreams::read_loop(int fd) {
+    pb::ForwardRequest pass;
+    std::string body;
+    for (;;) {
+        unsigned char head[4];
+        if (!read_exact(fd, reinterpret_cast<char *>(head), sizeof head)) {
+            break;
+        }
+        const uint32_t n = (uint32_t) head[0] | (uint32_t) head[1] << 8 | (uint32_t) head[2] << 16 | (uint32_t) head[3] << 24;
+        if (max_bytes_ >= 0 && n > (uint32_t) max_bytes_) {
+            std::fprintf(stderr, "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
+                         "closing the connection\n", n, max_bytes_);
+            break;
+        }
+        body.resize(n);
+        if (!read_exact(fd, body.data(), n)) {
+            break;
+        }
+        const int64_t received_ns = monotonic_ns();
+        if (!pass.ParseFromString(body)) {
+            std::fprintf(stderr, "dgr-shard-worker: pass port: a message that is not a ForwardRequest; closing the "
+                         "connection\n");
+            break;
+        }
+        if (stopping_) {
+            break;
+        }
+        on_pass_(pass, received_ns);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_.erase(fd)) {
+        close(fd);  // stop() only shuts an fd down; the fd is closed by the one thread that reads it
+    }
+}
+
+int PassStreams::connect_to(const std::string & address, std::string & why) {
+    // the stage's own word for its pass port, asked on the channel the chain already uses
+    pb::InfoReply info;
+    {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        const grpc::Status s = pb::ShardWorker::NewStub(chain_.channel(address))->Info(&ctx, pb::InfoRequest(), &info);
+        if (!s.ok()) {
+            why = std::string("Info: ") + status_code_name(s.error_code()) + ": " + s.error_message();
+            return -1;
+        }
+    }
+    if (info.pass_port() <= 0 || info.pass_port() > 65535) {
+        why = "the stage offers no pass port (a worker that predates streamed rings)";
+        return -1;
+    }
+    std::string host, port;
+    split_host_port(address, host, port, false);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo * found = nullptr;
+    if (getaddrinfo(unbracket(host).c_str(), std::to_string(info.pass_port()).c_str(), &hints, &found) != 0 ||
+        found == nullptr) {
+        why = "cannot resolve " + host;
+        return -1;
+    }
+    int fd = -1;
+    for (addrinfo * a = found; a != nullptr && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+            why = "connect to pass port " + std::to_string(info.pass_port()) + ": " + std::strerror(errno);
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(found);
+    if (fd >= 0) {
+        no_delay(fd);
+    }
+    return fd;
+}
+
 ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequest & pass) {
-    std::shared_ptr<Stream> s;
+    auto failed = [](const std::string & why) {
+        return ChainResult{grpc::Status(grpc::StatusCode::UNAVAILABLE, why), ""};
+    };
+    std::shared_ptr<Out> out;
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) {
-            return ChainResult{grpc::Status(grpc::StatusCode::UNAVAILABLE, "this worker is stopping"), ""};
+            return failed("this worker is stopping");
         }
         auto & slot = out_[address];
         if (!slot) {
-            slot = std::make_shared<Stream>();
+            slot = std::make_shared<Out>();
         }
-        s = slot;
+        out = slot;
     }
-    std::lock_guard<std::mutex> lock(s->mu);
-    if (!s->writer) {
-        auto ctx    = std::make_unique<grpc::ClientContext>();
-        s->stub     = pb::ShardWorker::NewStub(chain_.channel(address));
-        auto writer = s->stub->Passes(ctx.get(), &s->closed);
-        std::lock_guard<std::mutex> outer(mu_);  // stop() reads ctx under mu_ alone
-        s->ctx    = std::move(ctx);
-        s->writer = std::move(writer);
+    std::string body;
+    if (!pass.SerializeToString(&body) || (max_bytes_ >= 0 && body.size() > (size_t) max_bytes_)) {
+        return ChainResult{grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "a pass of " + std::to_string(body.size()) +
+                                        " bytes is over the message limit"), ""};
+    }
+    const uint32_t n = (uint32_t) body.size();
+    const char head[4] = {(char) (n & 0xff), (char) (n >> 8 & 0xff), (char) (n >> 16 & 0xff), (char) (n >> 24 & 0xff)};
+    std::lock_guard<std::mutex> lock(out->mu);
+    std::string why;
+    if (out->fd < 0) {
+        const int fd = connect_to(address, why);
+        if (fd < 0) {
+            return failed(why);
+        }
+        std::lock_guard<std::mutex> outer(mu_);  // stop() reads fd under mu_ alone
+        out->fd = fd;
         if (stopping_) {
-            s->ctx->TryCancel();
+            shutdown(fd, SHUT_RDWR);
         }
     }
-    if (s->writer->Write(pass)) {
+    if (write_all(out->fd, head, sizeof head, body, why)) {
         return ChainResult{};
     }
-    // the stream is gone (the peer stopped, refused a pass or could not be reached): its status says why
-    grpc::Status status = s->writer->Finish();
-    if (status.ok()) {
-        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream to " + address + " closed");
-    }
-    std::unique_ptr<grpc::ClientContext> ctx;  // declared first: destroyed after the writer that uses it
-    std::unique_ptr<grpc::ClientWriter<pb::ForwardRequest>> writer;
-    {
-        std::lock_guard<std::mutex> outer(mu_);
-        writer = std::move(s->writer);
-        ctx    = std::move(s->ctx);
-    }
-    return ChainResult{status, ""};
-}
-
-void PassStreams::opened(grpc::ServerContext * inbound) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-        inbound->TryCancel();
-    }
-    in_.insert(inbound);
-}
-
-void PassStreams::closed(grpc::ServerContext * inbound) {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_.erase(inbound);
+    std::lock_guard<std::mutex> outer(mu_);
+    close(out->fd);
+    out->fd = -1;
+    return failed("the pass connection broke: " + why);
 }
 
 void PassStreams::stop() {
     std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-    for (grpc::ServerContext * inbound : in_) {
-        inbound->TryCancel();  // its Read returns false and the handler ends
+    if (stopping_.exchange(true)) {
+        return;
     }
-    for (auto & [address, s] : out_) {
-        // not s->mu: a writer may be blocked in Write, and cancelling is what unblocks it (send swaps
-        // ctx only under mu_, which we hold)
-        if (grpc::ClientContext * ctx = s->ctx.get()) {
-            ctx->TryCancel();
+    if (listen_fd_ >= 0) {
+        shutdown(listen_fd_, SHUT_RDWR);  // accept returns; the process is about to end, so no close race
+    }
+    for (int fd : in_) {
+        shutdown(fd, SHUT_RDWR);  // its reader's recv returns 0 and the reader closes it
+    }
+    for (auto & [address, out] : out_) {
+        if (out->fd >= 0) {
+            shutdown(out->fd, SHUT_RDWR);  // a writer blocked in sendmsg fails at once
         }
     }
 }
