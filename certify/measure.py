@@ -529,6 +529,9 @@ def _staged_placement(
         shaping = describe_shaping(pipe)
         fabric = describe_fabric(pipe)
     record.update(speed=speed, forwarding=p.forwarding)
+    if p.forwarding == "ring":  # how its passes crossed the seams: what the seam figures are read against
+        streamed = all(i.pass_port > 0 for i in trace.infos)
+        record["ring_transport"] = "tcp pass port" if streamed else "grpc forward"
     if fabric is not None:
         record["fabric"] = fabric
     record["seam_model"] = physics.model(

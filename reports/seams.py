@@ -61,7 +61,7 @@ def seam_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
             rows.append(
                 {
                     "placement": p["name"],
-                    "forwarding": m["forwarding"],
+                    "forwarding": _forwarding(p, m),
                     "seam (cut)": f"{s['seam']} (layer {s['cut']})",
                     "bytes / token": f"{s['bytes_per_token']:,}",
                     "link": _link(s),
@@ -106,7 +106,7 @@ def floor_frame(
             rows.append(
                 {
                     "placement": p["name"],
-                    "forwarding": m["forwarding"],
+                    "forwarding": _forwarding(p, m),
                     "seam (cut)": f"{s['seam']} (layer {s['cut']})",
                     "bytes / token": f"{s['bytes_per_token']:,}",
                     "crossings": crossings,
@@ -119,6 +119,12 @@ def floor_frame(
                 }
             )
     return pd.DataFrame(rows) if rows else None
+
+
+def _forwarding(placement: Mapping[str, Any], model: Mapping[str, Any]) -> str:
+    """A ring's transport beside its name: a pass-port ring's seams read best against the TCP floor."""
+    transport = placement.get("ring_transport")
+    return f"{model['forwarding']} ({transport})" if transport else model["forwarding"]
 
 
 def floor_note(floor: Mapping[str, Any] | None) -> str | None:

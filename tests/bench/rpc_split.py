@@ -42,7 +42,10 @@ def build(ctx: Context) -> RpcTools:
         return tools
     host = cmake.probe_host(ctx.env)
     assert host.problem is None, host.problem
-    args = [*cmake.common_args(BuildOptions.from_env(ctx.env)), cmake.define("GGML_RPC", "ON")]
+    commit = str(tree.provenance.get("commit", ""))
+    args = [*cmake.common_args(BuildOptions.from_env(ctx.env)), cmake.define("GGML_RPC", "ON"),
+            # build-info would otherwise ask git, and find the repository around the workspace
+            cmake.define("LLAMA_BUILD_COMMIT", commit[:8]), cmake.define("LLAMA_BUILD_NUMBER", "0")]
     if host.ccache:
         args += [cmake.define("CMAKE_C_COMPILER_LAUNCHER", host.ccache),
                  cmake.define("CMAKE_CXX_COMPILER_LAUNCHER", host.ccache)]

@@ -99,3 +99,12 @@ def test_floor_table_skips_what_it_cannot_read_against_a_floor() -> None:
     note = seams.floor_note(FLOOR)
     assert note is not None and "1,024 bytes: gRPC 0.400 ms (IQR 0.380-0.440), TCP 0.020 ms" in note
     assert "load average 1.50" in note
+
+
+def test_a_ring_placement_names_how_its_passes_crossed() -> None:
+    streamed = {**_record(4, "ring", 10.0), "ring_transport": "tcp pass port"}
+    unary = {**_record(2, "ring", 12.0), "name": "metro-2-ring-unary", "ring_transport": "grpc forward"}
+    frame = seams.floor_frame(_under_test([streamed, unary]), FLOOR)
+    assert frame is not None
+    assert set(frame["forwarding"]) == {"ring (tcp pass port)", "ring (grpc forward)"}
+    assert (frame["crossings"] == 1).all()  # one crossing per seam either way: read against half a trip
