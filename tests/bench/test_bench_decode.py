@@ -2,7 +2,9 @@
 
 1. Monolithic worker decode tok/s vs the pinned tree's own ``llama-bench -p 0 -n N`` (tg) on the same
    model and thread count; goal >= 0.95x.  The worker's figure is end to end as the driver sees it:
-   gRPC round trip, the logits row back to Python and the greedy argmax included.
+   gRPC round trip, the logits row back to Python and the greedy argmax included; and again as a
+   one-stage ring (pipeline/ring.py), where the worker picks each token and starts the next pass
+   itself, so no driver call sits between two tokens (the logits still reach the driver).
 2. 2-stage loopback decode tok/s vs monolithic (one seam: boundary relay plus a second round trip).
 
 The two sides run interleaved (ROUNDS times) so background load on a shared box hits both alike; the
@@ -47,10 +49,12 @@ def _llama_bench_tg(binary, model, threads: int, env) -> list[float]:
     return [float(v) for v in tg[0]["samples_ts"]]
 
 
-def _worker_decode(clients, prompt, compute: list[float] | None = None) -> list[float]:
+def _worker_decode(clients, prompt, compute: list[float] | None = None,
+                   forwarding: str = "relayed") -> list[float]:
     """End-to-end decode tok/s per repetition; ``compute`` collects the worker-side rate (1 / the
     median llama_decode seconds per token, summed over stages) that excludes the RPC round trip."""
-    speed = drive.measure_speed(clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1)
+    speed = drive.measure_speed(clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1,
+                                forwarding=forwarding)
     if compute is not None:
         compute += [1.0 / sum(rep) for rep in speed.stage_compute_per_token]
     return list(speed.decode_tok_s)
@@ -60,29 +64,35 @@ def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, work
                                           tmp_path) -> None:
     bench = cpu_build.binaries["llama-bench"]
     ours: list[float] = []
+    ours_ring: list[float] = []  # the worker as a one-stage ring: no driver call between two tokens
     ours_compute: list[float] = []
     theirs: list[float] = []
     with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         prompt = p.clients[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
         for r in range(ROUNDS):
             theirs += _llama_bench_tg(bench, tiny_model.first, THREADS, worker_env)
+            ours_ring += _worker_decode(p.clients, prompt, forwarding="ring")
             if r < ROUNDS - 1:
                 ours += _worker_decode(p.clients, prompt, ours_compute)
         ours += benchmark.pedantic(_worker_decode, args=(p.clients, prompt, ours_compute), rounds=1,
                                    iterations=1)
     ratio = float(np.median(ours) / np.median(theirs))
+    ring_ratio = float(np.median(ours_ring) / np.median(theirs))
     compute_ratio = float(np.median(ours_compute) / np.median(theirs))
     figures = {
         "threads": THREADS, "n_gen": N_GEN, "worker_decode_tok_s_median": float(np.median(ours)),
         "worker_compute_tok_s_median": float(np.median(ours_compute)),
         "llama_bench_tg_tok_s_median": float(np.median(theirs)), "ratio": ratio,
-        "compute_ratio": compute_ratio,
-        "worker_samples": ours, "llama_bench_samples": theirs, "load_average": list(os.getloadavg()),
+        "compute_ratio": compute_ratio, "worker_ring_tok_s_median": float(np.median(ours_ring)),
+        "ring_ratio": ring_ratio, "worker_samples": ours, "worker_ring_samples": ours_ring,
+        "llama_bench_samples": theirs, "load_average": list(os.getloadavg()),
     }
     benchmark.extra_info.update(figures)
     print(f"\n[bench] llama-bench tg{N_GEN} {np.median(theirs):.1f} tok/s at {THREADS} threads; monolithic "
           f"worker: its own llama_decode {np.median(ours_compute):.1f} tok/s ({compute_ratio:.3f}x, goal >= "
-          f"{GOAL}), end to end through gRPC and the driver {np.median(ours):.1f} tok/s ({ratio:.3f}x); "
+          f"{GOAL}), end to end through gRPC and the driver {np.median(ours):.1f} tok/s ({ratio:.3f}x), as a "
+          f"one-stage ring (the worker picks each token, the driver reads the logits) "
+          f"{np.median(ours_ring):.1f} tok/s ({ring_ratio:.3f}x); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     # llama-bench's tg times a bare llama_decode loop (no logits read, no transport); the worker's
     # comparable figure is its own decode time.  The end-to-end figure is reported, not gated: on this
