@@ -359,10 +359,12 @@ def _greedy(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
     keep_boundaries: bool = True, route: ChainRoute | None = None, forced: Sequence[int] | None = None,
+    ring_logits: bool = True,
 ) -> tuple[list[int], list[_Pass]]:
     """Prefill ``prompt`` at positions 0.. (in chunks of the smallest n_batch of the stages), then
     decode until n_decode tokens are chosen (``forced``: fed instead of the argmax, teacher forcing).
-    Chained: every ack is in before this returns."""
+    Chained: every ack is in before this returns.  ``ring_logits=False``: a ring delivers tokens only
+    (its passes' logits are [0, n_vocab])."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
     if n_decode < 1:
@@ -370,7 +372,8 @@ def _greedy(
     try:
         out = _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
                              boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                             keep_boundaries=keep_boundaries, route=route, forced=forced)
+                             keep_boundaries=keep_boundaries, route=route, forced=forced,
+                             ring_logits=ring_logits)
     except BaseException:
         if route is not None:
             route.drain(quiet=True)
@@ -383,7 +386,7 @@ def _greedy(
 def _greedy_passes(
     stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
     session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool, route: ChainRoute | None, forced: Sequence[int] | None,
+    keep_boundaries: bool, route: ChainRoute | None, forced: Sequence[int] | None, ring_logits: bool = True,
 ) -> tuple[list[int], list[_Pass]]:
     if forced is not None and len(forced) != n_decode:
         raise ConfigurationError(f"teacher forcing needs {n_decode} tokens, got {len(forced)}")
@@ -396,11 +399,13 @@ def _greedy_passes(
     chosen = [pick(0, passes[-1].logits)]
     if isinstance(route, RingRoute) and n_decode > 1:  # the stages choose the rest (forced: refused)
         run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
-                           boundary_dtype=boundary_dtype, keep_boundaries=keep_boundaries)
+                           boundary_dtype=boundary_dtype, keep_boundaries=keep_boundaries, logits=ring_logits)
         if len(run.tokens) != n_decode - 1:
             raise route.stages[-1].failure("BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} "
                                            f"of {n_decode - 1} tokens")
-        return chosen + list(run.tokens), passes + [_delivered(route, p, 1, 1, ring=True) for p in run.passes]
+        rows = 1 if ring_logits else 0
+        ringed = [_delivered(route, p, 1, rows, ring=True) for p in run.passes]
+        return chosen + list(run.tokens), passes + ringed
     while len(chosen) < n_decode:
         pos = len(prompt) + len(chosen) - 1
         passes.append(_forward_all(stages, infos, session, epoch, [pos], [chosen[-1]], all_logits=True, **kw))
@@ -515,28 +520,35 @@ def measure_speed(
     addresses: Sequence[str] | None = None,
     sink_host: str = "127.0.0.1",
     ring_streams: bool = True,
+    ring_logits: bool = True,
 ) -> SpeedSamples:
     """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
 
     Only the last logits row comes back (as in real serving), and boundaries are not kept.
     ``ring_streams=False``: a ring's passes as one Forward call per stage (the benchmark compares).
+    ``ring_logits=False``: a ring delivers tokens only (what a serving client takes); no token can then
+    be held to its logits row, so every repetition must choose the same tokens (BAD_REPLY if not).
     """
     if repetitions < 1 or n_decode < 2:
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
-    runs = []
+    runs, chosen = [], set()
     with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams) as route:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
             try:
-                _, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
-                                    boundary_dtype=boundary_dtype, all_logits=False, capture=(),
-                                    keep_boundaries=False, route=route)
+                tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
+                                         boundary_dtype=boundary_dtype, all_logits=False, capture=(),
+                                         keep_boundaries=False, route=route, ring_logits=ring_logits)
             finally:
                 _reset_all(stages, session, quiet=True)
+            chosen.add(tuple(tokens))
             if r >= warmup:
                 runs.append(passes)
+    if len(chosen) > 1:  # the same prompt, greedy, a fresh session each time: one answer only
+        raise stages[-1].failure("BAD_REPLY", f"{len(chosen)} different greedy continuations of one prompt "
+                                 f"over {warmup + repetitions} repetitions")
     prefill, decode, seams, compute = [], [], [], []
     for passes in runs:
         steps = [p.step for p in passes[1:]]

@@ -123,19 +123,25 @@ class RingRoute(ChainRoute):
 
     def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
                stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
-               keep_boundaries: bool = False, draft: int = 0, drafts: Sequence[int] = ()) -> RingRun:
+               keep_boundaries: bool = False, draft: int = 0, drafts: Sequence[int] = (),
+               logits: bool = True) -> RingRun:
         """Feed ``token`` at ``position`` and let the stages choose up to ``budget`` tokens after it.
         ``draft``: a speculative ring, each pass verifying up to that many nextn drafts; ``drafts``
-        (what the last stage drafted after ``token``) go into the first pass."""
+        (what the last stage drafted after ``token``) go into the first pass.  ``logits=False``: the
+        deliveries carry tokens only (each pass's logits are then [0, n_vocab]) and no token can be
+        checked against its row; not for drafting rings, whose check reads the rows."""
         if budget < 1:
             raise ConfigurationError("a ring needs a budget of at least one token")
+        if draft and not logits:
+            raise ConfigurationError("a drafting ring needs its logits rows: its drafts are checked on them")
         if len(drafts) > draft:
             raise ConfigurationError(f"{len(drafts)} drafts for the first pass of a ring that drafts {draft}")
         first, pb2 = self.stages[0], self.stages[0].pb2
         request_id = uuid.uuid4().hex
         ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
                         max_position=min(i.n_ctx for i in self.infos) - 1,
-                        pass_timeout_ms=int(first.deadline * 1000), draft=draft, stream=self.streamed)
+                        pass_timeout_ms=int(first.deadline * 1000), draft=draft, stream=self.streamed,
+                        tokens_only=not logits)
         fed = [int(token), *(int(t) for t in drafts)]
         checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
@@ -149,12 +155,12 @@ class RingRoute(ChainRoute):
             )
             self._acks.append(ack)  # collected by drain(), like a chained pass's
             return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries,
-                              checker=checker)
+                              checker=checker, logits=logits)
         finally:
             self.sink.close_ring(request_id)
 
     def _read(self, deliveries: queue.SimpleQueue[Received], ack: grpc.Future, budget: int, started: float,
-              *, keep_boundaries: bool, checker: DraftedPasses | None) -> RingRun:
+              *, keep_boundaries: bool, checker: DraftedPasses | None, logits: bool) -> RingRun:
         tokens: list[int] = []
         passes: list[ChainedPass] = []
         drafted: list[DraftedPass] = []
@@ -177,7 +183,7 @@ class RingRoute(ChainRoute):
             if int(r.index) != len(tokens) or end is None:
                 raise last.failure("BAD_REPLY", f"the ring delivered token {r.index} (end {r.end}) where "
                                    f"token {len(tokens)} was next")
-            passed = self._check(got, last_at, keep_boundaries=keep_boundaries)
+            passed = self._check(got, last_at, keep_boundaries=keep_boundaries, logits=logits)
             if checker is None:
                 tokens.append(self._one_token(r, passed))
             else:
@@ -191,7 +197,10 @@ class RingRoute(ChainRoute):
                 return RingRun(tokens=tuple(tokens), passes=tuple(passes), end=end, drafted=tuple(drafted))
 
     def _one_token(self, r: object, passed: ChainedPass) -> int:
-        """A one-token ring's pick, held to the argmax of the logits delivered with it."""
+        """A one-token ring's pick, held to the argmax of the logits delivered with it (a token-only
+        ring's is taken as delivered: its caller checks the tokens another way)."""
+        if not len(passed.logits):
+            return int(r.token)
         pick = int(np.argmax(passed.logits[-1]))
         if pick != int(r.token):
             raise self.stages[-1].failure("BAD_REPLY", f"the ring chose token {r.token} at its step "
@@ -231,11 +240,12 @@ class RingRoute(ChainRoute):
 
 def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_tokens: Sequence[int] = (),
              session: str | None = None, epoch: int = 1, boundary_dtype: str = "f32",
-             draft: int = 0) -> Generated:
+             draft: int = 0, logits: bool = True) -> Generated:
     """Prefill ``prompt`` (chained passes of at most the smallest n_batch), pick the first token here,
     then let the ring choose the rest: at most ``budget`` tokens in all, ending early at a stop token
     (which is returned) or when the context is full.  ``draft``: a speculative ring (the prefill asks
-    the last stage for the first pass's drafts).  The session is the caller's to reset."""
+    the last stage for the first pass's drafts).  ``logits=False``: the ring delivers tokens only, and
+    ``Generated.logits`` holds the prefill's row alone.  The session is the caller's to reset."""
     if not prompt or budget < 1:
         raise ConfigurationError("a ring run needs a prompt and a budget of at least one token")
     session = session or f"dgr-ring-{uuid.uuid4().hex[:12]}"
@@ -254,7 +264,8 @@ def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_token
         return Generated(tokens=(first,), logits=rows[0], end=end, ring=None)
     room = min(budget - 2, min(i.n_ctx for i in route.infos) - 1 - len(prompt))
     run = route.decode(session, epoch, len(prompt), first, budget - 1, stop_tokens=stop_tokens,
-                       boundary_dtype=boundary_dtype, draft=draft, drafts=passed.draft[:max(0, room)])
+                       boundary_dtype=boundary_dtype, draft=draft, drafts=passed.draft[:max(0, room)],
+                       logits=logits)
     route.drain()
     rows += [p.logits if draft else p.logits[-1:] for p in run.passes]
     return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)

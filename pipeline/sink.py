@@ -258,7 +258,10 @@ class ChainRoute:
             detail = f"{hop.group(1)}: {hop.group(3)}"
         return self.stages[k].explain("chained Forward", code, detail, settle=False)
 
-    def _check(self, got: Received, started: float, *, keep_boundaries: bool) -> ChainedPass:
+    def _check(self, got: Received, started: float, *, keep_boundaries: bool,
+               logits: bool = True) -> ChainedPass:
+        """The delivery as a ChainedPass, its hops held to the placement; ``logits=False`` (a token-only
+        ring): it must carry no logits, and the pass's are [0, n_vocab]."""
         d = got.delivery
         last = self.stages[-1]
         hops = tuple(d.trace)
@@ -266,13 +269,16 @@ class ChainRoute:
         want = [(k, i.layer_begin, i.layer_end) for k, i in enumerate(self.infos)]
         if where != want:
             raise last.failure("BAD_REPLY", f"delivered hops {where}, expected {want}")
+        if not logits and d.reply.HasField("logits"):
+            raise last.failure("BAD_REPLY", "a token-only ring delivered logits")
         try:
-            logits = decode_tensor(d.reply.logits, what="logits")
+            rows = decode_tensor(d.reply.logits, what="logits") if logits else \
+                np.empty((0, self.infos[-1].n_vocab), dtype=np.float32)
             boundaries = tuple(decode_tensor(h.boundary, what=f"boundary of stage {k}")
                                for k, h in enumerate(hops[:-1])) if keep_boundaries else ()
         except ValueError as exc:
             raise last.failure("BAD_REPLY", f"the delivery carries {exc}") from None
-        return ChainedPass(logits=logits, hops=hops, boundaries=boundaries,
+        return ChainedPass(logits=rows, hops=hops, boundaries=boundaries,
                            wall_seconds=got.received_at - started,
                            draft=tuple(int(t) for t in d.reply.draft), accepted=int(d.reply.accepted))
 

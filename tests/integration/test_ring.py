@@ -348,3 +348,18 @@ def test_the_pass_port_drops_what_is_not_a_pass_and_keeps_serving(reference, wor
     assert route.streamed and got.tokens == tuple(mono.prompts[0].tokens)
     assert "over this model's limit" in stderr and "not a ForwardRequest" in stderr
     assert "not a streamed ring's pass" in stderr
+
+
+def test_a_token_only_ring_delivers_the_same_tokens_without_logits(reference, worker_command, stubs,
+                                                                   worker_env, tmp_path) -> None:
+    """Ring.tokens_only on the real worker: the same greedy tokens, and no logits row in any delivery
+    (the prefill's row is the driver's own)."""
+    prompts, mono = reference
+    prompt, ref = prompts[0], mono.prompts[0]
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+            bare = ring.generate(route, prompt, N_DECODE, session="bare", logits=False)
+    assert route.streamed and bare.tokens == tuple(ref.tokens) and bare.end == "budget"
+    assert bare.ring is not None and all(len(ps.logits) == 0 for ps in bare.ring.passes)
+    assert bare.logits.shape == (1, infos[-1].n_vocab)

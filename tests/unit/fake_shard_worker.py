@@ -205,7 +205,9 @@ class Servicer(pbg.ShardWorkerServicer):
             return
         ring = request.ring
         logits = np.frombuffer(reply.logits.data, dtype="<f4").reshape(list(reply.logits.shape))
-        token = int(np.argmax(logits[-1])) + (self.fault == "wrong-token")
+        drifted = self.fault.startswith("wrong-token-after-forwards:") and \
+            self.forwards > int(self.fault.split(":")[1])  # a stage that goes wrong mid-run
+        token = int(np.argmax(logits[-1])) + (self.fault == "wrong-token" or drifted)
         pos = request.positions[-1] + 1
         limit = min(ring.max_position or self.args.ctx - 1, self.args.ctx - 1)
         end = (pb.RING_STOP_TOKEN if token in ring.stop_tokens else pb.RING_BUDGET if ring.budget <= 1
@@ -213,7 +215,8 @@ class Servicer(pbg.ShardWorkerServicer):
         hop.sent_ns = time.monotonic_ns()
         delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop],
                                ring=pb.RingToken(token=token, index=ring.index, end=end))
-        delivery.reply.logits.CopyFrom(reply.logits)
+        if not ring.tokens_only or self.fault == "logits-anyway":
+            delivery.reply.logits.CopyFrom(reply.logits)
         nxt = None
         if end == pb.RING_CONTINUES:
             more = pb.Ring()

@@ -94,3 +94,40 @@ def test_teacher_forcing_and_captures_refuse_a_ring(stubs, tmp_path: Path) -> No
             drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", forced=[[1, 2, 3]])
         with pytest.raises(ConfigurationError, match="relayed"):
             drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", capture=[3])
+
+
+def test_a_token_only_ring_chooses_the_same_tokens_and_delivers_no_logits(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, THREE) as p:
+        ref = drive.run_placement(p.clients, [VARIED], 12, forwarding="ring").prompts[0]
+        infos = drive.describe(p.clients)
+        with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as r:
+            bare = ring.generate(r, VARIED, 12, session="bare", logits=False)
+            with pytest.raises(ConfigurationError, match="drafting ring needs its logits"):
+                r.decode("draft", 1, 0, VARIED[0], 3, draft=2, logits=False)
+        speed = drive.measure_speed(p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring",
+                                    ring_logits=False)
+    assert bare.tokens == tuple(ref.tokens) and bare.end == "budget"
+    assert bare.logits.shape == (1, ref.logits.shape[1])  # the prefill's row, picked by the driver
+    assert bare.ring is not None and all(len(ps.logits) == 0 for ps in bare.ring.passes)
+    assert all(v > 0 for v in speed.decode_tok_s) and speed.crossings_per_token == 3
+
+
+def test_a_token_only_ring_that_delivers_logits_is_refused(stubs, tmp_path: Path) -> None:
+    with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="logits-anyway", DGR_FAKE_FAULT_BEGIN="11") as p:
+        with pytest.raises(StageFailed) as caught:
+            drive.measure_speed(p.clients, VARIED, 8, repetitions=1, warmup=0, forwarding="ring",
+                                ring_logits=False)
+    assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
+    assert "token-only ring delivered logits" in caught.value.detail
+
+
+def test_token_only_speed_runs_that_disagree_are_refused(stubs, tmp_path: Path) -> None:
+    """A token-only ring cannot be held to its logits, so its repetitions are held to each other: a
+    last stage that starts choosing other tokens part way (here after 20 passes) is caught."""
+    with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="wrong-token-after-forwards:20",
+                 DGR_FAKE_FAULT_BEGIN="11") as p:
+        with pytest.raises(StageFailed) as caught:
+            drive.measure_speed(p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring",
+                                ring_logits=False)
+    assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
+    assert "different greedy continuations" in caught.value.detail

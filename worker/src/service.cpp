@@ -392,9 +392,11 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
 
     pb::Delivery d;
     d.set_request_id(req.request_id());
-    TensorOut logits = drafting ? row_slice(std::move(r.logits), step.first_row, (int64_t) step.tokens.size())
-                                : std::move(r.logits);  // a one-token ring delivers what it always did
-    put_tensor(std::move(logits), d.mutable_reply()->mutable_logits());
+    if (!ring.tokens_only()) {
+        TensorOut logits = drafting ? row_slice(std::move(r.logits), step.first_row, (int64_t) step.tokens.size())
+                                    : std::move(r.logits);  // a one-token ring delivers what it always did
+        put_tensor(std::move(logits), d.mutable_reply()->mutable_logits());
+    }
     d.mutable_reply()->set_compute_seconds(r.compute_seconds);
     d.mutable_reply()->set_kv_used(r.kv_used);
     d.mutable_trace()->CopyFrom(req.trace());
