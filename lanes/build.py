@@ -32,13 +32,15 @@ SCHEMA_VERSION = 1
 RECORD = "build.json"
 SOURCE_LINK = "llama-src"
 WORKER_TARGET = "dgr-shard-worker"
-# What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, and the
-# top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order).
+# What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, the
+# top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order) and the
+# probe of the worker's greedy pick.
 TOPK_PROBE_TARGET = "dgr-topk-probe"
 TOPK_TIES_TARGET = "dgr-topk-ties"
+ARGMAX_PROBE_TARGET = "dgr-argmax-probe"
 TARGETS: tuple[str, ...] = (
     "llama", "llama-bench", "llama-gguf-split", "llama-quantize",
-    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET,
+    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET, ARGMAX_PROBE_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes

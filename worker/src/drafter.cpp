@@ -1,6 +1,6 @@
 #include "drafter.h"
 
-#include "ring.h"  // greedy_token: numpy's argmax rule, as the driver's
+#include "argmax.h"  // greedy_token: numpy's argmax rule, as the driver's
 
 #include "llama.h"
 #include "llama-ext.h"  // staging API of the pinned tree: nextn hidden states

@@ -1,5 +1,7 @@
 #include "ring.h"
 
+#include "argmax.h"
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -14,19 +16,6 @@
 namespace pb = dgr::shard::v1;
 
 namespace dgr {
-
-int32_t greedy_token(const float * row, int64_t n) {
-    int32_t best = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        if (std::isnan(row[i])) {
-            return (int32_t) i;  // numpy: a NaN is the maximum, the first one wins
-        }
-        if (row[i] > row[best]) {
-            best = (int32_t) i;  // strictly greater: the first of equal maxima stays
-        }
-    }
-    return best;
-}
 
 RingStep ring_step(const pb::Ring & ring, const RingPass & pass) {
     RingStep step;

@@ -21,9 +21,6 @@
 
 namespace dgr {
 
-// numpy.argmax's rule on one row: the first index of the maximum, or the first NaN if there is one.
-int32_t greedy_token(const float * row, int64_t n);
-
 // A computed ring pass as the last stage sees it: what ring_step decides from.
 struct RingPass {
     const float *                logits = nullptr;  // [rows, n_vocab], the pass's last ``rows`` rows

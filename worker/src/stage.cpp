@@ -1,6 +1,6 @@
 #include "stage.h"
 
-#include "ring.h"  // greedy_token
+#include "argmax.h"  // greedy_token
 
 #include "llama.h"
 #include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
