@@ -26,7 +26,7 @@ from certify import gates, metrics, mtp, throughput
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
-from pipeline import drive, physics, transport_floor
+from pipeline import drive, physics, ring, transport_floor
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
 
@@ -530,8 +530,7 @@ def _staged_placement(
         fabric = describe_fabric(pipe)
     record.update(speed=speed, forwarding=p.forwarding)
     if p.forwarding == "ring":  # how its passes crossed the seams: what the seam figures are read against
-        streamed = all(i.pass_port > 0 for i in trace.infos)
-        record["ring_transport"] = "tcp pass port" if streamed else "grpc forward"
+        record["ring_transport"] = "tcp pass port" if ring.offers_pass_ports(trace.infos) else "grpc forward"
     if fabric is not None:
         record["fabric"] = fabric
     record["seam_model"] = physics.model(

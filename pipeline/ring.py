@@ -271,6 +271,11 @@ def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_token
     return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)
 
 
+def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:
+    """Whether a ring over these stages is streamed: every stage names a pass port (Ring.stream)."""
+    return all(i.pass_port > 0 for i in infos)
+
+
 @contextmanager
 def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
                sink_host: str, streams: bool = True) -> Iterator[RingRoute]:
@@ -281,7 +286,7 @@ def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Seque
     with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
-        route.streamed = streams and all(i.pass_port > 0 for i in infos)
+        route.streamed = streams and offers_pass_ports(infos)
         try:
             yield route
         finally:

@@ -66,11 +66,11 @@ public:
     ChainResult deliver(const std::string & address, const dgr::shard::v1::Delivery & delivery,
                         std::chrono::milliseconds timeout);
 
-    // The channel to ``address`` (kept, least recently used first out); streams.cpp opens its streams on it.
+    // The channel to ``address`` (kept, least recently used first out); streams.cpp asks a stage's Info
+    // for its pass port on it.
     std::shared_ptr<grpc::Channel> channel(const std::string & address);
 
 private:
-
     ChainPolicy policy_;
     std::mutex mu_;
     std::list<std::pair<std::string, std::shared_ptr<grpc::Channel>>> lru_;  // most recently used first

@@ -65,6 +65,11 @@ struct PassJob {
     ms                 timeout;
 };
 
+// "WHERE: CODE: message", as a chained failure's detail reads.
+std::string failure_detail(const std::string & where, const grpc::Status & status) {
+    return where + ": " + status_code_name(status.error_code()) + ": " + status.error_message();
+}
+
 // Rings told to stop, by request id: true when the sink refused them too (nothing more is sent).
 // Entries are made only when a ring fails, so a small bound keeps every ring that can still matter.
 constexpr size_t kStoppedKept = 1024;
@@ -99,11 +104,12 @@ struct RingRunner::State {
     // The first failure of a ring's pass: stop the ring and tell its sink which stage failed.
     void pass_failed(const std::string & address, const std::string & id, const std::string & sink, uint32_t index,
                      const ChainResult & r) {
-        const std::string code = status_code_name(r.status.error_code());
         if (!r.failed_stage.empty()) {  // a hop further on named itself (chain.cpp's trailer)
-            failed(id, sink, index, std::atoi(r.failed_stage.c_str()), code, r.status.error_message());
+            failed(id, sink, index, std::atoi(r.failed_stage.c_str()), status_code_name(r.status.error_code()),
+                   r.status.error_message());
         } else {
-            failed(id, sink, index, 0, code, "stage 0 at " + address + ": " + code + ": " + r.status.error_message());
+            failed(id, sink, index, 0, status_code_name(r.status.error_code()),
+                   failure_detail("stage 0 at " + address, r.status));
         }
     }
 
@@ -228,8 +234,7 @@ bool RingRunner::deliver_and_go_on(const std::string & sink, pb::Delivery delive
 
 void RingRunner::fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,
                       const grpc::Status & status, const std::string & where) {
-    const std::string code = status_code_name(status.error_code());
-    state_->failed(request_id, sink, index, stage, code, where + ": " + code + ": " + status.error_message());
+    state_->failed(request_id, sink, index, stage, status_code_name(status.error_code()), failure_detail(where, status));
 }
 
 void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,

@@ -32,6 +32,21 @@ std::string unbracket(const std::string & host) {
     return host.size() > 1 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
 }
 
+// getaddrinfo for a TCP ``host`` (brackets allowed) and numeric ``port``; ``passive``: an address to
+// bind (an empty host: any). Null when it does not resolve; the caller frees the list.
+addrinfo * resolve(const std::string & host, int port, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    const std::string bare = unbracket(host);
+    addrinfo * found = nullptr;
+    if (getaddrinfo(bare.empty() && passive ? nullptr : bare.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+        return nullptr;
+    }
+    return found;
+}
+
 void no_delay(int fd) {
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -87,20 +102,14 @@ PassStreams::~PassStreams() { stop(); }
 
 int PassStreams::listen(const std::string & host, int port, OnPass on_pass) {
     on_pass_ = std::move(on_pass);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    addrinfo * found = nullptr;
-    const std::string bind_host = unbracket(host);
-    if (getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 ||
-        found == nullptr) {
+    addrinfo * found = resolve(host, port, true);
+    if (found == nullptr) {
         throw std::runtime_error("pass port: cannot resolve '" + host + "'");
     }
     const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    const bool ok = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
+    const bool ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+                    bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
     freeaddrinfo(found);
     if (!ok) {
         const std::string why = std::strerror(errno);
@@ -176,31 +185,32 @@ void PassStreams::read_loop(int fd) {
     }
 }
 
-int PassStreams::connect_to(const std::string & address, std::string & why) {
+int PassStreams::pass_port_of(const std::string & address, std::string & why) {
     // the stage's own word for its pass port, asked on the channel the chain already uses
     pb::InfoReply info;
-    {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-        const grpc::Status s = pb::ShardWorker::NewStub(chain_.channel(address))->Info(&ctx, pb::InfoRequest(), &info);
-        if (!s.ok()) {
-            why = std::string("Info: ") + status_code_name(s.error_code()) + ": " + s.error_message();
-            return -1;
-        }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = pb::ShardWorker::NewStub(chain_.channel(address))->Info(&ctx, pb::InfoRequest(), &info);
+    if (!s.ok()) {
+        why = std::string("Info: ") + status_code_name(s.error_code()) + ": " + s.error_message();
+        return -1;
     }
     if (info.pass_port() <= 0 || info.pass_port() > 65535) {
         why = "the stage offers no pass port (a worker that predates streamed rings)";
         return -1;
     }
+    return info.pass_port();
+}
+
+int PassStreams::connect_to(const std::string & address, std::string & why) {
+    const int pass_port = pass_port_of(address, why);
+    if (pass_port < 0) {
+        return -1;
+    }
     std::string host, port;
     split_host_port(address, host, port, false);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo * found = nullptr;
-    if (getaddrinfo(unbracket(host).c_str(), std::to_string(info.pass_port()).c_str(), &hints, &found) != 0 ||
-        found == nullptr) {
+    addrinfo * found = resolve(host, pass_port, false);
+    if (found == nullptr) {
         why = "cannot resolve " + host;
         return -1;
     }
@@ -208,7 +218,7 @@ int PassStreams::connect_to(const std::string & address, std::string & why) {
     for (addrinfo * a = found; a != nullptr && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-            why = "connect to pass port " + std::to_string(info.pass_port()) + ": " + std::strerror(errno);
+            why = "connect to pass port " + std::to_string(pass_port) + ": " + std::strerror(errno);
             close(fd);
             fd = -1;
         }

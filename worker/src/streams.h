@@ -58,6 +58,7 @@ public:
 private:
     struct Out;
 
+    int  pass_port_of(const std::string & address, std::string & why);  // -1 and why when it has none
     int  connect_to(const std::string & address, std::string & why);
     void accept_loop();
     void read_loop(int fd);
