@@ -87,11 +87,17 @@ class WorkerCommand:
     mtp_model: Path | None = None  # with mtp: the block's MTP-only file (--mtp-model) instead of the model's
     identity: Path | None = None
     lane: str | None = None
+    # --cpus per stage, a CPU list each ("0", "2-3"): stage k takes cpus[k % len(cpus)]; () leaves every
+    # stage free to run anywhere (worker/README.md, "CPU affinity")
+    cpus: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
 
-    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False) -> list[str]:
+    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False,
+             stage: int = 0) -> list[str]:
         args = [*self.program, "--model", os.fspath(self.model), "--layers", f"{layers[0]}:{layers[1]}",
                 "--listen", listen, "--threads", str(self.threads)]
+        if self.cpus:
+            args += ["--cpus", self.cpus[stage % len(self.cpus)]]
         if self.ctx_size is not None:
             args += ["--ctx", str(self.ctx_size)]
         if self.max_sessions is not None:
@@ -255,7 +261,8 @@ class Pipeline:
 def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Path,
            env: Mapping[str, str], placed: Placed | None = None, *, last: bool = False) -> Stage:
     host = placed.host if placed is not None else None
-    argv = cmd.argv(layers, last=last) if host is None else cmd.argv(layers, listen=f"{host}:0", last=last)
+    listen = "127.0.0.1:0" if host is None else f"{host}:0"
+    argv = cmd.argv(layers, listen=listen, last=last, stage=index)
     argv[0] = proc.resolve(argv[0], env)
     if placed is not None and placed.prefix:
         # e.g. `ip netns exec NS`: it execs the worker, so the pid we hold (and signal) is the worker's.

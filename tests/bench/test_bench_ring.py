@@ -24,6 +24,7 @@ import pytest
 
 from certify.metrics import median_iqr
 from pipeline import drive
+from tests.bench.placements import PLACEMENTS
 from tests.integration import conftest as shared
 from worker.launcher import launch
 
@@ -32,12 +33,6 @@ stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-PLACEMENTS = {
-    "monolithic": [(0, 12)],
-    "2-stages": [(0, 6), (6, 12)],
-    "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
-    "12-stages": [(k, k + 1) for k in range(12)],
-}
 MODES = ("relayed", "chained", "ring-unary", "ring")
 CROSSINGS = {"relayed": lambda n: 2 * n, "chained": lambda n: n + 1,
              "ring-unary": lambda n: n, "ring": lambda n: n}

@@ -160,6 +160,18 @@ def test_default_command_line_listens_on_loopback(tmp_path: Path) -> None:
     assert cmd.argv((2, 5), listen="10.1.2.3:0")[6] == "10.1.2.3:0"
 
 
+def test_cpu_lists_go_to_the_stages_in_turn(tmp_path: Path) -> None:
+    cmd = WorkerCommand(program=("w",), model=tmp_path / "m.gguf", cpus=("0", "1-3"))
+
+    def cpus_of(stage: int) -> list[str]:
+        argv = cmd.argv((0, 1), stage=stage)
+        return argv[argv.index("--cpus") + 1:argv.index("--cpus") + 2]
+
+    assert [cpus_of(k) for k in range(4)] == [["0"], ["1-3"], ["0"], ["1-3"]]
+    free = WorkerCommand(program=("w",), model=tmp_path / "m.gguf")
+    assert "--cpus" not in free.argv((0, 1), stage=3)
+
+
 def test_placed_stages_run_behind_a_prefix_on_the_asked_host(stubs, tmp_path: Path) -> None:
     # `env` execs its program like `ip netns exec` does: the pid we hold and signal is the worker's.
     placed = [Placed(prefix=("env",), host="127.0.0.1"), Placed()]

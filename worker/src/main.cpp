@@ -3,6 +3,7 @@
 // Exit codes: 0 clean shutdown (SIGTERM/SIGINT), 2 usage error, 6 runtime failure (model load,
 // listen address, ...). stdout carries exactly one line, DGR-WORKER-LISTENING <host:port>; all
 // logging goes to stderr.
+#include "affinity.h"
 #include "options.h"
 #include "service.h"
 #include "stage.h"
@@ -119,6 +120,13 @@ int main(int argc, char ** argv) {
         return 2;
     }
     g_verbose = opts.verbose;
+    if (!opts.cpus.empty()) {
+        // before any thread exists: gRPC's, ggml's and the ring's threads all inherit the mask
+        if (const std::string why = dgr::pin_process(opts.cpus); !why.empty()) {
+            std::fprintf(stderr, "dgr-shard-worker: --cpus: %s\n", why.c_str());
+            return 2;
+        }
+    }
 
     // Block the stop signals in every thread (gRPC and ggml threads inherit the mask); main waits for them.
     sigset_t stop_signals;

@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "affinity.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -14,7 +16,7 @@ const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
         "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
-        "                        [--pass-port N]\n"
+        "                        [--pass-port N] [--cpus LIST]\n"
         "                        [--mtp | --mtp-model FILE]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
@@ -30,6 +32,8 @@ const char * usage_text() {
         "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
         "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
         "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
+        "--cpus LIST: run every thread of the worker on these CPUs only (a Linux CPU list such as 0-3,8),\n"
+        "as taskset would; for hosts that run several stages (worker/README.md, \"CPU affinity\").\n"
         "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
         "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
         "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
@@ -137,6 +141,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }
         else if (arg == "--peers")        { parse_peers(val, out); }
+        else if (arg == "--cpus")         { out.cpus = parse_cpu_list(val); }
         else if (arg == "--mtp-model")    { out.mtp_model_path = val; out.mtp = true; }
         else {
             throw UsageError("unknown argument '" + arg + "'");

@@ -1,0 +1,68 @@
+"""--cpus on the real worker: a bad CPU list or a CPU this process may not use is a one-line usage
+error (exit 2) before the model loads; a pinned worker's every thread (gRPC's, ggml's, the ring's) is
+held to its list, and pinning changes no token."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline import drive
+from tests.integration.conftest import our_workers
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+BAD_LISTS = {"x": "expected a CPU list such as 0-3,8", "3-1": "range '3-1' runs backwards",
+             "0-1,": "expected a CPU list", "": "expected a CPU list", "-1": "expected a CPU list",
+             "1024": "CPU 1024 is past the last one"}
+
+
+def _exit_of(worker_command, cpus: str) -> subprocess.CompletedProcess:
+    argv = worker_command.argv((0, 12)) + ["--cpus", cpus]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_LISTS))
+def test_a_bad_cpu_list_is_a_usage_error(worker_command, bad) -> None:
+    done = _exit_of(worker_command, bad)
+    assert done.returncode == 2, done.stderr
+    assert f"--cpus: {BAD_LISTS[bad]}" in done.stderr.splitlines()[0]
+
+
+def test_a_cpu_this_process_may_not_use_is_refused(worker_command) -> None:
+    beyond = max(os.sched_getaffinity(0)) + 1  # absent here, or outside what we may use
+    done = _exit_of(worker_command, f"{min(os.sched_getaffinity(0))},{beyond}")
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert line.startswith(f"dgr-shard-worker: --cpus: CPU {beyond} cannot be used here "
+                           f"(this process may use CPUs")
+    assert "\n" not in line
+
+
+def _allowed_per_thread(pid: int) -> set[str]:
+    lists = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                lists.add(line.split(":", 1)[1].strip())
+    return lists
+
+
+def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_command, stubs, worker_env,
+                                                                      tmp_path) -> None:
+    cpu = str(min(os.sched_getaffinity(0)))
+    pinned = dataclasses.replace(worker_command, cpus=(cpu,))
+    with launch(pinned, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "pinned", env=worker_env) as p:
+        prompts = [p.clients[0].tokenize("Pinning moves no token.", add_special=True)]
+        tokens = drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens
+        for pid in p.pids:
+            assert _allowed_per_thread(pid) == {cpu}
+    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free",
+                env=worker_env) as p:
+        assert drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens == tokens
+    assert our_workers(worker_command.program[0]) == []
