@@ -23,7 +23,9 @@ RingStep ring_step(const pb::Ring & ring, const RingPass & pass) {
     step.first_row = pass.rows - 1 - pass.drafted;
     const uint32_t budget = std::max<uint32_t>(ring.budget(), 1);
     for (int32_t j = 0; j <= pass.accepted; ++j) {
-        const int32_t token = greedy_token(pass.logits + (step.first_row + j) * (int64_t) pass.n_vocab, pass.n_vocab);
+        const int64_t row = step.first_row + j;
+        const int32_t token = pass.greedy != nullptr ? (*pass.greedy)[(size_t) row]
+                                                     : greedy_token(pass.logits + row * (int64_t) pass.n_vocab, pass.n_vocab);
         step.tokens.push_back(token);
         if (std::find(ring.stop_tokens().begin(), ring.stop_tokens().end(), token) != ring.stop_tokens().end()) {
             step.end = pb::RING_STOP_TOKEN;

@@ -24,6 +24,7 @@ namespace dgr {
 // A computed ring pass as the last stage sees it: what ring_step decides from.
 struct RingPass {
     const float *                logits = nullptr;  // [rows, n_vocab], the pass's last ``rows`` rows
+    const std::vector<int32_t> * greedy = nullptr;  // or, a token-only ring's, the argmax of each of them
     int64_t                      rows = 0;
     int32_t                      n_vocab = 0;
     int32_t                      first_position = 0, n_positions = 0;

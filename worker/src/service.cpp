@@ -101,6 +101,7 @@ static ForwardArgs read_args(const pb::ForwardRequest & req) {
     a.draft      = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
     a.drafted    = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
     a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
+    a.greedy_only = req.has_ring() && req.ring().tokens_only();
     if (req.has_ring() && req.ring().draft() > 0) {
         // a drafting ring's last stage drafts the ring's count and delivers the row every chosen token
         // came from: each row of such a pass (the last chosen token, then drafts) chooses one
@@ -379,7 +380,8 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
     const bool drafting = ring.draft() > 0;
     RingPass pass;
     pass.logits         = reinterpret_cast<const float *>(r.logits.data.data());
-    pass.rows           = r.logits.shape.empty() ? 0 : r.logits.shape[0];
+    pass.greedy         = ring.tokens_only() ? &r.greedy : nullptr;
+    pass.rows           = ring.tokens_only() ? (int64_t) r.greedy.size() : (r.logits.shape.empty() ? 0 : r.logits.shape[0]);
     pass.n_vocab        = in.n_vocab;
     pass.first_position = req.positions(0);
     pass.n_positions    = req.positions_size();

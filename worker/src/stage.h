@@ -52,6 +52,9 @@ struct ForwardArgs {
     bool                  rewind = false;  // positions[0] may take back up to max_rewind held positions
     int32_t               draft = 0;       // MTP last stage: draft this many tokens after the pass
     int32_t               drafted = 0;     // MTP last stage: the pass's last tokens are drafts to verify
+    // last stage of a token-only ring: the argmax of each output row (ForwardResult::greedy) instead of
+    // the rows, which nobody reads; picked under the stage's lock, so the rows need not be copied out
+    bool                  greedy_only = false;
 };
 
 struct TensorOut {
@@ -65,6 +68,7 @@ struct ForwardResult {
     TensorOut              boundary;
     bool                   has_logits = false;
     TensorOut              logits;
+    std::vector<int32_t>   greedy;         // with greedy_only: the argmax of each output row, in order
     std::vector<std::pair<int32_t, TensorOut>> captures;
     double                 compute_seconds = 0.0;
     int32_t                kv_used = 0;
