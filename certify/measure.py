@@ -217,6 +217,7 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         "role": role,
         "backend_devices": sorted({i.backend_devices for i in infos}),
         "threads": sorted({i.n_threads for i in infos}),
+        "cpus": [i.cpus for i in infos],  # each stage's --cpus as it reports it; "": free to run anywhere
         "weight_bytes": [i.memory.weight_bytes for i in infos],
         "boundary_width": infos[0].boundary_width if infos else None,
         # stages that take the token ids next to the boundary (DeepSeek-V4 hash-routed layers)

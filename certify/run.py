@@ -24,6 +24,7 @@ from certify.keys import SigningKey, signing_key
 from certify.verdict import Result, Status, Verdict, decide
 from core.canonical import atomic_write_bytes, sha256_bytes, write_json
 from core.context import Context
+from core.environment import worker_cpus
 from core.errors import DgrError, GateFailed, Terminated
 from manifests.recipe_model import HardwareClass, Recipe
 
@@ -161,6 +162,7 @@ def make_plan(
             program=program,
             model=prepared.model,
             threads=threads,
+            cpus=worker_cpus(ctx.env),
             ctx_size=context,
             max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",

@@ -3,10 +3,13 @@ named, instead of being ignored or failing deep inside a run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from core.errors import ConfigurationError
+
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 CHOICES = {
     "DGR_SEAMS": ("off", "on"),
@@ -24,7 +27,21 @@ def check(env: Mapping[str, str]) -> None:
     if threads and not (threads.isdigit() and int(threads) >= 1):
         raise ConfigurationError(f"DGR_WORKER_THREADS={threads!r} is not a positive integer",
                                  hint="unset it to use every core")
+    worker_cpus(env)
     recipes = env.get("DGR_RECIPES_DIR", "")
     if recipes and not Path(recipes).is_dir():
         raise ConfigurationError(f"DGR_RECIPES_DIR={recipes!r} is not a directory",
                                  hint="name a folder of recipe files, or unset it")
+
+
+def worker_cpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``DGR_WORKER_CPUS``: CPU lists separated by spaces, stage k held to list k modulo their count
+    (``"0"``: every stage on CPU 0; ``"0-3 4-7"``: even stages on 0-3, odd ones on 4-7); unset: free.
+    Each list becomes the worker's ``--cpus`` (worker/README.md, "CPU affinity"), and the worker
+    itself refuses a CPU this machine does not let it use."""
+    lists = tuple(env.get("DGR_WORKER_CPUS", "").split())
+    bad = [c for c in lists if not _CPU_LIST.fullmatch(c)]
+    if bad:
+        raise ConfigurationError(f"DGR_WORKER_CPUS: {bad[0]!r} is not a CPU list such as 0-3,8",
+                                 hint="give one list per stage, separated by spaces, or unset it")
+    return lists

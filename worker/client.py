@@ -78,6 +78,7 @@ class StageInfo:
     max_rewind: int = 0  # most positions a rewinding Forward may take back (speculative decoding)
     mtp: bool = False  # the last stage drafts with the model's nextn block (--mtp)
     pass_port: int = 0  # TCP port taking a streamed ring's passes (Ring.stream); 0: none (older workers)
+    cpus: str = ""  # the CPU list the worker's threads are held to (--cpus); "": free (or an older worker)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +239,7 @@ class StageClient:
             n_embd=r.n_embd, boundary_width=r.boundary_width,
             needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
             n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
-            max_rewind=r.max_rewind, mtp=r.mtp, pass_port=r.pass_port,
+            max_rewind=r.max_rewind, mtp=r.mtp, pass_port=r.pass_port, cpus=r.cpus,
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,

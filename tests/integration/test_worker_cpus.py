@@ -62,7 +62,9 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_co
         tokens = drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens
         for pid in p.pids:
             assert _allowed_per_thread(pid) == {cpu}
+        assert [i.cpus for i in drive.describe(p.clients)] == [cpu, cpu]  # Info says so (the certificate's)
     with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free",
                 env=worker_env) as p:
         assert drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens == tokens
+        assert [i.cpus for i in drive.describe(p.clients)] == ["", ""]
     assert our_workers(worker_command.program[0]) == []

@@ -150,3 +150,12 @@ def test_report_and_matrix_commands(run, tmp_path: Path) -> None:
     line = out.read_text().strip()
     assert line.startswith("matrix=") and "\n" not in line
     assert json.loads(line.removeprefix("matrix=")) == json.loads(done.stdout)
+
+
+def test_speed_table_says_where_each_stage_was_held() -> None:
+    from reports.render import speed_frame
+
+    placements = [{"name": "pinned", "n_stages": 4, "cpus": ["0", "0", "1-2", ""]},
+                  {"name": "free", "n_stages": 2, "cpus": ["", ""]},
+                  {"name": "older", "n_stages": 1}]  # a certificate from before the field
+    assert list(speed_frame(placements)["stage CPUs"]) == ["0 | 0 | 1-2 | any", "any", "any"]

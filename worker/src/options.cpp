@@ -141,7 +141,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--identity")     { out.identity_path = val; }
         else if (arg == "--lane")         { out.lane = val; }
         else if (arg == "--peers")        { parse_peers(val, out); }
-        else if (arg == "--cpus")         { out.cpus = parse_cpu_list(val); }
+        else if (arg == "--cpus")         { out.cpus = parse_cpu_list(val); out.cpus_text = val; }
         else if (arg == "--mtp-model")    { out.mtp_model_path = val; out.mtp = true; }
         else {
             throw UsageError("unknown argument '" + arg + "'");

@@ -70,6 +70,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_max_rewind(in.max_rewind);
         reply->set_mtp(in.mtp);
         reply->set_pass_port(streams_.port());
+        reply->set_cpus(in.cpus);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);

@@ -75,6 +75,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     in.n_ctx           = opts.n_ctx;
     in.n_batch         = opts.n_batch;
     in.n_threads       = opts.n_threads;
+    in.cpus            = opts.cpus_text;
     in.max_rewind      = opts.max_rewind;
     // hash-routed MoE layers (DeepSeek-V4: the first <arch>.hash_layer_count layers) pick their experts from
     // the token id, so a later stage owning one needs the ids next to the boundary; dense models never do

@@ -90,6 +90,7 @@ struct StageInfo {
     bool    has_token_embd = false, has_output_head = false;
     int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
     int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
+    std::string cpus;  // --cpus as given; "": free to run anywhere
     bool    needs_token_sideband = false;
     bool    mtp = false;          // the last stage drafts with the nextn block
     MemoryFigures memory;
