@@ -74,9 +74,16 @@ def _wait_listening(port: int, server: subprocess.Popen, deadline_s: float = 60.
     raise RuntimeError(f"ggml-rpc-server on port {port} did not listen within {deadline_s:.0f} s")
 
 
+def _held(argv: list[str], cpus: str | None) -> list[str]:
+    """``argv`` under ``taskset -c CPUS`` (every thread held to those CPUs, as our worker's --cpus)."""
+    return ["taskset", "-c", cpus, *argv] if cpus else argv
+
+
 @contextmanager
-def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path) -> Iterator[list[str]]:
-    """``n`` RPC servers on 127.0.0.1, one CPU thread each by default; their addresses, stopped on exit."""
+def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path,
+            cpus: str | None = None) -> Iterator[list[str]]:
+    """``n`` RPC servers on 127.0.0.1, one CPU thread each by default, held to ``cpus`` if given; their
+    addresses, stopped on exit."""
     procs: list[subprocess.Popen] = []
     addresses: list[str] = []
     with contextlib.ExitStack() as logs:
@@ -84,7 +91,7 @@ def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: 
         for k in range(n):
             port = _free_port()
             out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
-            argv = [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)]
+            argv = _held([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], cpus)
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env)))
             _wait_listening(port, procs[-1])
             addresses.append(f"127.0.0.1:{port}")
@@ -103,16 +110,16 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def tg(bench: Path, model: Path, *, n_gen: int, repetitions: int, threads: int, env: Mapping[str, str],
-       rpc: Sequence[str] = (), gpu_layers: int = 0) -> list[float]:
+       rpc: Sequence[str] = (), gpu_layers: int = 0, cpus: str | None = None) -> list[float]:
     """llama-bench's tg tok/s samples: the whole model here, or ``gpu_layers`` of its layers on the RPC
-    servers (split between them by their free memory: equally on one host)."""
+    servers (split between them by their free memory: equally on one host); held to ``cpus`` if given."""
     argv = [str(bench), "-m", str(model), "-p", "0", "-n", str(n_gen), "-t", str(threads),
             "-r", str(repetitions), "-o", "json"]
     if rpc:
         argv += ["--rpc", ",".join(rpc), "-ngl", str(gpu_layers)]
     else:
         argv += ["-ngl", "0"]
-    out = proc.run(argv, env=env, no_output_timeout=300).output
+    out = proc.run(_held(argv, cpus), env=env, no_output_timeout=300).output
     rows = json.loads(out[out.index("["):out.rindex("]") + 1])
     row = next((r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == n_gen), None)
     assert row is not None, f"llama-bench printed no tg{n_gen} row: {out[-500:]}"

@@ -8,14 +8,17 @@ delivering tokens only (like llama-bench, which reads no logits: the side by sid
 token's logits row to the driver (what a certificate's speed run carries).  One
 thread per process on both sides, the embedded tiny model, the configurations interleaved over ROUNDS
 rounds so drift in the machine's load hits all alike.  Each side is also read against its own
-monolithic run (llama-bench without RPC; our one-stage worker).  Figures, not a pass/fail property:
-the only assertions are that every configuration decoded.
+monolithic run (llama-bench without RPC; our one-stage worker).  All of it twice: every process free
+to run anywhere, and every process of both sides held to one CPU (our --cpus, their ``taskset -c``),
+since where a stage wakes moves a split's speed on a shared box (worker/README.md, "CPU affinity").
+Figures, not a pass/fail property: the only assertions are that every configuration decoded.
 
 Run: ``nox -s bench -- -k rpc_split -s`` (the RPC build takes minutes cold, once per machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -47,51 +50,81 @@ def _ours(clients, prompt, logits: bool = False) -> list[float]:
     return list(s.decode_tok_s)
 
 
-def _theirs(tools: rpc_split.RpcTools, model, servers: list[str], gpu_layers: int, env) -> list[float]:
-    return rpc_split.tg(tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS, threads=THREADS, env=env,
-                        rpc=servers, gpu_layers=gpu_layers)
+@dataclasses.dataclass
+class Side:
+    """One way of placing the processes (free, or all held to one CPU) and its samples per ways."""
+
+    cpus: str | None
+    ours: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
+    ours_logits: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
+    theirs: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in THEIRS})
+
+
+def _round(side: Side, tools, model, clients, rpc, prompt, env) -> None:
+    for ways, (n_servers, layers) in THEIRS.items():
+        side.theirs[ways] += rpc_split.tg(tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS,
+                                          threads=THREADS, env=env, rpc=rpc[:n_servers], gpu_layers=layers,
+                                          cpus=side.cpus)
+    for ways, got in clients.items():
+        side.ours_logits[ways] += _ours(got, prompt, logits=True)
+        side.ours[ways] += _ours(got, prompt)
+
+
+def _table(side: Side) -> tuple[dict, list[str]]:
+    table, lines = {}, []
+    o_mono, t_mono = median_iqr(side.ours[1]).median, median_iqr(side.theirs[1]).median
+    for ways in OURS:
+        o, t = median_iqr(side.ours[ways]), median_iqr(side.theirs[ways])
+        ol = median_iqr(side.ours_logits[ways])
+        table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
+                       "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
+                       "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
+                       "ours_with_logits_tok_s": ol.median}
+        lines.append(f"{side.cpus or 'free':>5} {ways:>4} {o.median:10.1f} {o.iqr:6.1f} "
+                     f"{o.median / o_mono:9.2f} {t.median:13.1f} {t.iqr:6.1f} {t.median / t_mono:9.2f} "
+                     f"{o.median / t.median:11.2f} {ol.median:11.1f}")
+    return table, lines
 
 
 def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker_command, stubs, worker_env,
                                          tmp_path) -> None:
     tools = rpc_split.build(real_ctx)
-    single = dataclasses.replace(worker_command, threads=THREADS)
-    ours: dict[int, list[float]] = {w: [] for w in OURS}
-    ours_logits: dict[int, list[float]] = {w: [] for w in OURS}
-    theirs: dict[int, list[float]] = {w: [] for w in THEIRS}
+    cpu = str(min(os.sched_getaffinity(0)))
+    sides = [Side(cpus=None), Side(cpus=cpu)]
     load_before = os.getloadavg()
-    with launch(single, OURS[1], stubs=stubs, evidence=tmp_path / "o1", env=worker_env) as o1, \
-         launch(single, OURS[2], stubs=stubs, evidence=tmp_path / "o2", env=worker_env) as o2, \
-         launch(single, OURS[4], stubs=stubs, evidence=tmp_path / "o4", env=worker_env) as o4, \
-         rpc_split.servers(tools.server, 3, threads=THREADS, env=worker_env, log=tmp_path / "rpc") as rpc:
-        clients = {1: o1.clients, 2: o2.clients, 4: o4.clients}
-        prompt = o1.clients[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
-        for r in range(ROUNDS):
-            for ways, (n_servers, layers) in THEIRS.items():
-                theirs[ways] += _theirs(tools, tiny_model.first, rpc[:n_servers], layers, worker_env)
-            for ways, got in clients.items():
-                ours_logits[ways] += _ours(got, prompt, logits=True)
-                if r == ROUNDS - 1 and ways == 4:
-                    ours[ways] += benchmark.pedantic(_ours, args=(got, prompt), rounds=1, iterations=1)
-                else:
-                    ours[ways] += _ours(got, prompt)
+    with contextlib.ExitStack() as running:
+        placed = []
+        for side in sides:
+            cmd = dataclasses.replace(worker_command, threads=THREADS, cpus=(side.cpus,) if side.cpus else ())
+            tag = side.cpus or "free"
+            clients = {w: running.enter_context(launch(cmd, OURS[w], stubs=stubs, env=worker_env,
+                                                       evidence=tmp_path / f"o{w}-{tag}")).clients
+                       for w in OURS}
+            rpc = running.enter_context(rpc_split.servers(tools.server, 3, threads=THREADS, env=worker_env,
+                                                          log=tmp_path / f"rpc-{tag}", cpus=side.cpus))
+            placed.append((side, clients, rpc))
+        prompt = placed[0][1][1][0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
+
+        def sweep() -> None:
+            for _ in range(ROUNDS):
+                for side, clients, rpc in placed:
+                    _round(side, tools, tiny_model.first, clients, rpc, prompt, worker_env)
+
+        benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
-    table = {}
-    lines = [f"{'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} {'IQR':>6} "
-             f"{'/own mono':>9} {'ours/theirs':>11} {'ours+logits':>11}"]
-    for ways in OURS:
-        o, t, ol = median_iqr(ours[ways]), median_iqr(theirs[ways]), median_iqr(ours_logits[ways])
-        o_mono, t_mono = median_iqr(ours[1]).median, median_iqr(theirs[1]).median
-        table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
-                       "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
-                       "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
-                       "ours_with_logits_tok_s": ol.median}
-        lines.append(f"{ways:>4} {o.median:10.1f} {o.iqr:6.1f} {o.median / o_mono:9.2f} {t.median:13.1f} "
-                     f"{t.iqr:6.1f} {t.median / t_mono:9.2f} {o.median / t.median:11.2f} {ol.median:11.1f}")
+    lines = [f"{'cpus':>5} {'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} "
+             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'ours+logits':>11}"]
+    tables = {}
+    for side in sides:
+        tables[side.cpus or "free"], rows = _table(side)
+        lines += rows
     print(f"\n[bench rpc split] tiny-llama f32, {THREADS} thread per process, loopback, tg{N_GEN}, median "
           f"of {ROUNDS * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
           f"(way 1: one worker; ours+logits: each token's logits row to the driver too), "
-          f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); load average before "
+          f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); cpus: every process of both sides "
+          f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines))
-    benchmark.extra_info.update(table=table, load_before=list(load_before), load_after=list(load_after))
-    assert all(v > 0 for v in np.concatenate([*ours.values(), *ours_logits.values(), *theirs.values()]))
+    benchmark.extra_info.update(tables=tables, load_before=list(load_before), load_after=list(load_after))
+    samples = [v for side in sides for runs in (side.ours, side.ours_logits, side.theirs)
+               for v in runs.values()]
+    assert all(v > 0 for v in np.concatenate(samples))
