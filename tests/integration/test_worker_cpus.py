@@ -1,6 +1,7 @@
 """--cpus on the real worker: a bad CPU list or a CPU this process may not use is a one-line usage
-error (exit 2) before the model loads; a pinned worker's every thread (gRPC's, ggml's, the ring's) is
-held to its list, and pinning changes no token."""
+error (exit 2) before the model loads; a pinned worker's threads (gRPC's, ggml's, the ring's passes)
+are held to its list but for the ring's delivery thread, which only talks to the driver and runs where
+the worker could before; and pinning changes no token."""
 
 from __future__ import annotations
 
@@ -44,13 +45,25 @@ def test_a_cpu_this_process_may_not_use_is_refused(worker_command) -> None:
     assert "\n" not in line
 
 
-def _allowed_per_thread(pid: int) -> set[str]:
-    lists = set()
+def _allowed_per_thread(pid: int) -> dict[str, set[str]]:
+    """Thread name -> the CPU lists its threads may run on."""
+    lists: dict[str, set[str]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                lists.add(line.split(":", 1)[1].strip())
+        lines = (task / "status").read_text().splitlines()
+        status = dict(line.split(":", 1) for line in lines if ":" in line)
+        lists.setdefault(status["Name"].strip(), set()).add(status["Cpus_allowed_list"].strip())
     return lists
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    """{0, 1, 2, 5} -> "0-2,5", as the kernel writes Cpus_allowed_list."""
+    ranges: list[list[int]] = []
+    for c in sorted(cpus):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
 
 
 def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_command, stubs, worker_env,
@@ -61,7 +74,9 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_co
         prompts = [p.clients[0].tokenize("Pinning moves no token.", add_special=True)]
         tokens = drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens
         for pid in p.pids:
-            assert _allowed_per_thread(pid) == {cpu}
+            allowed = _allowed_per_thread(pid)
+            assert allowed.pop("dgr-deliver") == {_cpu_list(os.sched_getaffinity(0))}
+            assert set().union(*allowed.values()) == {cpu}
         assert [i.cpus for i in drive.describe(p.clients)] == [cpu, cpu]  # Info says so (the certificate's)
     with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free",
                 env=worker_env) as p:

@@ -51,6 +51,9 @@ std::vector<int> parse_cpu_list(const std::string & text) {
 
 #ifdef __linux__
 namespace {
+cpu_set_t g_before_pinning;  // the mask pin_process replaced, written once before any other thread
+bool      g_pinned = false;
+
 // "0-1,4": a CPU set as a CPU list (for the error message).
 std::string cpu_list_text(const cpu_set_t & set) {
     std::string out;
@@ -89,12 +92,22 @@ std::string pin_process(const std::vector<int> & cpus) {
         return "CPU " + cpu_list_text(missing) + " cannot be used here (this process may use CPUs " +
                cpu_list_text(before) + ")";
     }
+    g_before_pinning = before;
+    g_pinned = true;
     return "";
+}
+
+void unpin_this_thread() {
+    if (g_pinned) {
+        sched_setaffinity(0, sizeof g_before_pinning, &g_before_pinning);
+    }
 }
 #else
 std::string pin_process(const std::vector<int> &) {
     return "CPU affinity is set on Linux only";
 }
+
+void unpin_this_thread() {}
 #endif
 
 }  // namespace dgr

@@ -21,4 +21,8 @@ std::vector<int> parse_cpu_list(const std::string & text);
 // any other thread exists. Returns "" or why it could not (the CPUs this process may use named).
 std::string pin_process(const std::vector<int> & cpus);
 
+// Lets the calling thread run wherever the process could before pin_process (a no-op when it never
+// pinned): for a thread that only talks to the driver, so that traffic leaves the pinned CPUs free.
+void unpin_this_thread();
+
 }  // namespace dgr

@@ -32,8 +32,9 @@ const char * usage_text() {
         "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
         "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
         "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
-        "--cpus LIST: run every thread of the worker on these CPUs only (a Linux CPU list such as 0-3,8),\n"
-        "as taskset would; for hosts that run several stages (worker/README.md, \"CPU affinity\").\n"
+        "--cpus LIST: run the worker's threads on these CPUs only (a Linux CPU list such as 0-3,8), as\n"
+        "taskset would, but for the ring's delivery thread (it only talks to the driver); for hosts that\n"
+        "run several stages (worker/README.md, \"CPU affinity\").\n"
         "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
         "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
         "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";

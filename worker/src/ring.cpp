@@ -1,5 +1,6 @@
 #include "ring.h"
 
+#include "affinity.h"
 #include "argmax.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <utility>
 
@@ -205,7 +207,15 @@ struct RingRunner::State {
 
 RingRunner::RingRunner(Chain & chain) : state_(std::make_shared<State>(chain)) {
     State * s = state_.get();
-    s->delivery_thread = std::thread([s] { s->deliver_loop(); });
+    s->delivery_thread = std::thread([s] {
+#ifdef __linux__
+        pthread_setname_np(pthread_self(), "dgr-deliver");  // as ps, top and /proc name it
+#endif
+        // deliveries only talk to the driver: with --cpus they run where the worker could before, so
+        // a token's gRPC call to the sink does not take turns with the next pass's compute
+        unpin_this_thread();
+        s->deliver_loop();
+    });
     s->pass_thread = std::thread([s, self = state_] { s->pass_loop(self); });
 }
 
