@@ -173,13 +173,13 @@ def speed_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "decode tok/s (median ± IQR/2)": _spread(sp.get("decode_tok_s")),
                 "seam bytes / token": ", ".join(fmt(b) for b in sp.get("seam_bytes_per_token", [])) or "—",
                 "seam ms / token": ", ".join(f"{s * 1e3:.3f}" for s in sp.get("seam_s", [])) or "—",
-                "stage CPUs": stage_cpus(p),
+                "stage CPUs": _stage_cpus(p),
             }
         )
     return pd.DataFrame(rows)
 
 
-def stage_cpus(placement: Mapping[str, Any]) -> str:
+def _stage_cpus(placement: Mapping[str, Any]) -> str:
     """Each stage's --cpus as it reported it ("0 | 0 | 1-2"), or "any" where none was held: a ring's
     speed on a host that runs several stages depends on it (worker/README.md, "CPU affinity")."""
     cpus = placement.get("cpus") or []

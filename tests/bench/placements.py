@@ -1,4 +1,4 @@
-"""The tiny model's placements the speed benchmarks compare, one table for all of them: the monolithic
+"""The tiny model's placements the ring, pinning and concurrency benches compare, one table: the monolithic
 worker and 2, 4 and 12 even stages of its 12 layers."""
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import pytest
 
 from certify.metrics import median_iqr
 from pipeline.concurrency import decode_together, diverging
+from tests.bench.placements import PLACEMENTS
 from tests.integration import conftest as shared
 from worker.launcher import launch
 
@@ -36,12 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_DECODE = 24
 ROUNDS = 3
-PLACEMENTS = {
-    "mono": [(0, 12)],
-    "2-stages": [(0, 6), (6, 12)],
-    "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
-    "12-stages": [(k, k + 1) for k in range(12)],
-}
 
 
 def _levels(n_stages: int) -> list[int]:
@@ -63,18 +58,18 @@ def test_bench_aggregate_throughput(benchmark, worker_command, stubs, worker_env
     cmd = dataclasses.replace(worker_command, threads=1, max_sessions=12)
     table: dict[str, dict[int, dict[str, float]]] = {}
     for name, stages in PLACEMENTS.items():
-        modes = ["relayed", "ring"] if name == "mono" else ["relayed", "chained", "ring"]
+        modes = ["relayed", "ring"] if name == "monolithic" else ["relayed", "chained", "ring"]
         with launch(cmd, stages, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
             prompt = p.clients[0].tokenize(PROMPT)[:16]
             for mode in modes:
-                key = name if (name, mode) == ("mono", "relayed") else f"{name} {mode}"
+                key = name if (name, mode) == ("monolithic", "relayed") else f"{name} {mode}"
                 table[key] = {}
                 for sessions in _levels(len(stages)):
                     rates, bad = _aggregate(p.clients, prompt, sessions, mode)
                     assert bad == 0, f"{key}: {bad} concurrent sessions differ from the session alone"
                     table[key][sessions] = median_iqr(rates).as_dict()
-    single = table["mono"][1]["median"]
-    single_ring = table["mono ring"][1]["median"]  # the stricter reference: the faster single stream
+    single = table["monolithic"][1]["median"]
+    single_ring = table["monolithic ring"][1]["median"]  # the stricter reference: the faster single stream
     print(f"\n[bench] aggregate decode tok/s, {N_DECODE} tokens per session, {ROUNDS} rounds, one thread per "
           f"worker, {os.cpu_count()} cores (stages unpinned), load average {os.getloadavg()[0]:.2f}; ratio "
           f"to the monolithic single stream relayed ({single:.1f} tok/s) / as a ring "

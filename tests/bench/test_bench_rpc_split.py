@@ -103,7 +103,8 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
             rpc = running.enter_context(rpc_split.servers(tools.server, 3, threads=THREADS, env=worker_env,
                                                           log=tmp_path / f"rpc-{tag}", cpus=side.cpus))
             placed.append((side, clients, rpc))
-        prompt = placed[0][1][1][0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
+        free_mono = placed[0][1][1]  # the free side's one-stage worker
+        prompt = free_mono[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
 
         def sweep() -> None:
             for _ in range(ROUNDS):

@@ -45,25 +45,13 @@ def test_a_cpu_this_process_may_not_use_is_refused(worker_command) -> None:
     assert "\n" not in line
 
 
-def _allowed_per_thread(pid: int) -> dict[str, set[str]]:
-    """Thread name -> the CPU lists its threads may run on."""
-    lists: dict[str, set[str]] = {}
+def _allowed_per_thread(pid: int) -> dict[str, set[frozenset[int]]]:
+    """Thread name -> the CPU sets its threads may run on (sched_getaffinity takes a thread id)."""
+    sets: dict[str, set[frozenset[int]]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        lines = (task / "status").read_text().splitlines()
-        status = dict(line.split(":", 1) for line in lines if ":" in line)
-        lists.setdefault(status["Name"].strip(), set()).add(status["Cpus_allowed_list"].strip())
-    return lists
-
-
-def _cpu_list(cpus: set[int]) -> str:
-    """{0, 1, 2, 5} -> "0-2,5", as the kernel writes Cpus_allowed_list."""
-    ranges: list[list[int]] = []
-    for c in sorted(cpus):
-        if ranges and c == ranges[-1][1] + 1:
-            ranges[-1][1] = c
-        else:
-            ranges.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
+        name = (task / "comm").read_text().strip()
+        sets.setdefault(name, set()).add(frozenset(os.sched_getaffinity(int(task.name))))
+    return sets
 
 
 def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_command, stubs, worker_env,
@@ -75,8 +63,8 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_co
         tokens = drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens
         for pid in p.pids:
             allowed = _allowed_per_thread(pid)
-            assert allowed.pop("dgr-deliver") == {_cpu_list(os.sched_getaffinity(0))}
-            assert set().union(*allowed.values()) == {cpu}
+            assert allowed.pop("dgr-deliver") == {frozenset(os.sched_getaffinity(0))}
+            assert set().union(*allowed.values()) == {frozenset({int(cpu)})}
         assert [i.cpus for i in drive.describe(p.clients)] == [cpu, cpu]  # Info says so (the certificate's)
     with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free",
                 env=worker_env) as p:

@@ -28,7 +28,7 @@ struct WorkerOptions {
     int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in
-    std::vector<int> cpus;           // --cpus: the CPUs every thread of the worker may run on; empty: any
+    std::vector<int> cpus;           // --cpus: the CPUs the worker's threads run on (worker/README.md); empty: any
     std::string cpus_text;           // --cpus as given (Info reports it)
     std::vector<std::string> peers;  // --peers: HOST:PORT / HOST:* a chained call may make us dial; empty: any
     bool        stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM

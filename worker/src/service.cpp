@@ -380,9 +380,10 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
     const StageInfo & in = stage_.info();
     const bool drafting = ring.draft() > 0;
     RingPass pass;
-    pass.logits         = reinterpret_cast<const float *>(r.logits.data.data());
-    pass.greedy         = ring.tokens_only() ? &r.greedy : nullptr;
-    pass.rows           = ring.tokens_only() ? (int64_t) r.greedy.size() : (r.logits.shape.empty() ? 0 : r.logits.shape[0]);
+    // what the stage produced (read_args asked for picks on a token-only ring): the rows, or their picks
+    pass.logits         = r.has_logits ? reinterpret_cast<const float *>(r.logits.data.data()) : nullptr;
+    pass.greedy         = r.has_logits ? nullptr : &r.greedy;
+    pass.rows           = r.has_logits ? r.logits.shape[0] : (int64_t) r.greedy.size();
     pass.n_vocab        = in.n_vocab;
     pass.first_position = req.positions(0);
     pass.n_positions    = req.positions_size();

@@ -472,24 +472,24 @@ ForwardResult Stage::forward(const ForwardArgs & a) {
 
     if (rc == 0) {
         s.n_past += n_tokens;
-        if (in.last_stage && a.greedy_only) {
-            // a token-only ring reads each row once, to pick: pick here instead of copying 4 x n_vocab
-            // bytes per row out (a 128 KiB copy per token on tiny-llama, 1.3% of its decode)
-            const int32_t rows = want_all ? n_tokens : 1;
-            for (int32_t j = 0; j < rows; ++j) {
-                const float * row = llama_get_logits_ith(s.ctx, want_all ? j : n_tokens - 1);
-                r.greedy.push_back(greedy_token(row, in.n_vocab));
-            }
-        } else if (in.last_stage) {
-            // rows straight into the reply's bytes: llama_get_logits_ith rows need not be adjacent
-            const int32_t rows = want_all ? n_tokens : 1;
-            const size_t row_bytes = (size_t) in.n_vocab * sizeof(float);
-            r.has_logits = true;
-            r.logits.shape = {rows, in.n_vocab};
-            r.logits.data.resize((size_t) rows * row_bytes);
-            for (int32_t j = 0; j < rows; ++j) {
-                const float * row = llama_get_logits_ith(s.ctx, want_all ? j : n_tokens - 1);
-                std::memcpy(&r.logits.data[(size_t) j * row_bytes], row, row_bytes);
+        if (in.last_stage) {
+            const int32_t rows = want_all ? n_tokens : 1;  // every row, or the last one
+            const auto row = [&](int32_t j) { return llama_get_logits_ith(s.ctx, want_all ? j : n_tokens - 1); };
+            if (a.greedy_only) {
+                // a token-only ring reads each row once, to pick: pick here instead of copying 4 x n_vocab
+                // bytes per row out (a 128 KiB copy per token on tiny-llama, 1.3% of its decode)
+                for (int32_t j = 0; j < rows; ++j) {
+                    r.greedy.push_back(greedy_token(row(j), in.n_vocab));
+                }
+            } else {
+                // rows straight into the reply's bytes: llama_get_logits_ith rows need not be adjacent
+                const size_t row_bytes = (size_t) in.n_vocab * sizeof(float);
+                r.has_logits = true;
+                r.logits.shape = {rows, in.n_vocab};
+                r.logits.data.resize((size_t) rows * row_bytes);
+                for (int32_t j = 0; j < rows; ++j) {
+                    std::memcpy(&r.logits.data[(size_t) j * row_bytes], row(j), row_bytes);
+                }
             }
         } else {
             const float * b = llama_get_boundary(s.ctx);
