@@ -4,6 +4,12 @@ pinned tree's ``ggml-rpc-server`` and an RPC-enabled ``llama-bench``.
 Built here rather than by a lane: nothing ships it, only ``nox -s bench`` needs it.  The pristine
 (unpatched) tree at the pin, the CPU lane's own CMake switches plus ``GGML_RPC=ON``, through ccache,
 into ``<workspace>/builds/bench-rpc-<tree>``; a rebuild is a no-op once both programs are there.
+
+Both sides hold their weights alike: read into the process's own memory on transparent huge pages.
+Our worker does that by default on the CPU lane (worker/README.md, "Weights in memory"); llama-bench
+here runs with ``-mmp 0``, and since the pristine tree lacks patch 0006 its processes ask glibc's
+malloc for huge pages instead (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: the same madvise on every
+large allocation), so the side by side compares the splits, not the page sizes.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ def _wait_listening(port: int, server: subprocess.Popen, deadline_s: float = 60.
     raise RuntimeError(f"ggml-rpc-server on port {port} did not listen within {deadline_s:.0f} s")
 
 
+def _on_huge_pages(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with glibc's malloc advising its large allocations for transparent huge pages."""
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
+                if t and not t.startswith("glibc.malloc.hugetlb=")]
+    return {**env, "GLIBC_TUNABLES": ":".join([*tunables, "glibc.malloc.hugetlb=1"])}
+
+
 def _held(argv: list[str], cpus: str | None) -> list[str]:
     """``argv`` under ``taskset -c CPUS`` (every thread held to those CPUs, as our worker's --cpus)."""
     return ["taskset", "-c", cpus, *argv] if cpus else argv
@@ -92,7 +105,8 @@ def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: 
             port = _free_port()
             out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
             argv = _held([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], cpus)
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env)))
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                          env=_on_huge_pages(env)))
             _wait_listening(port, procs[-1])
             addresses.append(f"127.0.0.1:{port}")
         yield addresses
@@ -114,12 +128,12 @@ def tg(bench: Path, model: Path, *, n_gen: int, repetitions: int, threads: int, 
     """llama-bench's tg tok/s samples: the whole model here, or ``gpu_layers`` of its layers on the RPC
     servers (split between them by their free memory: equally on one host); held to ``cpus`` if given."""
     argv = [str(bench), "-m", str(model), "-p", "0", "-n", str(n_gen), "-t", str(threads),
-            "-r", str(repetitions), "-o", "json"]
+            "-r", str(repetitions), "-mmp", "0", "-o", "json"]
     if rpc:
         argv += ["--rpc", ",".join(rpc), "-ngl", str(gpu_layers)]
     else:
         argv += ["-ngl", "0"]
-    out = proc.run(_held(argv, cpus), env=env, no_output_timeout=300).output
+    out = proc.run(_held(argv, cpus), env=_on_huge_pages(env), no_output_timeout=300).output
     rows = json.loads(out[out.index("["):out.rindex("]") + 1])
     row = next((r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == n_gen), None)
     assert row is not None, f"llama-bench printed no tg{n_gen} row: {out[-500:]}"

@@ -40,8 +40,9 @@ GOAL = 0.95
 
 
 def _llama_bench_tg(binary, model, threads: int, env) -> list[float]:
+    # -mmp 0: weights read into memory, as the worker holds them on the CPU lane (both on huge pages)
     argv = [binary, "-m", model, "-p", "0", "-n", str(N_GEN), "-t", str(threads), "-r", str(REPETITIONS),
-            "-o", "json"]
+            "-mmp", "0", "-o", "json"]
     out = proc.run(argv, env=env, no_output_timeout=300).output
     start = out.index("[")
     rows = json.loads(out[start:out.rindex("]") + 1])

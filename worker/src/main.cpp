@@ -7,6 +7,7 @@
 #include "options.h"
 #include "service.h"
 #include "stage.h"
+#include "weights.h"
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -169,6 +170,11 @@ int main(int argc, char ** argv) {
         }
 
         dgr::Stage stage(opts);
+        const int64_t huge = dgr::anon_huge_page_bytes();
+        std::fprintf(stderr, "dgr-shard-worker: weights loaded (load mode %s); %s on huge pages\n",
+                     llama_load_mode_name(dgr::choose_load_mode(opts.load_mode, opts.n_gpu_layers)),
+                     huge < 0 ? "this kernel does not say how much memory is"
+                              : (std::to_string(huge >> 20) + " MiB of anonymous memory").c_str());
         dgr::ChainPolicy chain;
         chain.peers             = opts.peers;
         chain.max_message_bytes = dgr::message_limit(stage.info());

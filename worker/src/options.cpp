@@ -1,6 +1,7 @@
 #include "options.h"
 
 #include "affinity.h"
+#include "weights.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -16,7 +17,7 @@ const char * usage_text() {
     return
         "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
         "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
-        "                        [--pass-port N] [--cpus LIST]\n"
+        "                        [--pass-port N] [--cpus LIST] [--load MODE]\n"
         "                        [--mtp | --mtp-model FILE]\n"
         "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
         "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
@@ -35,6 +36,9 @@ const char * usage_text() {
         "--cpus LIST: run the worker's threads on these CPUs only (a Linux CPU list such as 0-3,8), as\n"
         "taskset would, but for the ring's delivery thread (it only talks to the driver); for hosts that\n"
         "run several stages (worker/README.md, \"CPU affinity\").\n"
+        "--load MODE: how the weights are loaded, as llama.cpp names it (none, mmap, mlock, mmap+mlock, dio,\n"
+        "auto). Default: none where the weights stay in host memory (read into the worker's memory, on\n"
+        "huge pages where the kernel gives them), else auto (worker/README.md, \"Weights in memory\").\n"
         "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
         "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
         "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
@@ -105,6 +109,14 @@ static void parse_peers(const std::string & text, WorkerOptions & out) {
     }
 }
 
+static void check_load_mode(const std::string & val) {
+    try {
+        parse_load_mode(val);
+    } catch (const std::invalid_argument & e) {
+        throw UsageError(std::string("--load: ") + e.what());
+    }
+}
+
 bool parse_options(int argc, char ** argv, WorkerOptions & out) {
     bool have_model = false, have_layers = false, have_listen = false;
     for (int i = 1; i < argc; ++i) {
@@ -144,6 +156,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         else if (arg == "--peers")        { parse_peers(val, out); }
         else if (arg == "--cpus")         { out.cpus = parse_cpu_list(val); out.cpus_text = val; }
         else if (arg == "--mtp-model")    { out.mtp_model_path = val; out.mtp = true; }
+        else if (arg == "--load")         { check_load_mode(val); out.load_mode = val; }
         else {
             throw UsageError("unknown argument '" + arg + "'");
         }

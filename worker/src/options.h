@@ -26,6 +26,7 @@ struct WorkerOptions {
     bool        mtp           = false;  // last stage: load the nextn block and draft with it
     std::string mtp_model_path;      // --mtp-model: the block comes as an MTP-only GGUF of its own (implies mtp)
     int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
+    std::string load_mode;           // --load: llama's load mode name; "": none for host weights, else auto (weights.h)
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in
     std::vector<int> cpus;           // --cpus: the CPUs the worker's threads run on (worker/README.md); empty: any

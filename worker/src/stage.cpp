@@ -1,6 +1,7 @@
 #include "stage.h"
 
 #include "argmax.h"  // greedy_token
+#include "weights.h"
 
 #include "llama.h"
 #include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
@@ -51,6 +52,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     mp.layer_begin  = opts.layer_begin;
     mp.layer_end    = opts.layer_end;
     mp.n_gpu_layers = opts.n_gpu_layers;
+    mp.load_mode    = choose_load_mode(opts.load_mode, opts.n_gpu_layers);
     // the loader keeps nextn tensors only for the range that owns the output; with --mtp-model the block
     // comes from its own file, so a main file that also holds one keeps it out
     mp.load_mtp     = opts.mtp && opts.mtp_model_path.empty();
@@ -136,6 +138,7 @@ Stage::~Stage() {
 void Stage::load_mtp_model() {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts_.n_gpu_layers;
+    mp.load_mode    = choose_load_mode(opts_.load_mode, opts_.n_gpu_layers);
     mp.load_mtp     = true;
     const std::string & path = opts_.mtp_model_path;
     mtp_model_ = llama_model_load_from_file(path.c_str(), mp);

@@ -1,0 +1,57 @@
+"""Weights read into the worker's memory on huge pages against weights mapped from the file, in one run
+(worker/README.md, "Weights in memory").
+
+On the CPU lane the worker reads its weights (llama's load mode "none") into buffers that ggml advises
+for transparent huge pages (patch 0006); ``--load mmap`` keeps them in the page cache on 4 KiB pages,
+as before.  A decode pass streams every weight once, so the page size decides how many page-table
+walks it takes; a stage that has just been switched in starts its pass with cold TLBs, so staged
+placements on a shared host gain more than the monolithic worker.  Every placement decoded as a
+token-only ring both ways, interleaved, each divided by the better monolithic figure; the kernel's
+THP setting and the huge-page memory each way held are printed beside it.
+
+A figure of this machine, not a pass/fail property: the only assertion is that every run decoded
+(tests/integration/test_worker_weights.py holds both ways to the same logits).
+Run: ``nox -s bench -- -s -k weights``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.bench.ways import compare_ways
+from tests.integration import conftest as shared
+
+real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
+stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+ROUNDS = 3
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _said(evidence: Path) -> list[str]:
+    """Each monolithic worker's own line on how it loaded its weights."""
+    return [line.split(": ", 1)[1] for log in sorted(evidence.glob("monolithic-*/stage-0-*.stderr"))
+            for line in log.read_text().splitlines() if "weights loaded" in line]
+
+
+def test_bench_read_weights_against_mapped(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
+    ways = {"mapped": dataclasses.replace(worker_command, threads=1, extra=("--load", "mmap")),
+            "read": dataclasses.replace(worker_command, threads=1)}
+    load_before = os.getloadavg()
+    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
+                         evidence=tmp_path)
+    load_after = os.getloadavg()
+    thp = THP.read_text().strip() if THP.is_file() else "absent"
+    print(f"\n[bench weights] tiny-llama token-only ring, 1 thread per worker, loopback; mapped: --load "
+          f"mmap, read: the default (load mode none); THP {thp}; the monolithic workers said: "
+          f"{'; '.join(_said(tmp_path))}; load average before {load_before[0]:.2f}, after "
+          f"{load_after[0]:.2f}\n  " + "\n  ".join(table.lines))
+    benchmark.extra_info.update(table=table.extra_info, thp=thp, load_before=list(load_before),
+                                load_after=list(load_after))
+    assert all(v > 0 for v in table.samples)

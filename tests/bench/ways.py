@@ -1,0 +1,64 @@
+"""One table for benches that run every placement of tests/bench/placements.py two or more ways (free
+or pinned, mapped or read weights): each way's workers started once, token-only ring decode
+interleaved over the rounds so drift in the machine's load hits every way alike, each median divided
+by the best monolithic median, so no way is credited with a slower reference."""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from certify.metrics import median_iqr
+from pipeline import drive
+from tests.bench.placements import PLACEMENTS
+from worker.launcher import WorkerCommand, launch
+
+N_DECODE = 65
+REPETITIONS = 3
+PROMPT = "Once upon a time"
+
+
+@dataclass(frozen=True)
+class WaysTable:
+    lines: list[str]  # the printed table, a header first
+    extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR and ratio
+    samples: list[float]  # every run's tok/s
+
+
+def _decode(clients, prompt) -> list[float]:
+    speed = drive.measure_speed(clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
+                                forwarding="ring", ring_logits=False)
+    return list(speed.decode_tok_s)
+
+
+def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
+                 evidence) -> WaysTable:
+    """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run."""
+    tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
+    with ExitStack() as running:
+        groups = {(name, way): running.enter_context(
+                      launch(cmd, placement, stubs=stubs, env=env,
+                             evidence=evidence / f"{name}-{way}".replace(" ", "-"))).clients
+                  for name, placement in PLACEMENTS.items() for way, cmd in ways.items()}
+        prompt = next(iter(groups.values()))[0].tokenize(PROMPT, add_special=True)
+
+        def sweep() -> None:
+            for _ in range(rounds):
+                for key, clients in groups.items():
+                    tok_s[key] += _decode(clients, prompt)
+
+        benchmark.pedantic(sweep, rounds=1, iterations=1)
+    medians = {key: median_iqr(v) for key, v in tok_s.items()}
+    mono = max(medians[("monolithic", way)].median for way in ways)
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6}" for way in ways)
+    lines = [f"{'placement':<11} {header}"]
+    for name in PLACEMENTS:
+        cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
+                 f"{medians[(name, w)].median / mono:6.2f}" for w in ways]
+        lines.append(f"{name:<11} " + " ".join(cells))
+    lines.append(f"(/mono: the better monolithic median, {mono:.1f} tok/s; median of {rounds * REPETITIONS} "
+                 f"runs x {N_DECODE - 1} tokens; {os.cpu_count()} cpus)")
+    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono}
+            for (n, w), m in medians.items()}
+    return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s])
