@@ -219,6 +219,9 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         "threads": sorted({i.n_threads for i in infos}),
         "cpus": [i.cpus for i in infos],  # each stage's --cpus as it reports it; "": free to run anywhere
         "weight_bytes": [i.memory.weight_bytes for i in infos],
+        # how each stage holds its weights (worker/README.md, "Weights in memory"): a speed figure's context
+        "load_mode": [i.memory.load_mode for i in infos],
+        "huge_page_bytes": [i.memory.huge_page_bytes for i in infos],
         "boundary_width": infos[0].boundary_width if infos else None,
         # stages that take the token ids next to the boundary (DeepSeek-V4 hash-routed layers)
         "token_sideband_stages": [k for k, i in enumerate(infos) if i.needs_token_sideband],

@@ -174,6 +174,7 @@ def speed_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "seam bytes / token": ", ".join(fmt(b) for b in sp.get("seam_bytes_per_token", [])) or "—",
                 "seam ms / token": ", ".join(f"{s * 1e3:.3f}" for s in sp.get("seam_s", [])) or "—",
                 "stage CPUs": _stage_cpus(p),
+                "stage weights": _stage_weights(p),
             }
         )
     return pd.DataFrame(rows)
@@ -184,6 +185,17 @@ def _stage_cpus(placement: Mapping[str, Any]) -> str:
     speed on a host that runs several stages depends on it (worker/README.md, "CPU affinity")."""
     cpus = placement.get("cpus") or []
     return " | ".join(c or "any" for c in cpus) if any(cpus) else "any"
+
+
+def _stage_weights(placement: Mapping[str, Any]) -> str:
+    """How each stage held its weights ("none, 98 MiB huge | mmap"): read onto huge pages or mapped
+    moves decode speed by a tenth or more (worker/README.md, "Weights in memory"); "—" from older
+    workers, which did not say."""
+    modes = placement.get("load_mode") or []
+    huge = placement.get("huge_page_bytes") or [-1] * len(modes)
+    cells = [(m + (f", {h >> 20} MiB huge" if h >= 0 else "")) if m else "—"
+             for m, h in zip(modes, huge, strict=False)]
+    return " | ".join(cells) or "—"
 
 
 def physical_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:

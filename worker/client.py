@@ -51,6 +51,8 @@ class Memory:
     compute_bytes: int
     has_token_embedding: bool
     has_output_head: bool
+    load_mode: str = ""  # how the weights were loaded (llama's name: none, mmap, ...); "": an older worker
+    huge_page_bytes: int = -1  # the worker's memory on transparent huge pages at Info time; -1: unknown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +245,7 @@ class StageClient:
             memory=Memory(
                 weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
                 has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,
+                load_mode=m.load_mode, huge_page_bytes=m.huge_page_bytes if m.load_mode else -1,
             ),
         )
 

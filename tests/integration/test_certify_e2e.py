@@ -82,6 +82,11 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     assert all(lv["diverging_sessions"] == 0 for lv in ring["speed"]["concurrency"]["levels"])
     assert ring["seam_model"]["crossings_per_token"] == 12
     assert {row["bytes"] for row in figures["transport_floor"]["sizes"]} == {512, 1024}  # f16 and f32 seams
+    # Each stage said how it holds its weights: read into memory on the CPU lane, and how much on huge pages.
+    for p in figures["placements"]:
+        assert p["load_mode"] == ["none"] * p["n_stages"], p["name"]
+        assert len(p["huge_page_bytes"]) == p["n_stages"] and all(b >= -1 for b in p["huge_page_bytes"])
+    assert "<th>stage weights</th>" in paths["report"].read_text()
     print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
 
 

@@ -41,6 +41,8 @@ def _logits(worker_command, stubs, worker_env, evidence: Path,
         prompts = [p.clients[0].tokenize(PROMPT, add_special=True)]
         trace = drive.run_placement(p.clients, prompts, 6)
         huge = _huge_bytes(p.pids[0])
+        memory = drive.describe(p.clients)[0].memory  # Info says it too (the certificate's record)
+    assert memory.load_mode == (load or "none") and memory.huge_page_bytes >= 0
     return trace.prompts[0].logits, huge, _loaded_line(evidence)
 
 

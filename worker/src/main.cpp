@@ -172,7 +172,7 @@ int main(int argc, char ** argv) {
         dgr::Stage stage(opts);
         const int64_t huge = dgr::anon_huge_page_bytes();
         std::fprintf(stderr, "dgr-shard-worker: weights loaded (load mode %s); %s on huge pages\n",
-                     llama_load_mode_name(dgr::choose_load_mode(opts.load_mode, opts.n_gpu_layers)),
+                     stage.info().memory.load_mode.c_str(),
                      huge < 0 ? "this kernel does not say how much memory is"
                               : (std::to_string(huge >> 20) + " MiB of anonymous memory").c_str());
         dgr::ChainPolicy chain;

@@ -1,5 +1,7 @@
 #include "service.h"
 
+#include "weights.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <utility>
@@ -75,6 +77,8 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);
         m->set_compute_bytes(in.memory.compute_bytes);
+        m->set_load_mode(in.memory.load_mode);
+        m->set_huge_page_bytes(anon_huge_page_bytes());  // live: khugepaged may add pages later
         m->set_has_token_embedding(in.has_token_embd);
         m->set_has_output_head(in.has_output_head);
         reply->set_identity_json(id_.identity_json);

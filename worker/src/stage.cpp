@@ -105,6 +105,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     idle_.push_back(acquire_context());
     // the MTP-only file's block, embedding and head are this stage's weights too (docs/mtp.md)
     in.memory.weight_bytes = llama_model_size(model_) + (mtp_model_ ? llama_model_size(mtp_model_) : 0);
+    in.memory.load_mode    = llama_load_mode_name(choose_load_mode(opts.load_mode, opts.n_gpu_layers));
     for (const auto & [buft, mb] : llama_get_memory_breakdown(idle_.back())) {
         (void) buft;
         in.memory.kv_bytes      += mb.context;

@@ -77,9 +77,10 @@ struct ForwardResult {
 };
 
 struct MemoryFigures {
-    uint64_t weight_bytes  = 0;
-    uint64_t kv_bytes      = 0;
-    uint64_t compute_bytes = 0;
+    uint64_t    weight_bytes  = 0;
+    uint64_t    kv_bytes      = 0;
+    uint64_t    compute_bytes = 0;
+    std::string load_mode;     // llama's name of the mode the weights were loaded with (weights.h)
 };
 
 struct StageInfo {
