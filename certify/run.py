@@ -24,7 +24,7 @@ from certify.keys import SigningKey, signing_key
 from certify.verdict import Result, Status, Verdict, decide
 from core.canonical import atomic_write_bytes, sha256_bytes, write_json
 from core.context import Context
-from core.environment import worker_cpus
+from core.environment import worker_cpus, worker_load
 from core.errors import DgrError, GateFailed, Terminated
 from manifests.recipe_model import HardwareClass, Recipe
 
@@ -163,6 +163,7 @@ def make_plan(
             model=prepared.model,
             threads=threads,
             cpus=worker_cpus(ctx.env),
+            load=worker_load(ctx.env),
             ctx_size=context,
             max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",

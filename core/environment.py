@@ -14,15 +14,23 @@ _CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 CHOICES = {
     "DGR_SEAMS": ("off", "on"),
     "DGR_SEAMS_BACKEND": ("netem", "shaper"),
+    # each worker's --load: llama.cpp's load modes (worker/README.md, "Weights in memory")
+    "DGR_WORKER_LOAD": ("none", "mmap", "mlock", "mmap+mlock", "dio", "auto"),
 }
 
 
+def _choice(env: Mapping[str, str], name: str) -> str:
+    """The value of a CHOICES variable ("" when unset), refused when it is not one of them."""
+    value, allowed = env.get(name, "").strip(), CHOICES[name]
+    if value and value not in allowed:
+        raise ConfigurationError(f"{name}={value!r} is not one of {', '.join(allowed)}",
+                                 hint=f"unset {name} for the default")
+    return value
+
+
 def check(env: Mapping[str, str]) -> None:
-    for name, allowed in CHOICES.items():
-        value = env.get(name, "").strip()
-        if value and value not in allowed:
-            raise ConfigurationError(f"{name}={value!r} is not one of {', '.join(allowed)}",
-                                     hint=f"unset {name} for the default")
+    for name in CHOICES:
+        _choice(env, name)
     threads = env.get("DGR_WORKER_THREADS", "").strip()
     if threads and not (threads.isdigit() and int(threads) >= 1):
         raise ConfigurationError(f"DGR_WORKER_THREADS={threads!r} is not a positive integer",
@@ -32,6 +40,13 @@ def check(env: Mapping[str, str]) -> None:
     if recipes and not Path(recipes).is_dir():
         raise ConfigurationError(f"DGR_RECIPES_DIR={recipes!r} is not a directory",
                                  hint="name a folder of recipe files, or unset it")
+
+
+def worker_load(env: Mapping[str, str]) -> str | None:
+    """``DGR_WORKER_LOAD``: how every worker loads its weights (its ``--load``); unset: the worker's own
+    default (read into memory where the weights stay on the host, else llama's auto).  ``mmap`` keeps
+    them in the page cache, for a host whose memory holds the model only once."""
+    return _choice(env, "DGR_WORKER_LOAD") or None
 
 
 def worker_cpus(env: Mapping[str, str]) -> tuple[str, ...]:

@@ -90,6 +90,7 @@ class WorkerCommand:
     # --cpus per stage, a CPU list each ("0", "2-3"): stage k takes cpus[k % len(cpus)]; () leaves every
     # stage free to run anywhere (worker/README.md, "CPU affinity")
     cpus: tuple[str, ...] = ()
+    load: str | None = None  # --load, llama.cpp's load mode name; None: the worker's default
     extra: tuple[str, ...] = ()
 
     def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False,
@@ -98,6 +99,8 @@ class WorkerCommand:
                 "--listen", listen, "--threads", str(self.threads)]
         if self.cpus:
             args += ["--cpus", self.cpus[stage % len(self.cpus)]]
+        if self.load is not None:
+            args += ["--load", self.load]
         if self.ctx_size is not None:
             args += ["--ctx", str(self.ctx_size)]
         if self.max_sessions is not None:

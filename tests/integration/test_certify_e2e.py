@@ -236,14 +236,17 @@ def test_the_v4_mtp_file_set_is_refused_until_sealed() -> None:
 
 
 def test_stages_held_to_cpus_say_so_in_the_certificate(tmp_path: Path) -> None:
-    """DGR_WORKER_CPUS reaches every worker as --cpus, and each stage's own Info puts it in the
-    certificate's placement record and the report (worker/README.md, "CPU affinity")."""
+    """DGR_WORKER_CPUS and DGR_WORKER_LOAD reach every worker as --cpus and --load, and each stage's
+    own Info puts them in the certificate's placement record and the report (worker/README.md, "CPU
+    affinity" and "Weights in memory")."""
     cpu = str(min(os.sched_getaffinity(0)))
     recipe = small_recipe(tmp_path, "tiny-llama-pinned")
-    done = run_dgr(dict(ENV, DGR_WORKER_CPUS=cpu), "certify", "--recipe-file", str(recipe))
+    done = run_dgr(dict(ENV, DGR_WORKER_CPUS=cpu, DGR_WORKER_LOAD="mmap"), "certify", "--recipe-file",
+                   str(recipe))
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: only a speed miss on a loaded box
     paths = paths_from(done.stdout)
     envelope = json.loads(paths["certificate"].read_text())
     placements = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["figures"]["placements"]
     assert placements and all(p["cpus"] == [cpu] * p["n_stages"] for p in placements)
+    assert all(p["load_mode"] == ["mmap"] * p["n_stages"] for p in placements)
     assert f"<td>{cpu} | {cpu}</td>" in paths["report"].read_text()  # the 2-stage row of the speed table

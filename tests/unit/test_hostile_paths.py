@@ -91,6 +91,7 @@ def test_lock_wait_must_be_a_finite_non_negative_number(env: dict[str, str], val
     ("DGR_WORKER_THREADS", "0", "DGR_WORKER_THREADS='0' is not a positive integer"),
     ("DGR_WORKER_CPUS", "0 x", "DGR_WORKER_CPUS: 'x' is not a CPU list such as 0-3,8"),
     ("DGR_WORKER_CPUS", "0-1,", "DGR_WORKER_CPUS: '0-1,' is not a CPU list"),
+    ("DGR_WORKER_LOAD", "mapped", "DGR_WORKER_LOAD='mapped' is not one of none, mmap, mlock"),
     ("DGR_RECIPES_DIR", "FILE", "is not a directory"),
 ])
 def test_bad_settings_are_refused_at_start(env: dict[str, str], tmp_path: Path, name: str, value: str,

@@ -172,6 +172,18 @@ def test_cpu_lists_go_to_the_stages_in_turn(tmp_path: Path) -> None:
     assert "--cpus" not in free.argv((0, 1), stage=3)
 
 
+def test_a_load_mode_goes_to_every_stage(tmp_path: Path) -> None:
+    from core.environment import worker_load
+
+    model = tmp_path / "m.gguf"
+    cmd = WorkerCommand(program=("w",), model=model, load=worker_load({"DGR_WORKER_LOAD": "mmap"}))
+    for k in range(3):
+        argv = cmd.argv((0, 1), stage=k)
+        assert argv[argv.index("--load") + 1] == "mmap"
+    default = WorkerCommand(program=("w",), model=tmp_path / "m.gguf", load=worker_load({}))
+    assert "--load" not in default.argv((0, 1))
+
+
 def test_placed_stages_run_behind_a_prefix_on_the_asked_host(stubs, tmp_path: Path) -> None:
     # `env` execs its program like `ip netns exec` does: the pid we hold and signal is the worker's.
     placed = [Placed(prefix=("env",), host="127.0.0.1"), Placed()]
