@@ -53,6 +53,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     mp.layer_end    = opts.layer_end;
     mp.n_gpu_layers = opts.n_gpu_layers;
     mp.load_mode    = choose_load_mode(opts.load_mode, opts.n_gpu_layers);
+    info_.memory.load_mode = llama_load_mode_name(mp.load_mode);
     // the loader keeps nextn tensors only for the range that owns the output; with --mtp-model the block
     // comes from its own file, so a main file that also holds one keeps it out
     mp.load_mtp     = opts.mtp && opts.mtp_model_path.empty();
@@ -105,7 +106,6 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     idle_.push_back(acquire_context());
     // the MTP-only file's block, embedding and head are this stage's weights too (docs/mtp.md)
     in.memory.weight_bytes = llama_model_size(model_) + (mtp_model_ ? llama_model_size(mtp_model_) : 0);
-    in.memory.load_mode    = llama_load_mode_name(choose_load_mode(opts.load_mode, opts.n_gpu_layers));
     for (const auto & [buft, mb] : llama_get_memory_breakdown(idle_.back())) {
         (void) buft;
         in.memory.kv_bytes      += mb.context;
