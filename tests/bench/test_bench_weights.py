@@ -4,8 +4,7 @@
 On the CPU lane the worker reads its weights (llama's load mode "none") into buffers that ggml advises
 for transparent huge pages (patch 0006); ``--load mmap`` keeps them in the page cache on 4 KiB pages,
 as before.  A decode pass streams every weight once, so the page size decides how many page-table
-walks it takes; a stage that has just been switched in starts its pass with cold TLBs, so staged
-placements on a shared host gain more than the monolithic worker.  Every placement decoded as a
+walks it takes, in the monolithic worker and in every stage alike.  Every placement decoded as a
 token-only ring both ways, interleaved, each divided by the better monolithic figure; the kernel's
 THP setting and the huge-page memory each way held are printed beside it.
 
@@ -41,7 +40,7 @@ def _said(evidence: Path) -> list[str]:
 
 
 def test_bench_read_weights_against_mapped(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
-    ways = {"mapped": dataclasses.replace(worker_command, threads=1, extra=("--load", "mmap")),
+    ways = {"mapped": dataclasses.replace(worker_command, threads=1, load="mmap"),
             "read": dataclasses.replace(worker_command, threads=1)}
     load_before = os.getloadavg()
     table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,

@@ -36,7 +36,7 @@ def _loaded_line(evidence: Path) -> str:
 
 def _logits(worker_command, stubs, worker_env, evidence: Path,
             load: str | None) -> tuple[np.ndarray, int, str]:
-    cmd = dataclasses.replace(worker_command, extra=("--load", load) if load else ())
+    cmd = dataclasses.replace(worker_command, load=load)
     with launch(cmd, [(0, 12)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         prompts = [p.clients[0].tokenize(PROMPT, add_special=True)]
         trace = drive.run_placement(p.clients, prompts, 6)
