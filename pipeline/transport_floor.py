@@ -6,6 +6,13 @@ what one crossing of the same bytes costs with nothing behind it:
 
 - ``tcp``: a bare TCP round trip over loopback (TCP_NODELAY, a thread echoing the bytes back): a
   syscall pair and a copy each way, the physical floor for a process on this box;
+- ``tcp_one_core`` and ``tcp_two_cores``: the same round trip with the echo in another process, as a
+  ring's pass port crosses from one worker process to the next, both ends held to one core, then each
+  to its own (absent where this process may use one CPU only).  Whether the scheduler puts the two
+  ends on one core or two decides the figure: waking a process on another core costs tens of
+  microseconds on a virtual machine (measured on the 2-core box: about 3 us one way on one core, 35
+  us across two), and ``tcp`` lands on either.  A seam between workers on different cores can reach
+  the two-core floor, not the one-core one;
 - ``grpc``: a unary gRPC call of the same bytes to an in-process echo server with the channel options
   the driver uses: the transport a Forward rides on, without the model.
 
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -81,6 +90,54 @@ def tcp_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
     return times
 
 
+# The echo end of tcp_process_round_trips, run by this interpreter in a process of its own.
+_ECHO_PROCESS = """
+import os, socket, sys
+port, size, count, cpu = (int(a) for a in sys.argv[1:5])
+os.sched_setaffinity(0, {cpu})
+buf = bytearray(size)
+with socket.create_connection(("127.0.0.1", port)) as conn:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(buf)
+    for _ in range(count):
+        got = 0
+        while got < size:
+            k = conn.recv_into(view[got:])
+            if not k:
+                sys.exit(0)
+            got += k
+        conn.sendall(buf)
+"""
+
+
+def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tuple[int, int]) -> np.ndarray:
+    """Seconds per loopback TCP round trip of ``size`` bytes to an echo in another process; the calling
+    thread held to CPU ``cpus[0]`` meanwhile, the echo to ``cpus[1]``."""
+    server = socket.create_server(("127.0.0.1", 0))
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO_PROCESS, str(server.getsockname()[1]), str(size),
+                             str(warmup + round_trips), str(cpus[1])], stdin=subprocess.DEVNULL)
+    allowed = os.sched_getaffinity(0)  # this thread's own (pid 0): the caller's other threads keep theirs
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        server.settimeout(30)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            payload, back = os.urandom(size), bytearray(size)
+            times = timed(lambda: (conn.sendall(payload), _recv_exact(conn, size, back)), round_trips, warmup)
+        echo.wait(timeout=30)
+    finally:
+        os.sched_setaffinity(0, allowed)
+        server.close()
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+    if bytes(back) != payload:
+        raise RuntimeError("the TCP echo process did not return the bytes sent: it measured nothing")
+    return times
+
+
 def grpc_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
     """Seconds per unary gRPC echo of ``size`` bytes on loopback (in-process server, no model)."""
 
@@ -106,18 +163,32 @@ def grpc_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
         server.stop(grace=None)
 
 
+def core_pairs() -> dict[str, tuple[int, int]]:
+    """The CPUs the two ends of the process floors are held to: one core, and two where this process
+    may use two."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pairs = {"one_core": (cpus[0], cpus[0])}
+    if len(cpus) > 1:
+        pairs["two_cores"] = (cpus[0], cpus[1])
+    return pairs
+
+
 def quartiles(times: np.ndarray) -> dict[str, float]:
     q1, median, q3 = (float(x) for x in np.percentile(times, [25, 50, 75]))
     return {"median": median, "q1": q1, "q3": q3}
 
 
 def measure(sizes: Iterable[int], *, round_trips: int = 300, warmup: int = 50) -> dict[str, Any]:
-    """Both floors for each distinct boundary size, with the load average they were taken under."""
+    """Every floor for each distinct boundary size, with the load average they were taken under."""
     rows = []
     for size in sorted({int(s) for s in sizes if int(s) > 0}):
         tcp = tcp_round_trips(size, round_trips, warmup)
         rpc = grpc_round_trips(size, round_trips, warmup)
-        rows.append({"bytes": size, "tcp_round_trip_s": quartiles(tcp), "grpc_round_trip_s": quartiles(rpc)})
+        row = {"bytes": size, "tcp_round_trip_s": quartiles(tcp), "grpc_round_trip_s": quartiles(rpc)}
+        for name, cpus in core_pairs().items():
+            processes = tcp_process_round_trips(size, round_trips, warmup, cpus)
+            row[f"tcp_{name}_round_trip_s"] = quartiles(processes)
+        rows.append(row)
     return {"round_trips": round_trips, "load_average": os.getloadavg()[0], "sizes": rows}
 
 

@@ -81,6 +81,20 @@ def _times_floor(measured: float | None, floor_s: float) -> str:
     return "—" if measured is None or floor_s <= 0 else f"{measured / floor_s:.1f}×"
 
 
+PROCESS_FLOORS = (("one_core", "1 core"), ("two_cores", "2 cores"))  # transport_floor's process rows
+
+
+def _process_floors(row: Mapping[str, Any], crossings: int, measured: float | None) -> dict[str, str]:
+    """The floors between two processes (one core, two cores) and the seam's ratio to each, one cell
+    apiece with the two figures side by side; "—" for one a certificate lacks (older, or one CPU)."""
+    floors = [row[f"tcp_{key}_round_trip_s"]["median"] * crossings / 2 if f"tcp_{key}_round_trip_s" in row
+              else None for key, _ in PROCESS_FLOORS]
+    label = " / ".join(name for _, name in PROCESS_FLOORS)
+    return {f"process floor ms ({label})": " / ".join(_ms(f) for f in floors),
+            f"measured / process floor ({label})": " / ".join(
+                "—" if f is None else _times_floor(measured, f) for f in floors)}
+
+
 def floor_frame(
     placements: Sequence[Mapping[str, Any]], floor: Mapping[str, Any] | None
 ) -> pd.DataFrame | None:
@@ -88,7 +102,9 @@ def floor_frame(
     same bytes on this machine (pipeline.transport_floor).  A chained (or ring) seam is one crossing,
     read against half a round trip; a relayed seam is a round trip (the boundary in, the reply out),
     read against a whole one at the boundary's size (the last stage's reply carries logits: more
-    bytes, so its floor is higher than shown)."""
+    bytes, so its floor is higher than shown).  Beside the in-process TCP floor, the floors between two
+    processes held to one core and to two: a seam between workers is one of those, and which one
+    depends on where the scheduler runs them."""
     if not floor:
         return None
     rows = []
@@ -115,6 +131,7 @@ def floor_frame(
                     "measured / gRPC floor": _times_floor(s["measured_s"], grpc_s),
                     "TCP floor ms": _ms(tcp_s),
                     "measured / TCP floor": _times_floor(s["measured_s"], tcp_s),
+                    **_process_floors(row, crossings, s["measured_s"]),
                     "shaped bound ms": _ms(s["bound_s"]) if m.get("shaped") else "—",
                 }
             )
@@ -135,6 +152,8 @@ def floor_note(floor: Mapping[str, Any] | None) -> str | None:
         f"{r['bytes']:,} bytes: gRPC {r['grpc_round_trip_s']['median'] * 1e3:.3f} ms "
         f"(IQR {r['grpc_round_trip_s']['q1'] * 1e3:.3f}-{r['grpc_round_trip_s']['q3'] * 1e3:.3f}), "
         f"TCP {r['tcp_round_trip_s']['median'] * 1e3:.3f} ms"
+        + "".join(f", TCP between processes on {name} {r[f'tcp_{key}_round_trip_s']['median'] * 1e3:.3f} ms"
+                  for key, name in PROCESS_FLOORS if f"tcp_{key}_round_trip_s" in r)
         for r in floor["sizes"]
     )
     return (f"median loopback round trips over {floor['round_trips']} calls each, no model, load average "

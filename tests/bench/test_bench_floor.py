@@ -6,6 +6,9 @@ from; here with more round trips.
 
 - tcp: a bare TCP round trip over loopback (TCP_NODELAY, a thread echoing the bytes back): a syscall
   pair and a copy each way, the physical floor for a Python driver on this box;
+- tcp between processes on 1 core / on 2 cores: the same round trip with the echo in another process,
+  both ends held to one core, then each to its own: the floor a seam between two workers reaches,
+  depending on whether the scheduler runs them on one core or two;
 - grpc: a unary gRPC call of the same bytes to an in-process server (grpcio, the client options the
   driver uses): the transport the worker's Forward rides on, with no model behind it.
 
@@ -25,7 +28,7 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.transport_floor import grpc_round_trips, tcp_round_trips
+from pipeline.transport_floor import core_pairs, grpc_round_trips, tcp_process_round_trips, tcp_round_trips
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +47,14 @@ def test_bench_transport_floor(benchmark, label: str) -> None:
     size = SIZES[label]
     tcp = tcp_round_trips(size, ROUND_TRIPS, WARMUP)
     rpc = grpc_round_trips(size, ROUND_TRIPS, WARMUP)
+    processes = {name: tcp_process_round_trips(size, ROUND_TRIPS, WARMUP, cpus)
+                 for name, cpus in core_pairs().items()}
     ratio = float(np.median(rpc) / np.median(tcp))
     benchmark.extra_info.update(bytes=size, tcp_median_s=float(np.median(tcp)),
-                                grpc_median_s=float(np.median(rpc)), grpc_over_tcp=ratio)
+                                grpc_median_s=float(np.median(rpc)), grpc_over_tcp=ratio,
+                                **{f"tcp_{n}_median_s": float(np.median(t)) for n, t in processes.items()})
     benchmark.pedantic(lambda: None, rounds=1)  # the figures are the round trips above, not this call
-    print(f"\n[bench] floor {label}: tcp {_describe(tcp)}; grpc unary {_describe(rpc)}; "
+    between = "; ".join(f"tcp between processes on {n.replace('_', ' ')} {_describe(t)}"
+                        for n, t in processes.items())
+    print(f"\n[bench] floor {label}: tcp {_describe(tcp)}; {between}; grpc unary {_describe(rpc)}; "
           f"grpc/tcp {ratio:.1f}x; load average {os.getloadavg()[0]:.2f}")

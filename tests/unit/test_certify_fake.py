@@ -5,6 +5,7 @@ worker left)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     carried = {b for p in staged for b in p["speed"]["seam_bytes_per_token"]}
     assert {row["bytes"] for row in floor["sizes"]} == carried and carried
     assert all(0 < row["tcp_round_trip_s"]["median"] and 0 < row["grpc_round_trip_s"]["median"]
-               for row in floor["sizes"])
+               and 0 < row["tcp_one_core_round_trip_s"]["median"] for row in floor["sizes"])
+    if len(os.sched_getaffinity(0)) > 1:
+        assert all(0 < row["tcp_two_cores_round_trip_s"]["median"] for row in floor["sizes"])
     # Two sessions at once on every placement, each bitwise the session alone, held by the speed gate.
     for p in pred["figures"]["placements"]:
         (level,) = p["speed"]["concurrency"]["levels"]

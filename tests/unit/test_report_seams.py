@@ -91,6 +91,23 @@ def test_floor_table_reads_a_chained_seam_against_half_a_round_trip_and_a_relaye
     assert chained["shaped bound ms"] != "—"
 
 
+def test_floor_table_sets_each_seam_beside_the_floors_between_processes() -> None:
+    """The one-core and two-core process floors (a later certificate's) beside the in-process one; a
+    certificate without the two-core figure (one CPU) shows a dash in its place."""
+    row = {**FLOOR["sizes"][0], "tcp_one_core_round_trip_s": {"median": 8e-6, "q1": 7e-6, "q3": 9e-6},
+           "tcp_two_cores_round_trip_s": {"median": 6e-5, "q1": 5e-5, "q3": 7e-5}}
+    frame = seams.floor_frame(_under_test(PLACEMENTS), {**FLOOR, "sizes": [row]})
+    chained = frame[frame["forwarding"] == "chained"].iloc[0]
+    assert chained["process floor ms (1 core / 2 cores)"] == "0.004 / 0.030"
+    assert chained["measured / process floor (1 core / 2 cores)"] == \
+        f"{0.0205 / 4e-6:.1f}× / {0.0205 / 3e-5:.1f}×"
+    one_cpu = {k: v for k, v in row.items() if k != "tcp_two_cores_round_trip_s"}
+    frame = seams.floor_frame(_under_test(PLACEMENTS), {**FLOOR, "sizes": [one_cpu]})
+    assert frame.iloc[0]["process floor ms (1 core / 2 cores)"].endswith(" / —")
+    note = seams.floor_note({**FLOOR, "sizes": [row]})
+    assert "TCP between processes on 1 core 0.008 ms, TCP between processes on 2 cores 0.060 ms" in note
+
+
 def test_floor_table_skips_what_it_cannot_read_against_a_floor() -> None:
     assert seams.floor_frame(_under_test(PLACEMENTS), None) is None  # an older certificate: no floor
     other_size = {**FLOOR, "sizes": [{**FLOOR["sizes"][0], "bytes": 2048}]}
@@ -98,6 +115,7 @@ def test_floor_table_skips_what_it_cannot_read_against_a_floor() -> None:
     assert seams.floor_frame(PLACEMENTS, FLOOR) is None  # no placement under test
     note = seams.floor_note(FLOOR)
     assert note is not None and "1,024 bytes: gRPC 0.400 ms (IQR 0.380-0.440), TCP 0.020 ms" in note
+    assert "between processes" not in note  # an older certificate's floor has no process rows
     assert "load average 1.50" in note
 
 
