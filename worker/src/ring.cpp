@@ -236,12 +236,19 @@ void RingRunner::deliver(const std::string & sink, pb::Delivery delivery, ms tim
     state_->wake_delivery.notify_one();
 }
 
-bool RingRunner::deliver_and_go_on(const std::string & sink, pb::Delivery delivery, ms timeout) {
-    const std::string id = delivery.request_id();
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
-    state_->wake_delivery.notify_one();
-    return !state_->stopping && !state_->stopped.count(id);
+void RingRunner::deliver_then_go_on(const std::string & sink, pb::Delivery delivery, ms timeout,
+                                    const std::function<void()> & send_next) {
+    bool go_on = false;
+    {
+        const std::string id = delivery.request_id();
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+        go_on = !state_->stopping && !state_->stopped.count(id);
+    }
+    if (go_on) {
+        send_next();
+    }
+    state_->wake_delivery.notify_one();  // the waiting thread reads the queue under the lock: nothing is missed
 }
 
 void RingRunner::fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,

@@ -452,13 +452,13 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
             ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
             return;
         }
-        if (ring_.deliver_and_go_on(req.deliver_to(), std::move(d), timeout)) {
+        ring_.deliver_then_go_on(req.deliver_to(), std::move(d), timeout, [&] {
             const ChainResult res = streams_.send(ring.stages(0), next);
             if (!res.status.ok()) {
                 ring_.fail(req.deliver_to(), req.request_id(), next.ring().index(), 0, res.status,
                            "stage 0 at " + ring.stages(0));
             }
-        }
+        });
         return;
     }
     mine->set_sent_ns(monotonic_ns());
