@@ -22,20 +22,22 @@ PROMPT = "Once upon a time"
 @dataclass(frozen=True)
 class WaysTable:
     lines: list[str]  # the printed table, a header first
-    extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR and ratio
+    extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR, ratio and seam
     samples: list[float]  # every run's tok/s
 
 
-def _decode(clients, prompt) -> list[float]:
+def _decode(clients, prompt) -> tuple[list[float], list[float]]:
+    """Each run's decode tok/s, and every seam crossing's one-way seconds."""
     speed = drive.measure_speed(clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
                                 forwarding="ring", ring_logits=False)
-    return list(speed.decode_tok_s)
+    return list(speed.decode_tok_s), [t for rep in speed.seam_seconds for t in rep]
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
                  evidence) -> WaysTable:
     """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run."""
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
+    seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
         groups = {(name, way): running.enter_context(
                       launch(cmd, placement, stubs=stubs, env=env,
@@ -46,19 +48,24 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         def sweep() -> None:
             for _ in range(rounds):
                 for key, clients in groups.items():
-                    tok_s[key] += _decode(clients, prompt)
+                    runs, seams = _decode(clients, prompt)
+                    tok_s[key] += runs
+                    seam_s[key] += seams
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     medians = {key: median_iqr(v) for key, v in tok_s.items()}
+    seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
     mono = max(medians[("monolithic", way)].median for way in ways)
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6}" for way in ways)
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
-                 f"{medians[(name, w)].median / mono:6.2f}" for w in ways]
+                 f"{medians[(name, w)].median / mono:6.2f} {seam_us[(name, w)]:7.1f}" for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
     lines.append(f"(/mono: the better monolithic median, {mono:.1f} tok/s; median of {rounds * REPETITIONS} "
-                 f"runs x {N_DECODE - 1} tokens; {os.cpu_count()} cpus)")
-    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono}
+                 f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
+                 f"this stage sent; {os.cpu_count()} cpus)")
+    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono,
+                         "seam_us": seam_us[(n, w)]}
             for (n, w), m in medians.items()}
     return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s])
