@@ -82,6 +82,11 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     assert all(lv["diverging_sessions"] == 0 for lv in ring["speed"]["concurrency"]["levels"])
     assert ring["seam_model"]["crossings_per_token"] == 12
     assert {row["bytes"] for row in figures["transport_floor"]["sizes"]} == {512, 1024}  # f16 and f32 seams
+    # Each size's floor between two processes, on one core and (where there are two) on two.
+    for row in figures["transport_floor"]["sizes"]:
+        assert row["tcp_one_core_round_trip_s"]["median"] > 0
+        assert len(os.sched_getaffinity(0)) < 2 or row["tcp_two_cores_round_trip_s"]["median"] > 0
+    assert "<th>process floor ms (1 core / 2 cores)</th>" in paths["report"].read_text()
     # Each stage said how it holds its weights: read into memory on the CPU lane, and how much on huge pages.
     for p in figures["placements"]:
         assert p["load_mode"] == ["none"] * p["n_stages"], p["name"]
