@@ -1,7 +1,8 @@
 """One table for benches that run every placement of tests/bench/placements.py two or more ways (free
-or pinned, mapped or read weights): each way's workers started once, token-only ring decode
-interleaved over the rounds so drift in the machine's load hits every way alike, each median divided
-by the best monolithic median, so no way is credited with a slower reference."""
+or pinned, mapped or read weights, a narrow or a wide model): each way's workers started once,
+token-only ring decode interleaved over the rounds so drift in the machine's load hits every way
+alike, each median divided by the best monolithic median, so no way is credited with a slower
+reference (or, for ways that run different models, by its own)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def _decode(clients, prompt) -> tuple[list[float], list[float]]:
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
-                 evidence) -> WaysTable:
-    """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run."""
+                 evidence, own_monolithic: bool = False) -> WaysTable:
+    """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run.
+    ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
+    models), not to the best of them."""
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
@@ -55,17 +58,20 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     medians = {key: median_iqr(v) for key, v in tok_s.items()}
     seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
-    mono = max(medians[("monolithic", way)].median for way in ways)
+    best = max(medians[("monolithic", way)].median for way in ways)
+    mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
     header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
-                 f"{medians[(name, w)].median / mono:6.2f} {seam_us[(name, w)]:7.1f}" for w in ways]
+                 f"{medians[(name, w)].median / mono[w]:6.2f} {seam_us[(name, w)]:7.1f}" for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
-    lines.append(f"(/mono: the better monolithic median, {mono:.1f} tok/s; median of {rounds * REPETITIONS} "
+    reference = ("each way's own monolithic median" if own_monolithic
+                 else f"the better monolithic median, {best:.1f} tok/s")
+    lines.append(f"(/mono: {reference}; median of {rounds * REPETITIONS} "
                  f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
                  f"this stage sent; {os.cpu_count()} cpus)")
-    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono,
+    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
                          "seam_us": seam_us[(n, w)]}
             for (n, w), m in medians.items()}
     return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s])
