@@ -16,7 +16,6 @@ Run: ``nox -s bench -- -s -k weights``.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -42,15 +41,9 @@ def _said(evidence: Path) -> list[str]:
 def test_bench_read_weights_against_mapped(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
     ways = {"mapped": dataclasses.replace(worker_command, threads=1, load="mmap"),
             "read": dataclasses.replace(worker_command, threads=1)}
-    load_before = os.getloadavg()
     table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
                          evidence=tmp_path)
-    load_after = os.getloadavg()
     thp = THP.read_text().strip() if THP.is_file() else "absent"
-    print(f"\n[bench weights] tiny-llama token-only ring, 1 thread per worker, loopback; mapped: --load "
-          f"mmap, read: the default (load mode none); THP {thp}; the monolithic workers said: "
-          f"{'; '.join(_said(tmp_path))}; load average before {load_before[0]:.2f}, after "
-          f"{load_after[0]:.2f}\n  " + "\n  ".join(table.lines))
-    benchmark.extra_info.update(table=table.extra_info, thp=thp, load_before=list(load_before),
-                                load_after=list(load_after))
-    assert all(v > 0 for v in table.samples)
+    table.publish("weights", f"tiny-llama token-only ring, 1 thread per worker, loopback; mapped: --load "
+                  f"mmap, read: the default (load mode none); THP {thp}; the monolithic workers said: "
+                  f"{'; '.join(_said(tmp_path))}", benchmark, thp=thp)

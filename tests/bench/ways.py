@@ -25,6 +25,17 @@ class WaysTable:
     lines: list[str]  # the printed table, a header first
     extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR, ratio and seam
     samples: list[float]  # every run's tok/s
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+    def publish(self, tag: str, what: str, benchmark, **extra) -> None:
+        """Print the table under ``[bench TAG] WHAT`` with the load averages, hand it to
+        pytest-benchmark, and hold the bench's one property: every run decoded."""
+        print(f"\n[bench {tag}] {what}; load average before {self.load_before[0]:.2f}, after "
+              f"{self.load_after[0]:.2f}\n  " + "\n  ".join(self.lines))
+        benchmark.extra_info.update(table=self.extra_info, load_before=list(self.load_before),
+                                    load_after=list(self.load_after), **extra)
+        assert all(v > 0 for v in self.samples)
 
 
 def _decode(clients, prompt) -> tuple[list[float], list[float]]:
@@ -39,6 +50,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run.
     ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
     models), not to the best of them."""
+    load_before = os.getloadavg()
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
@@ -56,6 +68,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
                     seam_s[key] += seams
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
+        load_after = os.getloadavg()
     medians = {key: median_iqr(v) for key, v in tok_s.items()}
     seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
     best = max(medians[("monolithic", way)].median for way in ways)
@@ -74,4 +87,5 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
                          "seam_us": seam_us[(n, w)]}
             for (n, w), m in medians.items()}
-    return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s])
+    return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s],
+                     load_before=load_before, load_after=load_after)
