@@ -10,7 +10,7 @@ what one crossing of the same bytes costs with nothing behind it:
   ring's pass port crosses from one worker process to the next, both ends held to one core, then each
   to its own (absent where this process may use one CPU only).  Whether the scheduler puts the two
   ends on one core or two decides the figure: waking a process on another core costs tens of
-  microseconds on a virtual machine (measured on the 2-core box: about 3 us one way on one core, 25-35
+  microseconds on a virtual machine (measured on the 2-core box: about 3 us one way on one core, 25-40
   us across two), and ``tcp`` lands on either.  A seam between workers on different cores can reach
   the two-core floor, not the one-core one;
 - ``grpc``: a unary gRPC call of the same bytes to an in-process echo server with the channel options
