@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -62,60 +63,66 @@ def timed(one: Callable[[], object], round_trips: int, warmup: int) -> np.ndarra
     return times
 
 
-def tcp_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
-    """Seconds per loopback TCP round trip of ``size`` bytes (an echo thread on the other end)."""
-    server = socket.create_server(("127.0.0.1", 0))
+def _echo(conn: socket.socket, size: int, count: int) -> None:
+    """The far end of a round trip: read ``size`` bytes and send them back, ``count`` times."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(size)
+    with conn:
+        for _ in range(count):
+            _recv_exact(conn, size, buf)
+            conn.sendall(buf)
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            for _ in range(warmup + round_trips):
-                _recv_exact(conn, size, buf)
-                conn.sendall(buf)
 
-    echo = threading.Thread(target=serve, daemon=True, name="dgr-floor-echo")
-    echo.start()
+def _timed_echoes(sock: socket.socket, size: int, round_trips: int, warmup: int) -> np.ndarray:
+    """Seconds per round trip of ``size`` random bytes on ``sock``, whose far end echoes them; refused
+    when what came back is not what was sent."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     payload, back = os.urandom(size), bytearray(size)
-    try:
-        with socket.create_connection(server.getsockname()[:2]) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            times = timed(lambda: (sock.sendall(payload), _recv_exact(sock, size, back)), round_trips, warmup)
-        echo.join(timeout=10)
-    finally:
-        server.close()
+    times = timed(lambda: (sock.sendall(payload), _recv_exact(sock, size, back)), round_trips, warmup)
     if bytes(back) != payload:
         raise RuntimeError("the TCP echo did not return the bytes sent: it measured nothing")
     return times
 
 
-# The echo end of tcp_process_round_trips, run by this interpreter in a process of its own.
-_ECHO_PROCESS = """
-import os, socket, sys
-port, size, count, cpu = (int(a) for a in sys.argv[1:5])
-os.sched_setaffinity(0, {cpu})
-buf = bytearray(size)
-with socket.create_connection(("127.0.0.1", port)) as conn:
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    view = memoryview(buf)
-    for _ in range(count):
-        got = 0
-        while got < size:
-            k = conn.recv_into(view[got:])
-            if not k:
-                sys.exit(0)
-            got += k
-        conn.sendall(buf)
-"""
+def tcp_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
+    """Seconds per loopback TCP round trip of ``size`` bytes (an echo thread on the other end)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    echo = threading.Thread(target=lambda: _echo(server.accept()[0], size, warmup + round_trips),
+                            daemon=True, name="dgr-floor-echo")
+    echo.start()
+    try:
+        with socket.create_connection(server.getsockname()[:2]) as sock:
+            times = _timed_echoes(sock, size, round_trips, warmup)
+        echo.join(timeout=10)
+    finally:
+        server.close()
+    return times
+
+
+def echo_process_main(argv: list[str]) -> None:
+    """The echo process of tcp_process_round_trips: PORT SIZE COUNT CPU."""
+    port, size, count, cpu = (int(a) for a in argv)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        _echo(socket.create_connection(("127.0.0.1", port)), size, count)
+    except ConnectionError:
+        pass  # the measuring side gave up; it reports why
+
+
+# this module's package root, so the echo process imports the same code in a checkout and a wheel
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_ECHO_MAIN = ("import sys; from pipeline.transport_floor import echo_process_main; "
+              "echo_process_main(sys.argv[1:])")
 
 
 def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tuple[int, int]) -> np.ndarray:
     """Seconds per loopback TCP round trip of ``size`` bytes to an echo in another process; the calling
     thread held to CPU ``cpus[0]`` meanwhile, the echo to ``cpus[1]``."""
     server = socket.create_server(("127.0.0.1", 0))
-    echo = subprocess.Popen([sys.executable, "-c", _ECHO_PROCESS, str(server.getsockname()[1]), str(size),
-                             str(warmup + round_trips), str(cpus[1])], stdin=subprocess.DEVNULL)
+    path = os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))))
+    args = (server.getsockname()[1], size, warmup + round_trips, cpus[1])
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO_MAIN, *map(str, args)], stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": path})
     allowed = os.sched_getaffinity(0)  # this thread's own (pid 0): the caller's other threads keep theirs
     try:
         os.sched_setaffinity(0, {cpus[0]})
@@ -123,9 +130,7 @@ def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tupl
         conn, _ = server.accept()
         with conn:
             conn.settimeout(30)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            payload, back = os.urandom(size), bytearray(size)
-            times = timed(lambda: (conn.sendall(payload), _recv_exact(conn, size, back)), round_trips, warmup)
+            times = _timed_echoes(conn, size, round_trips, warmup)
         echo.wait(timeout=30)
     finally:
         os.sched_setaffinity(0, allowed)
@@ -133,8 +138,6 @@ def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tupl
         if echo.poll() is None:
             echo.kill()
             echo.wait()
-    if bytes(back) != payload:
-        raise RuntimeError("the TCP echo process did not return the bytes sent: it measured nothing")
     return times
 
 

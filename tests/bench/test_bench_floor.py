@@ -23,38 +23,32 @@ Run: ``nox -s bench`` (or ``pytest tests/bench -m slow -s -k floor``).
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 
-from pipeline.transport_floor import core_pairs, grpc_round_trips, tcp_process_round_trips, tcp_round_trips
+from pipeline.transport_floor import measure
 
 pytestmark = pytest.mark.slow
 
 SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10}
 ROUND_TRIPS = 2000
 WARMUP = 200
+FLOORS = {"tcp": "tcp", "tcp_one_core": "tcp between processes on one core",
+          "tcp_two_cores": "tcp between processes on two cores", "grpc": "grpc unary"}
 
 
-def _describe(times: np.ndarray) -> str:
-    q1, med, q3 = np.percentile(times, [25, 50, 75]) * 1e6
-    return f"median {med:.1f} us (IQR {q1:.1f}-{q3:.1f})"
+def _describe(q: dict[str, float]) -> str:
+    return f"median {q['median'] * 1e6:.1f} us (IQR {q['q1'] * 1e6:.1f}-{q['q3'] * 1e6:.1f})"
 
 
 @pytest.mark.parametrize("label", list(SIZES))
 def test_bench_transport_floor(benchmark, label: str) -> None:
-    size = SIZES[label]
-    tcp = tcp_round_trips(size, ROUND_TRIPS, WARMUP)
-    rpc = grpc_round_trips(size, ROUND_TRIPS, WARMUP)
-    processes = {name: tcp_process_round_trips(size, ROUND_TRIPS, WARMUP, cpus)
-                 for name, cpus in core_pairs().items()}
-    ratio = float(np.median(rpc) / np.median(tcp))
-    benchmark.extra_info.update(bytes=size, tcp_median_s=float(np.median(tcp)),
-                                grpc_median_s=float(np.median(rpc)), grpc_over_tcp=ratio,
-                                **{f"tcp_{n}_median_s": float(np.median(t)) for n, t in processes.items()})
+    floor = measure([SIZES[label]], round_trips=ROUND_TRIPS, warmup=WARMUP)
+    (row,) = floor["sizes"]
+    got = {name: row[f"{name}_round_trip_s"] for name in FLOORS if f"{name}_round_trip_s" in row}
+    ratio = got["grpc"]["median"] / got["tcp"]["median"]
+    benchmark.extra_info.update(bytes=row["bytes"], grpc_over_tcp=ratio,
+                                **{f"{name}_median_s": q["median"] for name, q in got.items()})
     benchmark.pedantic(lambda: None, rounds=1)  # the figures are the round trips above, not this call
-    between = "; ".join(f"tcp between processes on {n.replace('_', ' ')} {_describe(t)}"
-                        for n, t in processes.items())
-    print(f"\n[bench] floor {label}: tcp {_describe(tcp)}; {between}; grpc unary {_describe(rpc)}; "
-          f"grpc/tcp {ratio:.1f}x; load average {os.getloadavg()[0]:.2f}")
+    figures = "; ".join(f"{FLOORS[name]} {_describe(q)}" for name, q in got.items())
+    print(f"\n[bench] floor {label}: {figures}; grpc/tcp {ratio:.1f}x; load average "
+          f"{floor['load_average']:.2f}")
