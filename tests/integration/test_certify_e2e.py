@@ -86,12 +86,13 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     for row in figures["transport_floor"]["sizes"]:
         assert row["tcp_one_core_round_trip_s"]["median"] > 0
         assert len(os.sched_getaffinity(0)) < 2 or row["tcp_two_cores_round_trip_s"]["median"] > 0
-    assert "<th>process floor ms (1 core / 2 cores)</th>" in paths["report"].read_text()
+    html = paths["report"].read_text()
+    assert "<th>process floor ms (1 core / 2 cores)</th>" in html
     # Each stage said how it holds its weights: read into memory on the CPU lane, and how much on huge pages.
     for p in figures["placements"]:
         assert p["load_mode"] == ["none"] * p["n_stages"], p["name"]
         assert len(p["huge_page_bytes"]) == p["n_stages"] and all(b >= -1 for b in p["huge_page_bytes"])
-    assert "<th>stage weights</th>" in paths["report"].read_text()
+    assert "<th>stage weights</th>" in html
     print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
 
 

@@ -259,24 +259,27 @@ void RingRunner::fail(const std::string & sink, const std::string & request_id, 
 void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,
                                    pb::ForwardRequest next, ms timeout) {
     PassJob job{address, std::move(next), timeout};
+    bool now = false;
     {
         std::lock_guard<std::mutex> lock(state_->mu);
         state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
-        state_->wake_delivery.notify_one();
-        if (state_->stopped.count(job.request.request_id())) {
-            return;  // the ring failed or its sink gave up: no further pass
+        // a ring that failed, or whose sink gave up, gets no further pass
+        if (!state_->stopped.count(job.request.request_id())) {
+            now = state_->passes.empty() && state_->in_flight < kMaxPassesInFlight && !state_->stopping;
+            if (now) {
+                ++state_->in_flight;
+            } else {
+                state_->passes.push_back(std::move(job));  // the pass thread keeps the order and the bound
+                state_->wake_pass.notify_one();
+            }
         }
-        const bool now = state_->passes.empty() && state_->in_flight < kMaxPassesInFlight && !state_->stopping;
-        if (!now) {
-            state_->passes.push_back(std::move(job));  // the pass thread keeps the order and the bound
-            state_->wake_pass.notify_one();
-            return;
-        }
-        ++state_->in_flight;
     }
     // Nothing queued and room in flight: start it here, saving a thread hand-off per token. The call is
     // asynchronous, so the handler still returns at once and no pass waits inside another.
-    State::send(state_, std::move(job));
+    if (now) {
+        State::send(state_, std::move(job));
+    }
+    state_->wake_delivery.notify_one();  // after the pass, as in deliver_then_go_on
 }
 
 }  // namespace dgr

@@ -60,7 +60,7 @@ public:
     void deliver(const std::string & sink, dgr::shard::v1::Delivery delivery, std::chrono::milliseconds timeout);
     // Queue ``delivery`` and then the ring's next pass for ``address`` (its stage 0), under one lock,
     // so the delivery is ahead of the next pass's own; the pass's failure is delivered to
-    // next.deliver_to() as RING_FAILED.
+    // next.deliver_to() as RING_FAILED. The delivery thread is woken after the pass is on its way.
     void deliver_and_start(const std::string & sink, dgr::shard::v1::Delivery delivery, const std::string & address,
                            dgr::shard::v1::ForwardRequest next, std::chrono::milliseconds timeout);
 
