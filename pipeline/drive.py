@@ -302,7 +302,7 @@ def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: 
 @contextmanager
 def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str,
              addresses: Sequence[str] | None, sink_host: str, *,
-             ring_streams: bool = True) -> Iterator[ChainRoute | None]:
+             ring_streams: bool = True, ring_driver_yields: bool = True) -> Iterator[ChainRoute | None]:
     """None for relayed passes; for chained ones, a route with the driver's sink listening."""
     if forwarding not in FORWARDING:
         raise ConfigurationError(f"forwarding {forwarding!r} is not one of {', '.join(FORWARDING)}")
@@ -311,7 +311,7 @@ def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwardi
         return
     if forwarding == "ring":
         with ring_route(stages, infos, addresses=addresses, sink_host=sink_host,
-                        streams=ring_streams) as route:
+                        streams=ring_streams, driver_yields=ring_driver_yields) as route:
             yield route
         return
     with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
@@ -521,6 +521,7 @@ def measure_speed(
     sink_host: str = "127.0.0.1",
     ring_streams: bool = True,
     ring_logits: bool = True,
+    ring_driver_yields: bool = True,
 ) -> SpeedSamples:
     """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
 
@@ -528,13 +529,16 @@ def measure_speed(
     ``ring_streams=False``: a ring's passes as one Forward call per stage (the benchmark compares).
     ``ring_logits=False``: a ring delivers tokens only (what a serving client takes); no token can then
     be held to its logits row, so every repetition must choose the same tokens (BAD_REPLY if not).
+    ``ring_driver_yields=False``: the driver's threads may preempt a stage while it reads a ring
+    (pipeline/yielding.py; the benchmark compares).
     """
     if repetitions < 1 or n_decode < 2:
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
     runs, chosen = [], set()
-    with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams) as route:
+    with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams,
+                  ring_driver_yields=ring_driver_yields) as route:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
             try:

@@ -37,6 +37,7 @@ import numpy as np
 from core.errors import ConfigurationError
 from pipeline.ring_drafts import DraftedPass, DraftedPasses
 from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
+from pipeline.yielding import yielding_to_stages
 from worker.client import StageFailed, StageInfo, ended_stage
 
 POLL_SECONDS = 0.1  # how often a silent ring's workers are checked for an exit
@@ -116,10 +117,12 @@ class RingRoute(ChainRoute):
 
     ``streamed``: the ring's passes go stage to stage as messages on a TCP connection kept open to
     each next stage's pass port (set when every stage names one); else each pass is one Forward call
-    per stage (older workers)."""
+    per stage (older workers).  ``driver_yields``: while it reads a ring, the driver's threads never
+    preempt a stage (pipeline/yielding.py)."""
 
     sink: RingSink
     streamed: bool = False
+    driver_yields: bool = True
 
     def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
                stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
@@ -154,8 +157,9 @@ class RingRoute(ChainRoute):
                 ring=ring, draft=draft, drafted=len(drafts),
             )
             self._acks.append(ack)  # collected by drain(), like a chained pass's
-            return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries,
-                              checker=checker, logits=logits)
+            with yielding_to_stages(self.driver_yields):  # the ring is on its way: the driver only reads
+                return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries,
+                                  checker=checker, logits=logits)
         finally:
             self.sink.close_ring(request_id)
 
@@ -278,15 +282,17 @@ def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:
 
 @contextmanager
 def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
-               sink_host: str, streams: bool = True) -> Iterator[RingRoute]:
+               sink_host: str, streams: bool = True, driver_yields: bool = True) -> Iterator[RingRoute]:
     """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit.
-    ``streams=False``: one Forward call per pass and stage even where every stage offers streams (the
-    benchmark's side by side)."""
+    ``streams=False``: one Forward call per pass and stage even where every stage offers streams;
+    ``driver_yields=False``: the driver's threads keep their policy while it reads (the benchmarks'
+    side by side)."""
     first = stages[0]
     with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
         route.streamed = streams and offers_pass_ports(infos)
+        route.driver_yields = driver_yields
         try:
             yield route
         finally:

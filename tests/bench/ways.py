@@ -38,18 +38,20 @@ class WaysTable:
         assert all(v > 0 for v in self.samples)
 
 
-def _decode(clients, prompt) -> tuple[list[float], list[float]]:
+def _decode(clients, prompt, driver_yields: bool) -> tuple[list[float], list[float]]:
     """Each run's decode tok/s, and every seam crossing's one-way seconds."""
     speed = drive.measure_speed(clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
-                                forwarding="ring", ring_logits=False)
+                                forwarding="ring", ring_logits=False, ring_driver_yields=driver_yields)
     return list(speed.decode_tok_s), [t for rep in speed.seam_seconds for t in rep]
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
-                 evidence, own_monolithic: bool = False) -> WaysTable:
+                 evidence, own_monolithic: bool = False,
+                 driver_keeps: frozenset[str] = frozenset()) -> WaysTable:
     """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run.
     ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
-    models), not to the best of them."""
+    models), not to the best of them.  ``driver_keeps``: the ways whose driver does not yield to the
+    stages while it reads (pipeline/yielding.py); the others' does."""
     load_before = os.getloadavg()
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
@@ -63,7 +65,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         def sweep() -> None:
             for _ in range(rounds):
                 for key, clients in groups.items():
-                    runs, seams = _decode(clients, prompt)
+                    runs, seams = _decode(clients, prompt, driver_yields=key[1] not in driver_keeps)
                     tok_s[key] += runs
                     seam_s[key] += seams
 

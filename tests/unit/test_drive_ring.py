@@ -7,13 +7,14 @@ logits' argmax refused, a failed or killed stage named, nothing left running.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline import drive, ring
+from pipeline import drive, ring, yielding
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -131,3 +132,23 @@ def test_token_only_speed_runs_that_disagree_are_refused(stubs, tmp_path: Path) 
                                 ring_logits=False)
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
     assert "different greedy continuations" in caught.value.detail
+
+
+@pytest.mark.skipif(not yielding.supported(), reason="SCHED_BATCH is Linux's")
+def test_the_driver_yields_to_the_stages_while_it_reads_a_ring(stubs, tmp_path: Path, monkeypatch) -> None:
+    """Reading a ring, the driver's threads run SCHED_BATCH (a delivery's wake-up must not preempt a
+    stage sharing the host); before and after, and with ``ring_driver_yields=False``, they do not."""
+    read = ring.RingRoute._read
+    seen: list[tuple[bool, int]] = []
+
+    def recording(self, *args, **kwargs):
+        seen.append((self.driver_yields, os.sched_getscheduler(0)))
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(ring.RingRoute, "_read", recording)
+    with _launch(stubs, tmp_path, THREE) as p:
+        for yields in (True, False):
+            drive.measure_speed(p.clients, VARIED, 4, repetitions=1, warmup=0, forwarding="ring",
+                                ring_driver_yields=yields)
+            assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    assert seen == [(True, os.SCHED_BATCH), (False, os.SCHED_OTHER)]
