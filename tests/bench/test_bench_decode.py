@@ -26,8 +26,6 @@ from tests.integration import conftest as shared
 from worker.launcher import launch
 
 # The slow suite's session fixtures (build once, provision once), shared without a conftest of our own.
-real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
-stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
 THREADS = shared.THREADS
 
 # The first test of a fresh checkout builds the CPU lane inside its fixture: allow for that.

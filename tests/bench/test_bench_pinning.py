@@ -25,10 +25,6 @@ import os
 import pytest
 
 from tests.bench.ways import compare_ways
-from tests.integration import conftest as shared
-
-real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
-stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -28,11 +28,7 @@ import pytest
 from certify.metrics import median_iqr
 from pipeline import drive
 from tests.bench import rpc_split
-from tests.integration import conftest as shared
 from worker.launcher import launch
-
-real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
-stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

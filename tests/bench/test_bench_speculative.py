@@ -29,11 +29,7 @@ from certify.metrics import median_iqr
 from fetch.provision import provision
 from manifests.recipe_model import Placement, Seam
 from pipeline import drive, seams, speculative
-from tests.integration import conftest as shared
 from tests.integration.test_seams import left_over, seam_support
-
-real_ctx, cpu_build, tiny_model = shared.real_ctx, shared.cpu_build, shared.tiny_model
-stubs, worker_command, worker_env = shared.stubs, shared.worker_command, shared.worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
