@@ -56,10 +56,16 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
-        groups = {(name, way): running.enter_context(
-                      launch(cmd, placement, stubs=stubs, env=env,
-                             evidence=evidence / f"{name}-{way}".replace(" ", "-"))).clients
-                  for name, placement in PLACEMENTS.items() for way, cmd in ways.items()}
+        # ways with one command share its workers: two launches of the same binary can differ by
+        # 10-20% (where their processes settled), which would be charged to the ways' difference
+        launched: dict[tuple[str, WorkerCommand], list] = {}
+        for name, placement in PLACEMENTS.items():
+            for way, cmd in ways.items():
+                if (name, cmd) not in launched:
+                    launched[(name, cmd)] = running.enter_context(launch(
+                        cmd, placement, stubs=stubs, env=env,
+                        evidence=evidence / f"{name}-{way}".replace(" ", "-"))).clients
+        groups = {(name, way): launched[(name, cmd)] for name in PLACEMENTS for way, cmd in ways.items()}
         prompt = next(iter(groups.values()))[0].tokenize(PROMPT, add_special=True)
 
         def sweep() -> None:
