@@ -102,6 +102,9 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     }
     in.backend_devices = devs.empty() ? "CPU" : devs + ", CPU";
 
+    if (!ComputeThread::inline_for(opts_.n_threads)) {
+        compute_ = std::make_unique<ComputeThread>();
+    }
     // one context up front: fails fast when KV/compute cannot be allocated, and gives Info its figures
     idle_.push_back(acquire_context());
     // the MTP-only file's block, embedding and head are this stage's weights too (docs/mtp.md)
@@ -433,6 +436,13 @@ struct CaptureFlags {
 }  // namespace
 
 ForwardResult Stage::forward(const ForwardArgs & a) {
+    if (compute_) {
+        return compute_->run([&] { return forward_here(a); });
+    }
+    return forward_here(a);
+}
+
+ForwardResult Stage::forward_here(const ForwardArgs & a) {
     std::lock_guard<std::mutex> lock(mu_);
     const StageInfo & in = info_;
     const int32_t n_tokens = (int32_t) a.positions.size();

@@ -3,9 +3,11 @@
 // Thread-safety: every public method that touches llama or the sessions takes one mutex, so llama
 // calls are serialised. gRPC may call from many threads; a stage computes one batch at a time anyway
 // (the CPU threads are all busy), and serialising keeps results independent of request interleaving.
+// At more than one thread, forward() computes on the stage's one compute thread (compute_thread.h).
 // info() is fixed once the constructor returns, so it is read without the mutex.
 #pragma once
 
+#include "compute_thread.h"
 #include "drafter.h"
 #include "options.h"
 
@@ -127,6 +129,7 @@ private:
         int32_t rewind_to = -1;     // >= 0: remove the positions from here on first (a rewind)
     };
 
+    ForwardResult   forward_here(const ForwardArgs & args);  // forward() on the thread that computes
     llama_context * acquire_context();           // from the idle pool, or a new one
     void            release_context(llama_context * ctx);
     SessionPlan     plan_session(const ForwardArgs & args, int32_t n_tokens) const;  // throws; changes nothing
@@ -147,6 +150,7 @@ private:
     std::map<std::string, Session> sessions_;
     StageInfo                   info_;
     std::atomic<size_t>         n_sessions_{0};  // readable without the mutex (Health during a Forward)
+    std::unique_ptr<ComputeThread> compute_;     // null at one thread: the caller's thread computes
 };
 
 }  // namespace dgr
