@@ -24,7 +24,9 @@ void ComputeThread::submit(std::function<void()> job) {
 }
 
 void ComputeThread::loop() {
+#ifdef __linux__
     pthread_setname_np(pthread_self(), "dgr-compute");  // as ps, top and /proc name it
+#endif
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
         wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
