@@ -207,7 +207,8 @@ def worker_threads(env: Mapping[str, str], cores: int, stages: int = 1) -> int:
     between graphs, so the teams of idle stages took the cores from the stage computing. On the 2-core
     VM, tiny-llama at 2 threads per stage (token-only ring) decoded 4 stages at 58.7 and 12 stages at
     19.8 tok/s, against 298.6 and 227.5 at 1 thread (worker/README.md, "Threads"). One count for the
-    whole run keeps every figure of a certificate comparable (ggml's CPU results do not depend on it)."""
+    whole run, because ggml's results can depend on it (tiny-v4's logits differ between 1 thread and
+    2): a staged run is bitwise its monolithic reference only at the same count."""
     raw = env.get("DGR_WORKER_THREADS", "").strip()
     if not raw:
         return max(1, cores // max(1, stages))
