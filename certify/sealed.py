@@ -83,13 +83,21 @@ class Sealed:
                                  switch_at=int(rc["switch_at"]), reprefill_tokens=int(rc["reprefill_tokens"]),
                                  cache_miss=str(rc["cache_miss"]))
 
-    def mode_for(self, lane: str, build_key: str | None, fingerprint: Mapping[str, Any]) -> Mode:
+    @property
+    def threads(self) -> list[int]:
+        """The thread counts its workers ran at (their Info's; one count for a reference dgr made)."""
+        return [int(t) for t in self.header.get("threads") or []]
+
+    def mode_for(self, lane: str, build_key: str | None, fingerprint: Mapping[str, Any],
+                 threads: int | None = None) -> Mode:
+        """``threads``: this run's workers' count, named in ``why`` where it differs from the reference's."""
         made = f"made on lane {self.lane} by build {str(self.build_key)[:16]}…"
         if lane == self.lane and build_key is not None and build_key == self.build_key:
             same_hw, differs = same_hardware(self.header.get("hardware") or {}, fingerprint)
             return Mode(
                 gate=STAGING_PARITY,
-                why=f"the sealed reference was {made}, as this run: staging parity, the recipe's thresholds",
+                why=f"the sealed reference was {made}, as this run: staging parity, the recipe's thresholds"
+                    + self._other_threads(threads),
                 speed_carried=same_hw and self.speed is not None,
                 speed_reason="" if same_hw else (
                     f"the sealed reference's monolithic speed was measured on other hardware ({differs}); "
@@ -103,6 +111,17 @@ class Sealed:
             speed_carried=False,
             speed_reason=f"the sealed reference's monolithic speed is another lane's or build's ({made})",
         )
+
+
+    def _other_threads(self, threads: int | None) -> str:
+        """Why parity may miss though lane and build match: ggml's results can depend on the thread
+        count (tiny-v4's logits differ between 1 thread and 2; worker/README.md, "Threads")."""
+        if threads is None or not self.threads or self.threads == [threads]:
+            return ""
+        theirs = ", ".join(map(str, self.threads))
+        return (f"; its workers ran at {theirs} threads and this run's at {threads}: where ggml's results "
+                f"depend on the count, parity can miss (DGR_WORKER_THREADS={self.threads[0]} runs at the "
+                "reference's)")
 
 
 def same_hardware(made: Mapping[str, Any], here: Mapping[str, Any]) -> tuple[bool, str]:

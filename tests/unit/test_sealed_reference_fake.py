@@ -162,6 +162,18 @@ def test_other_hardware_makes_the_speed_ratio_not_applicable(tmp_path: Path) -> 
     assert mode.gate == "staging-parity" and not mode.speed_carried and "cpu_model" in mode.speed_reason
 
 
+def test_another_thread_count_is_named_where_parity_applies(tmp_path: Path) -> None:
+    ctx, recipe, made = _made(tmp_path)
+    ref = sealed.load(ctx, made.manifest, store=tmp_path / "store")
+    fp = hardware.fingerprint(ctx.env)
+    (theirs,) = ref.threads
+    assert ref.mode_for("cpu", "fake-build", fp, theirs).why.endswith("the recipe's thresholds")
+    other = ref.mode_for("cpu", "fake-build", fp, theirs + 1)
+    assert other.gate == "staging-parity"
+    assert f"its workers ran at {theirs} threads and this run's at {theirs + 1}" in other.why
+    assert f"DGR_WORKER_THREADS={theirs} runs at the reference's" in other.why
+
+
 def test_the_file_keeps_float32_exactly(tmp_path: Path) -> None:
     import numpy as np
 
