@@ -193,11 +193,6 @@ def ctx_size(recipe: Recipe) -> int:
     return max(256, -(-need // 256) * 256)
 
 
-def most_stages(recipe: Recipe) -> int:
-    """The most stages any placement of the recipe starts on this host (all of them, when we start them)."""
-    return max(p.n_stages for p in recipe.placements.values())
-
-
 def worker_threads(env: Mapping[str, str], cores: int, stages: int = 1) -> int:
     """Threads per worker: the cores shared out among the most stages a placement starts on this host
     (at least one), the same for every worker of the run, the monolithic reference's included;

@@ -86,6 +86,11 @@ class Plan:
     build_key: str | None = None
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
 
+    def started_threads(self) -> int | None:
+        """The thread count of the workers this run starts; None where it attaches to the operator's
+        (their count is theirs, reported in each Info)."""
+        return self.worker.threads if self.pipelines is None else None
+
     def where(self) -> Pipelines:
         if self.pipelines is not None:
             return self.pipelines

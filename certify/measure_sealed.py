@@ -25,7 +25,7 @@ def run(plan: Plan) -> Outcome:
         raise ValueError("certify.measure_sealed runs plans with a sealed reference")
     out = Outcome()
     recipe, hc, mono = plan.recipe, plan.hardware_class, plan.recipe.monolithic
-    mode = sealed.mode_for(plan.lane, plan.build_key, plan.fingerprint, plan.worker.threads)
+    mode = sealed.mode_for(plan.lane, plan.build_key, plan.fingerprint, plan.started_threads())
     limits = hc.backend_agreement if mode.gate == BACKEND_AGREEMENT else None
     if mode.gate == BACKEND_AGREEMENT and limits is None:
         raise ConfigurationError(

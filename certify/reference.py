@@ -23,7 +23,7 @@ from typing import Any
 
 from certify import gates, hardware, reference_file
 from certify import sealed as sealed_ref
-from certify.inputs import Prepared, ctx_size, most_stages, prepare, worker_threads
+from certify.inputs import Prepared, ctx_size, prepare, worker_threads
 from certify.run import Run, make_plan, new_run_id, write_run_identity
 from certify.verdict import Result
 from core.canonical import write_json
@@ -86,7 +86,7 @@ def make_from(
               evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
     write_run_identity(run, prepared)
     plan = make_plan(ctx, run, hc, prepared, context=ctx_size(recipe),
-                     threads=worker_threads(ctx.env, int(fp["cpu_cores"]), most_stages(recipe)),
+                     threads=worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages),
                      start_timeout=start_timeout, call_deadline=PLAN_TIMEOUT_S)
     from certify import measure
 

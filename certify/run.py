@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from certify import certificate as cert
 from certify import gates, hardware
-from certify.inputs import Prepared, ctx_size, most_stages, mtp_options, prepare, worker_threads
+from certify.inputs import Prepared, ctx_size, mtp_options, prepare, worker_threads
 from certify.keys import SigningKey, signing_key
 from certify.verdict import Result, Status, Verdict, decide
 from core.canonical import atomic_write_bytes, sha256_bytes, write_json
@@ -93,7 +93,7 @@ def run_certification(
               evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
     write_run_identity(run, prepared)
     context = ctx_size(recipe)
-    threads = worker_threads(ctx.env, int(fp["cpu_cores"]), most_stages(recipe))
+    threads = worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages)
     plan = make_plan(ctx, run, hc, prepared, context=context, threads=threads, start_timeout=start_timeout,
                      call_deadline=call_deadline)
     if sealed is not None:

@@ -112,7 +112,6 @@ class Sealed:
             speed_reason=f"the sealed reference's monolithic speed is another lane's or build's ({made})",
         )
 
-
     def _other_threads(self, threads: int | None) -> str:
         """Why parity may miss though lane and build match: ggml's results can depend on the thread
         count (tiny-v4's logits differ between 1 thread and 2; worker/README.md, "Threads")."""

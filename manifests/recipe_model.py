@@ -225,6 +225,11 @@ class Recipe:
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
+    def most_stages(self) -> int:
+        """The most stages any placement starts (all on one host, where dgr certify starts them)."""
+        return max(p.n_stages for p in self.placements.values())
+
+    @property
     def monolithic(self) -> Placement:
         return next(p for p in self.placements.values() if p.is_monolithic)
 

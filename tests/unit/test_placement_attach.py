@@ -227,7 +227,7 @@ def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: 
         lane="vulkan",
         reference=[(cpu, (0, 12))],
     )
-    cmd = WorkerCommand(program=(), model=model, lane="vulkan")
+    cmd = WorkerCommand(program=(), model=model, lane="vulkan", threads=2)
     plan = measure.Plan(
         recipe=RECIPE,
         lane="vulkan",
@@ -237,7 +237,9 @@ def test_a_cross_lane_plan_attaches_its_cpu_reference(tmp_path: Path, operator: 
         evidence=tmp_path,
         env={},
     )
+    assert plan.started_threads() == 2
     plan, pipes, skipped = attach.attach_plan(plan, pf, IDENTITY, 256)
+    assert plan.started_threads() is None  # the operator's workers run at their own count
     listed = {"mono", "three-first-middle"}
     assert set(plan.recipe.placements) == listed
     unlisted = sorted(f"placement/{n}" for n in RECIPE.placements if n not in listed)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from certify.inputs import most_stages, worker_threads
+from certify.inputs import worker_threads
 from core.errors import ConfigurationError
 from manifests.recipe_model import load
 
 
 def test_the_tiny_recipe_puts_twelve_stages_on_the_host() -> None:
-    assert most_stages(load("tiny-llama", {})) == 12
+    assert load("tiny-llama", {}).most_stages == 12
 
 
 @pytest.mark.parametrize(("cores", "stages", "threads"), [
