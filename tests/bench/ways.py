@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from certify.metrics import median_iqr
 from pipeline import drive
+from tests.bench.cpu_time import cpu_seconds
 from tests.bench.placements import PLACEMENTS
 from worker.launcher import WorkerCommand, launch
 
@@ -23,7 +24,7 @@ PROMPT = "Once upon a time"
 @dataclass(frozen=True)
 class WaysTable:
     lines: list[str]  # the printed table, a header first
-    extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR, ratio and seam
+    extra_info: dict  # for pytest-benchmark: each (placement, way)'s median, IQR, ratio, seam and CPU
     samples: list[float]  # every run's tok/s
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
@@ -38,11 +39,16 @@ class WaysTable:
         assert all(v > 0 for v in self.samples)
 
 
-def _decode(clients, prompt, driver_yields: bool) -> tuple[list[float], list[float]]:
-    """Each run's decode tok/s, and every seam crossing's one-way seconds."""
-    speed = drive.measure_speed(clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
+def _decode(pipeline, prompt, driver_yields: bool) -> tuple[list[float], list[float], float]:
+    """Each run's decode tok/s, every seam crossing's one-way seconds, and the workers' CPU seconds
+    per token (all of them together; the warm-up run and the prefills counted in the time and the
+    tokens alike)."""
+    cpu_before = cpu_seconds(pipeline.pids)
+    speed = drive.measure_speed(pipeline.clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
                                 forwarding="ring", ring_logits=False, ring_driver_yields=driver_yields)
-    return list(speed.decode_tok_s), [t for rep in speed.seam_seconds for t in rep]
+    tokens = (REPETITIONS + 1) * (len(prompt) + N_DECODE - 1)
+    cpu_per_token = (cpu_seconds(pipeline.pids) - cpu_before) / tokens
+    return list(speed.decode_tok_s), [t for rep in speed.seam_seconds for t in rep], cpu_per_token
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
@@ -55,6 +61,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     load_before = os.getloadavg()
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
+    cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
         # ways with one command share its workers: two launches of the same binary can differ by
         # 10-20% (where their processes settled), which would be charged to the ways' difference
@@ -64,36 +71,41 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
                 if (name, cmd) not in launched:
                     launched[(name, cmd)] = running.enter_context(launch(
                         cmd, placement, stubs=stubs, env=env,
-                        evidence=evidence / f"{name}-{way}".replace(" ", "-"))).clients
+                        evidence=evidence / f"{name}-{way}".replace(" ", "-")))
         groups = {(name, way): launched[(name, cmd)] for name in PLACEMENTS for way, cmd in ways.items()}
-        prompt = next(iter(groups.values()))[0].tokenize(PROMPT, add_special=True)
+        prompt = next(iter(groups.values())).clients[0].tokenize(PROMPT, add_special=True)
 
         def sweep() -> None:
             for _ in range(rounds):
-                for key, clients in groups.items():
-                    runs, seams = _decode(clients, prompt, driver_yields=key[1] not in driver_keeps)
+                for key, pipeline in groups.items():
+                    runs, seams, cpu = _decode(pipeline, prompt, driver_yields=key[1] not in driver_keeps)
                     tok_s[key] += runs
                     seam_s[key] += seams
+                    cpu_s[key].append(cpu)
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
         load_after = os.getloadavg()
     medians = {key: median_iqr(v) for key, v in tok_s.items()}
     seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
+    cpu_us = {key: median_iqr(v).median * 1e6 for key, v in cpu_s.items()}
     best = max(medians[("monolithic", way)].median for way in ways)
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7}" for way in ways)
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7} {'cpu us':>6}"
+                      for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
-                 f"{medians[(name, w)].median / mono[w]:6.2f} {seam_us[(name, w)]:7.1f}" for w in ways]
+                 f"{medians[(name, w)].median / mono[w]:6.2f} {seam_us[(name, w)]:7.1f} "
+                 f"{cpu_us[(name, w)]:6.0f}" for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
     reference = ("each way's own monolithic median" if own_monolithic
                  else f"the better monolithic median, {best:.1f} tok/s")
     lines.append(f"(/mono: {reference}; median of {rounds * REPETITIONS} "
                  f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
-                 f"this stage sent; {os.cpu_count()} cpus)")
+                 f"this stage sent; cpu us: every worker's CPU time per token, median over the rounds; "
+                 f"{os.cpu_count()} cpus)")
     info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
-                         "seam_us": seam_us[(n, w)]}
+                         "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)]}
             for (n, w), m in medians.items()}
     return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s],
                      load_before=load_before, load_after=load_after)

@@ -21,12 +21,8 @@ std::string Chain::refusal(const std::string & address) const {
         return "";
     }
     std::string host, port;
-    if (split_host_port(address, host, port, false)) {
-        for (const std::string & peer : policy_.peers) {
-            if (peer == address || peer == host + ":*") {
-                return "";
-            }
-        }
+    if (split_host_port(address, host, port, false) && (peers_.count(address) || peers_.count(host + ":*"))) {
+        return "";
     }
     std::string listed;
     for (const std::string & peer : policy_.peers) {

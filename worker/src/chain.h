@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +50,8 @@ class Chain {
 public:
     static constexpr size_t kMaxChannels = 16;
 
-    explicit Chain(ChainPolicy policy = {}) : policy_(std::move(policy)) {}
+    explicit Chain(ChainPolicy policy = {})
+        : policy_(std::move(policy)), peers_(policy_.peers.begin(), policy_.peers.end()) {}
 
     // Why this worker will not dial ``address`` ("" when it will).
     std::string refusal(const std::string & address) const;
@@ -72,6 +74,8 @@ public:
 
 private:
     ChainPolicy policy_;
+    // the --peers entries as a set: a ring pass checks every address of its route, each pass
+    std::set<std::string> peers_;
     std::mutex mu_;
     std::list<std::pair<std::string, std::shared_ptr<grpc::Channel>>> lru_;  // most recently used first
     std::map<std::string, decltype(lru_)::iterator> channels_;

@@ -258,38 +258,22 @@ grpc::Status ShardService::compute(const pb::ForwardRequest & req, int64_t recei
     return own;
 }
 
-// What this (non-last) stage hands the next: the same pass with its boundary, the route shortened by
-// one and its own hop appended to the trace (sent_ns set last, just before sending).
-static pb::ForwardRequest next_request(const pb::ForwardRequest & req, ForwardResult && r, pb::Hop && hop) {
-    pb::ForwardRequest next;
-    next.set_session_id(req.session_id());
-    next.set_epoch(req.epoch());
-    next.mutable_positions()->CopyFrom(req.positions());
-    next.mutable_tokens()->CopyFrom(req.tokens());  // a few ids: always passed for a sideband stage
-    put_tensor(std::move(r.boundary), next.mutable_boundary());
-    next.set_boundary_dtype(req.boundary_dtype());
-    next.set_all_logits(req.all_logits());
-    next.set_rewind(req.rewind());
-    next.set_draft(req.draft());
-    next.set_drafted(req.drafted());
-    for (int i = 1; i < req.downstream_size(); ++i) {
-        next.add_downstream(req.downstream(i));
+// Turn the pass this (non-last) stage received into the one it hands the next, in place: its boundary
+// instead of the one it read, the route shortened by one and its own hop appended to the trace (sent_ns
+// set last, just before sending). Every other field travels as it came. In place, because a ring pass
+// carries every stage's address and the hops so far: copying them per stage cost a 12-stage ring
+// more than the loopback write (worker/README.md, "Ring decode").
+static void hand_on(pb::ForwardRequest & pass, ForwardResult && r, pb::Hop && hop) {
+    pass.mutable_boundary()->Clear();  // put_tensor fills a fresh Tensor
+    put_tensor(std::move(r.boundary), pass.mutable_boundary());
+    pass.mutable_downstream()->erase(pass.mutable_downstream()->begin());
+    hop.set_boundary_bytes(pass.boundary().data().size());
+    if (pass.keep_boundaries()) {
+        *hop.mutable_boundary() = pass.boundary();
     }
-    next.set_deliver_to(req.deliver_to());
-    next.set_request_id(req.request_id());
-    next.set_keep_boundaries(req.keep_boundaries());
-    if (req.has_ring()) {
-        *next.mutable_ring() = req.ring();
-    }
-    next.mutable_trace()->CopyFrom(req.trace());
-    hop.set_boundary_bytes(next.boundary().data().size());
-    if (req.keep_boundaries()) {
-        *hop.mutable_boundary() = next.boundary();
-    }
-    pb::Hop * mine = next.add_trace();
+    pb::Hop * mine = pass.add_trace();
     *mine = std::move(hop);
     mine->set_sent_ns(monotonic_ns());
-    return next;
 }
 
 grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardRequest * req, int64_t received_ns) {
@@ -300,8 +284,9 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         return own;  // the caller names us: it knows our address
     }
     if (!stage_.info().last_stage) {
-        const pb::ForwardRequest next = next_request(*req, std::move(r), std::move(hop));
-        const std::string & address = req->downstream(0);
+        const std::string address = req->downstream(0);
+        pb::ForwardRequest next = *req;
+        hand_on(next, std::move(r), std::move(hop));
         // a streamed ring's first pass: stage 0 hands it on over its pass connection and acks at once
         const ChainResult res = req->ring().stream() ? streams_.send(address, next) : chain_.forward(*ctx, address, next);
         if (!res.status.ok()) {
@@ -335,7 +320,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
 }
 
 int ShardService::listen_passes(const std::string & host, int port) {
-    return streams_.listen(host, port, [this](const pb::ForwardRequest & pass, int64_t received_ns) {
+    return streams_.listen(host, port, [this](pb::ForwardRequest & pass, int64_t received_ns) {
         if (!pass.has_ring() || !pass.ring().stream() || pass.deliver_to().empty()) {
             // only our own stages dial this port; a pass without a sink has nobody to fail to
             std::fprintf(stderr, "dgr-shard-worker: pass port: dropped a message that is not a streamed ring's "
@@ -348,7 +333,7 @@ int ShardService::listen_passes(const std::string & host, int port) {
 
 // A streamed ring's pass: as a chained one, but nobody waits for its status, so a failure (this stage's
 // own, or handing the pass on) goes to the ring's sink naming the stage it belongs to.
-void ShardService::streamed(const pb::ForwardRequest & req, int64_t received_ns) {
+void ShardService::streamed(pb::ForwardRequest & req, int64_t received_ns) {
     const int32_t index = req.trace_size();
     const uint32_t ring_index = req.ring().index();
     ForwardResult r;
@@ -358,8 +343,9 @@ void ShardService::streamed(const pb::ForwardRequest & req, int64_t received_ns)
         return;
     }
     if (!stage_.info().last_stage) {
-        const std::string & address = req.downstream(0);
-        const ChainResult res = streams_.send(address, next_request(req, std::move(r), std::move(hop)));
+        const std::string address = req.downstream(0);
+        hand_on(req, std::move(r), std::move(hop));  // the read loop's message: nobody reads it after us
+        const ChainResult res = streams_.send(address, req);
         if (!res.status.ok()) {
             ring_.fail(req.deliver_to(), req.request_id(), ring_index, index + 1, res.status,
                        "stage " + std::to_string(index + 1) + " at " + address);

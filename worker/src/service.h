@@ -41,7 +41,7 @@ private:
     // deliver_to set: compute, then hand the boundary to the next stage (or the logits to the sink)
     grpc::Status chained(grpc::ServerContext * ctx, const dgr::shard::v1::ForwardRequest * req, int64_t received_ns);
     // a pass that came on the pass port
-    void streamed(const dgr::shard::v1::ForwardRequest & req, int64_t received_ns);
+    void streamed(dgr::shard::v1::ForwardRequest & req, int64_t received_ns);  // consumes req
     grpc::Status compute(const dgr::shard::v1::ForwardRequest & req, int64_t received_ns, ForwardResult & r,
                          dgr::shard::v1::Hop & hop);
     // the last stage of a ring pass: pick the token, queue its delivery and (unless the ring ends) the next pass

@@ -22,9 +22,13 @@ namespace pb = dgr::shard::v1;
 namespace dgr {
 
 struct PassStreams::Out {
-    std::mutex mu;  // one writer at a time
-    int        fd = -1;
+    std::mutex  mu;  // one writer at a time
+    int         fd = -1;
+    std::string body;  // the last pass sent, its capacity kept for the next (no allocation per pass)
 };
+
+// A prefill's pass can be megabytes; a connection keeps at most this much buffer between passes.
+constexpr size_t kKeptBodyBytes = 1 << 20;
 
 namespace {
 
@@ -246,14 +250,14 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
         }
         out = slot;
     }
-    std::string body;
+    std::lock_guard<std::mutex> lock(out->mu);
+    std::string & body = out->body;
     if (!pass.SerializeToString(&body) || (max_bytes_ >= 0 && body.size() > (size_t) max_bytes_)) {
         return ChainResult{grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "a pass of " + std::to_string(body.size()) +
                                         " bytes is over the message limit"), ""};
     }
     const uint32_t n = (uint32_t) body.size();
     const char head[4] = {(char) (n & 0xff), (char) (n >> 8 & 0xff), (char) (n >> 16 & 0xff), (char) (n >> 24 & 0xff)};
-    std::lock_guard<std::mutex> lock(out->mu);
     std::string why;
     if (out->fd < 0) {
         const int fd = connect_to(address, why);
@@ -266,7 +270,11 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
             shutdown(fd, SHUT_RDWR);
         }
     }
-    if (write_all(out->fd, head, sizeof head, body, why)) {
+    const bool sent = write_all(out->fd, head, sizeof head, body, why);
+    if (body.capacity() > kKeptBodyBytes) {
+        std::string().swap(body);
+    }
+    if (sent) {
         return ChainResult{};
     }
     std::lock_guard<std::mutex> outer(mu_);

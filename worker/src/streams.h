@@ -35,7 +35,8 @@ namespace dgr {
 
 class PassStreams {
 public:
-    using OnPass = std::function<void(const dgr::shard::v1::ForwardRequest &, int64_t received_ns)>;
+    // the pass is the read loop's own message, reused for the next read: the handler may consume it
+    using OnPass = std::function<void(dgr::shard::v1::ForwardRequest &, int64_t received_ns)>;
 
     PassStreams(Chain & chain, int max_message_bytes) : chain_(chain), max_bytes_(max_message_bytes) {}
     ~PassStreams();
