@@ -33,14 +33,15 @@ RECORD = "build.json"
 SOURCE_LINK = "llama-src"
 WORKER_TARGET = "dgr-shard-worker"
 # What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, the
-# top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order) and the
-# probe of the worker's greedy pick.
+# top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order), the
+# probe of the worker's greedy pick and the ring floor.
 TOPK_PROBE_TARGET = "dgr-topk-probe"
 TOPK_TIES_TARGET = "dgr-topk-ties"
 ARGMAX_PROBE_TARGET = "dgr-argmax-probe"
+RING_FLOOR_TARGET = "dgr-ring-floor"  # a ring of stage processes with nothing of ours in the way
 TARGETS: tuple[str, ...] = (
     "llama", "llama-bench", "llama-gguf-split", "llama-quantize",
-    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET, ARGMAX_PROBE_TARGET,
+    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET, ARGMAX_PROBE_TARGET, RING_FLOOR_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes

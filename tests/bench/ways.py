@@ -39,7 +39,7 @@ class WaysTable:
         assert all(v > 0 for v in self.samples)
 
 
-def _decode(pipeline, prompt, driver_yields: bool) -> tuple[list[float], list[float], float]:
+def decode_ring(pipeline, prompt, driver_yields: bool = True) -> tuple[list[float], list[float], float]:
     """Each run's decode tok/s, every seam crossing's one-way seconds, and the workers' CPU seconds
     per token (all of them together; the warm-up run and the prefills counted in the time and the
     tokens alike)."""
@@ -78,7 +78,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         def sweep() -> None:
             for _ in range(rounds):
                 for key, pipeline in groups.items():
-                    runs, seams, cpu = _decode(pipeline, prompt, driver_yields=key[1] not in driver_keeps)
+                    runs, seams, cpu = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps)
                     tok_s[key] += runs
                     seam_s[key] += seams
                     cpu_s[key].append(cpu)

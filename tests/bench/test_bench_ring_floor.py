@@ -1,0 +1,102 @@
+"""The workers' ring against the floor of a ring on this host: how much of a staged token's cost is
+ours (issue 19, "seams at the physical limit").
+
+``dgr-ring-floor`` (worker/tools/ring_floor.cpp, built beside the worker) runs the same even
+placements as N stage processes of the same llama build that pass {position, token, boundary} over
+loopback TCP and nothing else: no gRPC, no protobuf, no driver, no deliveries.  What it measures is
+llama's own work per pass, the kernel's socket calls and the processes taking turns on the cores: the
+best a ring of N processes can do here.  Each placement is run both ways, interleaved over ROUNDS
+rounds (token-only ring, one thread per process, free); the table gives tok/s, the ratio to each
+side's own monolithic figure, and every process's CPU time per token (where stages share cores, a
+token costs that sum).  ``ours/floor`` is how close the workers come; the floor's own ``/mono`` is the
+ceiling of any staged goal on this host.
+
+Property held: the floor's picks are the same tokens at every depth (staging is bitwise on one
+backend and thread count there too).  Everything else is a figure of this machine.
+Run: ``nox -s bench -- -s -k ring_floor``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from contextlib import ExitStack
+
+import pytest
+
+from certify.metrics import median_iqr
+from lanes.build import RING_FLOOR_TARGET
+from tests.bench.placements import PLACEMENTS
+from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+ROUNDS = 3
+FLOOR_ROUNDS = 3  # timed rounds of 64 tokens per run of the floor tool
+THREADS = 1
+
+
+def _floor(tool, model, stages: int) -> dict:
+    """One run of the floor tool: its JSON (tok_s per round, cpu_us_per_pass per stage, tokens)."""
+    argv = [os.fspath(tool), "-m", os.fspath(model), "--stages", str(stages), "--rounds", str(FLOOR_ROUNDS),
+            "--threads", str(THREADS)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout)
+
+
+def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, worker_command, stubs,
+                                              worker_env, tmp_path) -> None:
+    tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
+    command = dataclasses.replace(worker_command, threads=THREADS)
+    floor_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    floor_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    floor_tokens: dict[str, list[int]] = {}
+    ours_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    ours_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    load_before = os.getloadavg()
+    with ExitStack() as running:
+        pipelines = {name: running.enter_context(launch(command, placement, stubs=stubs, env=worker_env,
+                                                        evidence=tmp_path / name))
+                     for name, placement in PLACEMENTS.items()}
+        prompt = pipelines["monolithic"].clients[0].tokenize(PROMPT, add_special=True)
+
+        def sweep() -> None:
+            for _ in range(ROUNDS):
+                for name, placement in PLACEMENTS.items():
+                    floor = _floor(tool, tiny_model.first, len(placement))
+                    floor_tok[name] += floor["tok_s"]
+                    floor_cpu[name].append(sum(floor["cpu_us_per_pass"]))
+                    floor_tokens.setdefault(name, floor["tokens"])
+                    runs, _, cpu = decode_ring(pipelines[name], prompt)
+                    ours_tok[name] += runs
+                    ours_cpu[name].append(cpu * 1e6)
+
+        benchmark.pedantic(sweep, rounds=1, iterations=1)
+    load_after = os.getloadavg()
+    f_mono = median_iqr(floor_tok["monolithic"]).median
+    o_mono = median_iqr(ours_tok["monolithic"]).median
+    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'cpu us':>6} "
+             f"{'ours tok/s':>10} {'IQR':>6} {'/mono':>6} {'cpu us':>6} {'ours/floor':>10}"]
+    table = {}
+    for name in PLACEMENTS:
+        f, o = median_iqr(floor_tok[name]), median_iqr(ours_tok[name])
+        fc, oc = median_iqr(floor_cpu[name]).median, median_iqr(ours_cpu[name]).median
+        table[name] = {"floor_tok_s": f.median, "floor_ratio_to_mono": f.median / f_mono, "floor_cpu_us": fc,
+                       "ours_tok_s": o.median, "ours_ratio_to_mono": o.median / o_mono, "ours_cpu_us": oc,
+                       "ours_over_floor": o.median / f.median}
+        lines.append(f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {fc:6.0f} "
+                     f"{o.median:10.1f} {o.iqr:6.1f} {o.median / o_mono:6.2f} {oc:6.0f} "
+                     f"{o.median / f.median:10.2f}")
+    lines.append(f"(median of {ROUNDS * FLOOR_ROUNDS} floor rounds of 64 tokens and "
+                 f"{ROUNDS * REPETITIONS} ring runs of {N_DECODE - 1}; "
+                 f"/mono: each side's own monolithic median; cpu us: every process's CPU time per token; "
+                 f"{os.cpu_count()} cpus)")
+    print(f"\n[bench ring floor] tiny-llama, {THREADS} thread per process, loopback, free; load average "
+          f"before {load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines))
+    benchmark.extra_info.update(table=table, load_before=list(load_before), load_after=list(load_after))
+    assert all(tokens == floor_tokens["monolithic"] for tokens in floor_tokens.values()), floor_tokens
+    assert all(v > 0 for runs in (*floor_tok.values(), *ours_tok.values()) for v in runs)

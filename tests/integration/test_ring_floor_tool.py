@@ -1,0 +1,52 @@
+"""dgr-ring-floor (worker/tools/ring_floor.cpp, the bench's floor of a ring on this host) does the work
+the workers do: its picks at every depth equal the monolithic worker's greedy tokens from the same
+start, it reports a speed and each stage's CPU per pass, and bad usage is a one-line error, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from lanes.build import RING_FLOOR_TARGET
+from pipeline import drive
+from worker.launcher import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOKENS = 16
+
+
+def _run(cpu_build, model, *args: str) -> subprocess.CompletedProcess[str]:
+    tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
+    return subprocess.run([str(tool), "-m", str(model), *args], capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model, worker_command, stubs,
+                                                          worker_env, tmp_path) -> None:
+    with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        # the floor starts every round from token 1 at position 0 and feeds back its own picks
+        wanted = drive.run_placement(p.clients, [[1]], TOKENS).prompts[0].tokens
+    threads = str(worker_command.threads)
+    for stages in (1, 3, 12):
+        done = _run(cpu_build, tiny_model.first, "--stages", str(stages), "--tokens", str(TOKENS),
+                    "--rounds", "2", "--threads", threads)
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert got["tokens"] == list(wanted), (stages, got["tokens"], wanted)
+        assert len(got["tok_s"]) == 2 and all(v > 0 for v in got["tok_s"])
+        assert len(got["cpu_us_per_pass"]) == stages and all(v > 0 for v in got["cpu_us_per_pass"])
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--stages", "0"], "--stages: not a count: 0"),
+    (["--stages", "13"], "13 stages for a model of 12 layers"),
+    (["--tokens", "600"], "--tokens must be below --ctx"),
+    (["--bogus", "1"], "unknown option --bogus"),
+])
+def test_bad_usage_is_one_line_and_exit_2(cpu_build, tiny_model, args, said) -> None:
+    done = _run(cpu_build, tiny_model.first, *args)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr.splitlines()[0]
