@@ -20,10 +20,12 @@ from pathlib import Path
 from core.errors import DgrError
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-# What a device run needs from a lane build: the shard worker and libllama it links.  The tools in
-# lanes.build.TARGETS serve provisioning (llama-gguf-split for package-index sets, carried ready-made
-# in the bundle) and tests; certify reuses this build because targets are not part of the build key.
-WORKER_TARGETS = ("llama", "dgr-shard-worker")
+# What a device run needs from a lane build: the shard worker and libllama it links, and the ring floor
+# (one small program: the stages' floor on this GPU with nothing of ours in the way, issue 19).  The
+# other tools in lanes.build.TARGETS serve provisioning (llama-gguf-split for package-index sets,
+# carried ready-made in the bundle) and tests; certify reuses this build because targets are not part
+# of the build key.
+WORKER_TARGETS = ("llama", "dgr-shard-worker", "dgr-ring-floor")
 
 
 def _parser() -> argparse.ArgumentParser:

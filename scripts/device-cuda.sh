@@ -3,13 +3,16 @@
 # network: check the bundle, set up Python and (when the OS has no libgrpc++-dev) the carried gRPC
 # sysroot, verify and patch the carried llama.cpp tree, build the CUDA lane for this GPU's compute
 # capability and the CPU reference at the same time (worker and libllama only), provision, then
-# `dgr certify` and `dgr verify` each recipe on cuda.  Everything lands in one output folder.
+# `dgr certify` and `dgr verify` each recipe on cuda, and with the time left, the ring floor
+# (dgr-ring-floor on tiny-llama at 1, 2, 4 and 12 stages, every layer on the GPU: the stages' floor
+# with nothing of ours in the way).  Everything lands in one output folder.
 #
 #   bash BUNDLE/project/scripts/device-cuda.sh [--out DIR] [--work DIR] [--bundle DIR] [--lane cuda|cpu]
 #        [--recipe NAME]... [--jobs N] [--limit SECONDS] [--dry-run]
 #
 #   --out     output folder (default $OUT, else ./device-out): log.txt, timings.tsv, summary.json,
-#             results.tar.gz (certificates, reports, verify output, build.json, run records, dev key)
+#             results.tar.gz (certificates, reports, verify output, build.json, run records, dev key,
+#             ring-floor.jsonl)
 #   --work    scratch and workspace (default /tmp/dgr-device; DGR_WORK is <work>/work)
 #   --lane    cuda (default) or cpu: the same steps for the CPU lane alone (no GPU needed)
 #   --recipe  recipe to certify (repeatable; default: the bundle's, tiny-llama tiny-v4 gemma3-270m-q4)
@@ -251,6 +254,22 @@ certify_one() {
   return 0  # a FAIL (exit 5) or an error is collected; the next recipe still runs
 }
 
+# The ring floor: how fast N stage processes decode here with no gRPC, protobuf or driver between them
+# (worker/README.md, "Ring decode").  Figures only; a failure is logged and changes no exit code.
+ring_floor() {
+  local tool model n budget
+  tool=$(ls -t "$DGR_WORK"/build/"$LANE"-*/bin/dgr-ring-floor 2>/dev/null | head -1)
+  model=$DGR_STORE/tiny-llama/f32/tiny-llama-f32-00001-of-00003.gguf
+  if [ -z "$tool" ] || [ ! -f "$model" ]; then say "ring floor: no tool or no tiny-llama; skipped"; return 0; fi
+  for n in 1 2 4 12; do
+    budget=$(( $(left) - 15 ))
+    if [ "$budget" -lt 30 ]; then say "ring floor: ${budget}s left; stopped before $n stages"; return 0; fi
+    timeout -k 5 "$budget" "$tool" -m "$model" --stages "$n" --gpu-layers 999 >>"$COLLECT/ring-floor.jsonl" \
+      || say "ring floor: $n stages failed (exit $?)"
+  done
+  cat "$COLLECT/ring-floor.jsonl" 2>/dev/null || true
+}
+
 collect() {
   local b f
   mkdir -p "$COLLECT/builds" "$COLLECT/keys" "$COLLECT/provenance"
@@ -301,11 +320,13 @@ main() {
     [ "$LANE" = cuda ] && echo "  python -m device build --lane cuda -j $JOBS   (at the same time as the next)"
     echo "  python -m device build --lane cpu -j $JOBS"
     local r; for r in "${RECIPES[@]}"; do echo "  dgr certify --recipe $r --lane $LANE; dgr verify <its certificate>"; done
+    echo "  dgr-ring-floor -m tiny-llama --stages 1|2|4|12 --gpu-layers 999 (the time left)"
     return 0
   fi
   if [ "$LANE" = cuda ]; then timed gpu gpu_arch || return 6; fi
   timed builds builds || return 6
   local r; for r in "${RECIPES[@]}"; do certify_one "$r"; done
+  timed ring-floor ring_floor || true
   # the exit code: 6 when a recipe errored or did not verify, else 5 when a gate failed, else 0
   awk -F'\t' '$2=="PASS" && $3==0 && $4==0 {next} $2=="SKIPPED" {bad=1; next}
               $2=="FAIL" && $3==5 && $4==0 {fail=1; next} {bad=1}
