@@ -1,6 +1,8 @@
 """dgr-ring-floor (worker/tools/ring_floor.cpp, the bench's floor of a ring on this host) does the work
 the workers do: its picks at every depth equal the monolithic worker's greedy tokens from the same
-start, it reports a speed and each stage's CPU per pass, and bad usage is a one-line error, exit 2."""
+start, its weights sit in memory as the worker's do (the load mode: mapped weights decode 10-18%
+slower, which would make a floor above the workers), it reports a speed and each stage's CPU per
+pass, and bad usage is a one-line error, exit 2."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
     with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         # the floor starts every round from token 1 at position 0 and feeds back its own picks
         wanted = drive.run_placement(p.clients, [[1]], TOKENS).prompts[0].tokens
+        load_mode = p.clients[0].info().memory.load_mode
     threads = str(worker_command.threads)
     for stages in (1, 3, 12):
         done = _run(cpu_build, tiny_model.first, "--stages", str(stages), "--tokens", str(TOKENS),
@@ -36,6 +39,7 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
         assert done.returncode == 0, done.stderr
         got = json.loads(done.stdout)
         assert got["tokens"] == list(wanted), (stages, got["tokens"], wanted)
+        assert got["load_mode"] == load_mode
         assert len(got["tok_s"]) == 2 and all(v > 0 for v in got["tok_s"])
         assert len(got["cpu_us_per_pass"]) == stages and all(v > 0 for v in got["cpu_us_per_pass"])
 

@@ -5,18 +5,19 @@
 //                  [--gpu-layers 0]
 //
 // N processes, each holding an even contiguous layer range as a worker's stage does (the pinned tree
-// with our patches), pass {position, token, boundary} to the next over one loopback TCP connection
+// with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the next over one loopback TCP connection
 // each (TCP_NODELAY, as the workers' pass ports); the last picks the next token (the worker's greedy
 // rule) and hands it to the first. No gRPC, no protobuf, no driver, no delivery: what is left is
 // llama's own work per pass, the kernel's socket calls and the processes taking turns. Every pass
 // feeds one token; each round starts a fresh sequence at position 0.
 //
-// stdout: one JSON object: stages, layers, tok_s (per round), cpu_us_per_pass (per stage, CPU time
+// stdout: one JSON object: stages, threads, load_mode (the worker's choice), tok_s (per round), cpu_us_per_pass (per stage, CPU time
 // over every round's passes), tokens (the last round's picks: equal for every N, staging being
 // bitwise on one backend and thread count). Exit 2 on bad usage, 1 when a stage fails.
 #include "argmax.h"
 #include "gguf.h"
 #include "llama.h"
+#include "weights.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -153,6 +154,7 @@ struct Stage {
         mp.layer_begin  = begin;
         mp.layer_end    = end;
         mp.n_gpu_layers = o.gpu_layers;
+        mp.load_mode    = dgr::choose_load_mode("", o.gpu_layers);  // as the worker: read onto huge pages on the CPU
         model = llama_model_load_from_file(o.model.c_str(), mp);
         if (model == nullptr) {
             std::fprintf(stderr, "dgr-ring-floor: cannot load layers %d:%d of %s\n", begin, end, o.model.c_str());
@@ -160,9 +162,10 @@ struct Stage {
         }
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx = (uint32_t) o.ctx;
-        cp.n_batch = cp.n_ubatch = 64;
+        cp.n_batch = cp.n_ubatch = 512;  // the worker's defaults: one ubatch per pass, the same buffers
         cp.n_seq_max = 1;
         cp.n_threads = cp.n_threads_batch = o.threads;
+        cp.no_perf = true;
         ctx = llama_init_from_model(model, cp);
         if (ctx == nullptr) {
             std::fprintf(stderr, "dgr-ring-floor: no context for layers %d:%d\n", begin, end);
@@ -353,8 +356,9 @@ int main(int argc, char ** argv) {
         }
         return s + "]";
     };
-    std::printf("{\"stages\": %d, \"threads\": %d, \"tokens_per_round\": %d, \"tok_s\": %s, \"cpu_us_per_pass\": %s, "
-                "\"tokens\": %s}\n", o.stages, o.threads, o.tokens, list(tok_s, "%.2f").c_str(),
+    std::printf("{\"stages\": %d, \"threads\": %d, \"load_mode\": \"%s\", \"tokens_per_round\": %d, \"tok_s\": %s, "
+                "\"cpu_us_per_pass\": %s, \"tokens\": %s}\n", o.stages, o.threads,
+                llama_load_mode_name(dgr::choose_load_mode("", o.gpu_layers)), o.tokens, list(tok_s, "%.2f").c_str(),
                 list(cpu_us, "%.1f").c_str(), list(tokens, "%d").c_str());
     return 0;
 }
