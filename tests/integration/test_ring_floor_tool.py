@@ -2,12 +2,16 @@
 the workers do: its picks at every depth equal the monolithic worker's greedy tokens from the same
 start, its weights sit in memory as the worker's do (the load mode: mapped weights decode 10-18%
 slower, which would make a floor above the workers), it reports a speed and each stage's CPU per
-pass, and bad usage is a one-line error, exit 2."""
+pass, bad usage is a one-line error, exit 2, and a stage that cannot load ends the run (exit 1, the
+stage named, no process left behind) instead of leaving the others waiting on it."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +24,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOKENS = 16
 
 
-def _run(cpu_build, model, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(cpu_build, model, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
-    return subprocess.run([str(tool), "-m", str(model), *args], capture_output=True, text=True, timeout=300,
-                          check=False)
+    return subprocess.run([str(tool), "-m", str(model), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _running(binary: Path) -> list[int]:
+    """Pids running ``binary``, whoever their parent (a stage left behind is the init process's child)."""
+    target, found = os.path.realpath(binary), []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "exe") == target:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model, worker_command, stubs,
@@ -54,3 +70,14 @@ def test_bad_usage_is_one_line_and_exit_2(cpu_build, tiny_model, args, said) -> 
     done = _run(cpu_build, tiny_model.first, *args)
     assert done.returncode == 2, done.stderr
     assert said in done.stderr.splitlines()[0]
+
+
+def test_a_stage_that_cannot_load_ends_the_run(cpu_build, tiny_model, tmp_path) -> None:
+    # the first file of the split alone: its header names 12 layers, its tensors are in the other files
+    alone = tmp_path / tiny_model.first.name
+    shutil.copyfile(tiny_model.first, alone)
+    done = _run(cpu_build, alone, "--stages", "3", "--rounds", "1", "--tokens", "4", timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "cannot load layers" in done.stderr
+    assert "ended before it was ready" in done.stderr.splitlines()[-1]
+    assert _running(cpu_build.dir / "bin" / RING_FLOOR_TARGET) == []

@@ -22,13 +22,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <csignal>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -81,13 +86,18 @@ Options parse(int argc, char ** argv) {
     return o;
 }
 
+std::vector<pid_t> g_children;  // the parent's stage processes (empty in a stage), ended on a failure
+[[noreturn]] void give_up(const std::string & why);
+
 void send_all(int fd, const void * p, size_t n) {
     const char * c = static_cast<const char *>(p);
     while (n > 0) {
         const ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
         if (k <= 0) {
-            std::perror("dgr-ring-floor: send");
-            std::_Exit(1);
+            if (!g_children.empty()) {
+                give_up(std::string("send: ") + std::strerror(errno));
+            }
+            std::_Exit(1);  // a stage: its report closes, and the parent says which
         }
         c += k;
         n -= (size_t) k;
@@ -227,9 +237,11 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
     long passes = 0;
     Head h{};
     std::vector<int32_t> picks;
+    bool stopped = false;
     while (recv_all(in, &h, sizeof h) && (stage.first || recv_all(in, boundary.data(), boundary.size() * sizeof(float)))) {
         if (h.pos < 0) {
             write_pass(out, h, boundary, !stage.last);  // the stop goes round once
+            stopped = true;
             break;
         }
         if (cpu_start < 0) {
@@ -248,6 +260,9 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
         }
         write_pass(out, h, boundary, !stage.last);
     }
+    if (!stopped) {
+        std::_Exit(1);  // a neighbour ended without the stop: the parent sees this stage's report close
+    }
     const double cpu_us = passes > 0 ? (cpu_seconds() - cpu_start) / (double) passes * 1e6 : 0.0;
     send_all(report, &cpu_us, sizeof cpu_us);
     const int32_t n_picks = stage.last ? (int32_t) std::min<size_t>(picks.size(), (size_t) o.tokens) : 0;
@@ -258,6 +273,33 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
     llama_free(stage.ctx);
     llama_model_free(stage.model);
     std::_Exit(0);
+}
+
+// The parent's way out of a failed run: no stage process outlives it.
+[[noreturn]] void give_up(const std::string & why) {
+    for (const pid_t pid : g_children) {
+        kill(pid, SIGKILL);
+    }
+    for (const pid_t pid : g_children) {
+        waitpid(pid, nullptr, 0);
+    }
+    std::fprintf(stderr, "dgr-ring-floor: %s\n", why.c_str());
+    std::exit(1);
+}
+
+// Every end of ``links`` and ``reports`` but those in ``keep`` closed (each process holds only its own,
+// so a process that ends closes the last copy of its ends and its neighbours see it).
+void close_others(const std::vector<std::vector<int>> & links, const std::vector<std::vector<int>> & reports,
+                  const std::vector<int> & keep) {
+    for (const auto * group : {&links, &reports}) {
+        for (const auto & pair : *group) {
+            for (const int fd : pair) {
+                if (std::find(keep.begin(), keep.end(), fd) == keep.end()) {
+                    close(fd);
+                }
+            }
+        }
+    }
 }
 
 // The model's layer count from its GGUF header (ARCH.block_count), read once before the stages start.
@@ -300,32 +342,42 @@ int main(int argc, char ** argv) {
         link[(size_t) k] = {fds[0], fds[1]};
         report[(size_t) k] = {rep[0], rep[1]};
     }
-    std::vector<pid_t> children;
     for (int k = 0; k < o.stages; ++k) {
         const pid_t pid = fork();
+        if (pid < 0) {
+            give_up(std::string("fork: ") + std::strerror(errno));
+        }
         if (pid == 0) {
+            g_children.clear();  // a stage has none of its own
+#ifdef __linux__
+            prctl(PR_SET_PDEATHSIG, SIGKILL);  // a parent killed by a timeout takes its stages with it
+#endif
             const int in = link[(size_t) ((k + o.stages - 1) % o.stages)][1], out = link[(size_t) k][0];
+            close_others(link, report, {in, out, report[(size_t) k][1]});
             run_stage(o, n_layer, k, in, out, report[(size_t) k][1]);
         }
-        children.push_back(pid);
-    }
-    int32_t word = 0;
-    for (int k = 0; k < o.stages; ++k) {
-        if (!recv_all(report[(size_t) k][0], &word, sizeof word)) {
-            std::fprintf(stderr, "dgr-ring-floor: stage %d ended before it was ready\n", k);
-            return 1;
-        }
+        g_children.push_back(pid);
     }
     // the parent feeds the first stage as the last stage would: through the last stage's link
     const int feed = link[(size_t) (o.stages - 1)][0], last_report = report[(size_t) (o.stages - 1)][0];
+    std::vector<int> mine = {feed};
+    for (const auto & pair : report) {
+        mine.push_back(pair[0]);
+    }
+    close_others(link, report, mine);
+    int32_t word = 0;
+    for (int k = 0; k < o.stages; ++k) {
+        if (!recv_all(report[(size_t) k][0], &word, sizeof word)) {
+            give_up("stage " + std::to_string(k) + " ended before it was ready");
+        }
+    }
     std::vector<double> tok_s;
     for (int r = 0; r < o.rounds; ++r) {
         const Head start{0, 1};
         const auto t0 = std::chrono::steady_clock::now();
         send_all(feed, &start, sizeof start);
         if (!recv_all(last_report, &word, sizeof word)) {
-            std::fprintf(stderr, "dgr-ring-floor: a stage failed in round %d\n", r + 1);
-            return 1;
+            give_up("a stage ended in round " + std::to_string(r + 1));
         }
         tok_s.push_back(o.tokens / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -336,15 +388,14 @@ int main(int argc, char ** argv) {
     for (int k = 0; k < o.stages; ++k) {
         int32_t n = 0;
         if (!recv_all(report[(size_t) k][0], &cpu_us[(size_t) k], sizeof(double)) || !recv_all(report[(size_t) k][0], &n, sizeof n)) {
-            std::fprintf(stderr, "dgr-ring-floor: stage %d ended without its figures\n", k);
-            return 1;
+            give_up("stage " + std::to_string(k) + " ended without its figures");
         }
         tokens.resize((size_t) n);
         if (n > 0 && !recv_all(report[(size_t) k][0], tokens.data(), (size_t) n * sizeof(int32_t))) {
-            return 1;
+            give_up("stage " + std::to_string(k) + " ended without its tokens");
         }
     }
-    for (const pid_t pid : children) {
+    for (const pid_t pid : g_children) {
         waitpid(pid, nullptr, 0);
     }
     auto list = [](const auto & v, const char * fmt) {
