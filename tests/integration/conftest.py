@@ -118,10 +118,10 @@ def live_workers(marker: str) -> list[int]:
     return pids
 
 
-def our_workers(binary: Path) -> list[int]:
-    """Pids of live children of this test process running ``binary`` (a /proc scan, so it also finds
-    workers the launcher lost track of; other sessions' workers of the same binary are not ours)."""
-    found = []
+def running(binary: Path) -> dict[int, int]:
+    """Live processes running ``binary``, pid to parent pid, whoever started them (a /proc scan: a
+    process whose parent died is the init process's child by then)."""
+    found = {}
     target = os.path.realpath(binary)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -131,6 +131,12 @@ def our_workers(binary: Path) -> list[int]:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if exe == target and ppid == os.getpid() and proc_alive(int(entry.name)):
-            found.append(int(entry.name))
+        if exe == target and proc_alive(int(entry.name)):
+            found[int(entry.name)] = ppid
     return found
+
+
+def our_workers(binary: Path) -> list[int]:
+    """Pids of live children of this test process running ``binary`` (so it also finds workers the
+    launcher lost track of; other sessions' workers of the same binary are not ours)."""
+    return [pid for pid, ppid in running(binary).items() if ppid == os.getpid()]

@@ -8,15 +8,14 @@ stage named, no process left behind) instead of leaving the others waiting on it
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from lanes.build import RING_FLOOR_TARGET
 from pipeline import drive
+from tests.integration.conftest import running
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -28,18 +27,6 @@ def _run(cpu_build, model, *args: str, timeout: float = 300) -> subprocess.Compl
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
     return subprocess.run([str(tool), "-m", str(model), *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
-
-
-def _running(binary: Path) -> list[int]:
-    """Pids running ``binary``, whoever their parent (a stage left behind is the init process's child)."""
-    target, found = os.path.realpath(binary), []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and os.readlink(entry / "exe") == target:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model, worker_command, stubs,
@@ -80,4 +67,5 @@ def test_a_stage_that_cannot_load_ends_the_run(cpu_build, tiny_model, tmp_path) 
     assert done.returncode == 1, done.stderr
     assert "cannot load layers" in done.stderr
     assert "ended before it was ready" in done.stderr.splitlines()[-1]
-    assert _running(cpu_build.dir / "bin" / RING_FLOOR_TARGET) == []
+    # a stage left behind would be the init process's child by now, not this test's
+    assert running(cpu_build.dir / "bin" / RING_FLOOR_TARGET) == {}

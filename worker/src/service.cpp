@@ -284,7 +284,7 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         return own;  // the caller names us: it knows our address
     }
     if (!stage_.info().last_stage) {
-        const std::string address = req->downstream(0);
+        const std::string & address = req->downstream(0);  // *req stays as it came: next is a copy
         pb::ForwardRequest next = *req;
         hand_on(next, std::move(r), std::move(hop));
         // a streamed ring's first pass: stage 0 hands it on over its pass connection and acks at once

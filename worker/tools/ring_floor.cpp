@@ -5,15 +5,16 @@
 //                  [--gpu-layers 0]
 //
 // N processes, each holding an even contiguous layer range as a worker's stage does (the pinned tree
-// with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the next over one loopback TCP connection
-// each (TCP_NODELAY, as the workers' pass ports); the last picks the next token (the worker's greedy
-// rule) and hands it to the first. No gRPC, no protobuf, no driver, no delivery: what is left is
-// llama's own work per pass, the kernel's socket calls and the processes taking turns. Every pass
-// feeds one token; each round starts a fresh sequence at position 0.
+// with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the
+// next over one loopback TCP connection each (TCP_NODELAY, as the workers' pass ports); the last picks
+// the next token (the worker's greedy rule) and hands it to the first. No gRPC, no protobuf, no driver,
+// no delivery: what is left is llama's own work per pass, the kernel's socket calls and the processes
+// taking turns. Every pass feeds one token; each round starts a fresh sequence at position 0.
 //
-// stdout: one JSON object: stages, threads, load_mode (the worker's choice), tok_s (per round), cpu_us_per_pass (per stage, CPU time
-// over every round's passes), tokens (the last round's picks: equal for every N, staging being
-// bitwise on one backend and thread count). Exit 2 on bad usage, 1 when a stage fails.
+// stdout: one JSON object: stages, threads, load_mode (the worker's choice), tok_s (per round),
+// cpu_us_per_pass (per stage, CPU time over every round's passes), tokens (the last round's picks:
+// equal for every N, staging being bitwise on one backend and thread count). Exit 2 on bad usage, 1
+// when a stage fails.
 #include "argmax.h"
 #include "gguf.h"
 #include "llama.h"
