@@ -3,9 +3,11 @@ ours (issue 19, "seams at the physical limit").
 
 ``dgr-ring-floor`` (worker/tools/ring_floor.cpp, built beside the worker) runs the same even
 placements as N stage processes of the same llama build that pass {position, token, boundary} over
-loopback TCP and nothing else: no gRPC, no protobuf, no driver, no deliveries.  What it measures is
-llama's own work per pass, the kernel's socket calls and the processes taking turns on the cores: the
-best a ring of N processes can do here.  Each placement is run both ways, interleaved over ROUNDS
+loopback TCP and nothing else: no gRPC, no protobuf, no driver.  Its last stage hands each pick to a
+reader thread here as it comes (``--deliver``: three int32 on one TCP connection), as the workers'
+ring hands each token to the driver, so both sides carry a driver that reads every token.  What it
+measures is llama's own work per pass, the kernel's socket calls and the processes taking turns on the
+cores: the best a ring of N processes can do here.  Each placement is run both ways, interleaved over ROUNDS
 rounds (token-only ring, one thread per process, free); the table gives tok/s, the ratio to each
 side's own monolithic figure, and every process's CPU time per token (where stages share cores, a
 token costs that sum).  ``ours/floor`` is how close the workers come; the floor's own ``/mono`` is the
@@ -21,8 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
+import struct
 import subprocess
-from contextlib import ExitStack
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -39,13 +45,37 @@ FLOOR_ROUNDS = 3  # timed rounds of 64 tokens per run of the floor tool
 THREADS = 1
 
 
+@contextmanager
+def _reader() -> Iterator[tuple[int, list[int]]]:
+    """A loopback port for ``--deliver`` and the tokens read from it, each as it comes (one thread)."""
+    tokens: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(600)
+
+        def read() -> None:
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as stream:
+                while len(record := stream.read(12)) == 12:
+                    tokens.append(struct.unpack("<3i", record)[2])
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        yield listener.getsockname()[1], tokens
+        thread.join(30)
+
+
 def _floor(tool, model, stages: int) -> dict:
-    """One run of the floor tool: its JSON (tok_s per round, cpu_us_per_pass per stage, tokens)."""
+    """One run of the floor tool, its picks delivered to a reader: its JSON (tok_s per round,
+    cpu_us_per_pass per stage, tokens)."""
     argv = [os.fspath(tool), "-m", os.fspath(model), "--stages", str(stages), "--rounds", str(FLOOR_ROUNDS),
             "--threads", str(THREADS)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    with _reader() as (port, delivered):
+        done = subprocess.run([*argv, "--deliver", str(port)], capture_output=True, text=True, timeout=600,
+                              check=False)
     assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}: {done.stderr[-2000:]}"
-    return json.loads(done.stdout)
+    floor = json.loads(done.stdout)
+    assert len(delivered) == FLOOR_ROUNDS * floor["tokens_per_round"], "the reader missed picks"
+    return floor
 
 
 def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, worker_command, stubs,

@@ -2,14 +2,18 @@
 the workers do: its picks at every depth equal the monolithic worker's greedy tokens from the same
 start, its weights sit in memory as the worker's do (the load mode: mapped weights decode 10-18%
 slower, which would make a floor above the workers), it reports a speed and each stage's CPU per
-pass, bad usage is a one-line error, exit 2, and a stage that cannot load ends the run (exit 1, the
-stage named, no process left behind) instead of leaving the others waiting on it."""
+pass, ``--deliver`` hands a reader every pick in order, bad usage is a one-line error, exit 2, and a
+stage that cannot load ends the run (exit 1, the stage named, no process left behind) instead of
+leaving the others waiting on it."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
+import struct
 import subprocess
+import threading
 
 import pytest
 
@@ -47,11 +51,48 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
         assert len(got["cpu_us_per_pass"]) == stages and all(v > 0 for v in got["cpu_us_per_pass"])
 
 
+def test_deliver_hands_every_pick_to_the_reader_in_order(cpu_build, tiny_model) -> None:
+    records: list[tuple[int, int, int]] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+
+        def read() -> None:
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as stream:
+                while len(record := stream.read(12)) == 12:
+                    records.append(struct.unpack("<3i", record))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        done = _run(cpu_build, tiny_model.first, "--stages", "3", "--tokens", str(TOKENS), "--rounds", "2",
+                    "--deliver", str(listener.getsockname()[1]))
+        reader.join(30)
+    assert done.returncode == 0, done.stderr
+    assert not reader.is_alive(), "the last stage never closed its delivery connection"
+    picks = json.loads(done.stdout)["tokens"]
+    # {round, position, token}: every position of both rounds, and the last round's tokens are the picks
+    assert [(r, p) for r, p, _ in records] == [(r, p) for r in range(2) for p in range(TOKENS)]
+    assert [t for r, _, t in records if r == 1] == picks
+    assert [t for r, _, t in records if r == 0] == picks  # every round starts afresh from token 1
+
+
+def test_deliver_to_no_listener_ends_the_run(cpu_build, tiny_model) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    done = _run(cpu_build, tiny_model.first, "--stages", "2", "--rounds", "1", "--tokens", "4",
+                "--deliver", str(port), timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"--deliver {port}:" in done.stderr
+    assert "ended before it was ready" in done.stderr.splitlines()[-1]
+    assert running(cpu_build.dir / "bin" / RING_FLOOR_TARGET) == {}
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--stages", "0"], "--stages: not a count: 0"),
     (["--stages", "13"], "13 stages for a model of 12 layers"),
     (["--tokens", "600"], "--tokens must be below --ctx"),
     (["--bogus", "1"], "unknown option --bogus"),
+    (["--deliver", "70000"], "--deliver: not a port: 70000"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(cpu_build, tiny_model, args, said) -> None:
     done = _run(cpu_build, tiny_model.first, *args)

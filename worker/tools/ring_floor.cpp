@@ -2,7 +2,7 @@
 // the way, so a ring of workers can be read against it (issue 19: seams at the physical limit).
 //
 //   dgr-ring-floor -m MODEL --stages N [--tokens 64] [--rounds 3] [--threads 1] [--ctx 512]
-//                  [--gpu-layers 0]
+//                  [--gpu-layers 0] [--deliver PORT]
 //
 // N processes, each holding an even contiguous layer range as a worker's stage does (the pinned tree
 // with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the
@@ -10,6 +10,11 @@
 // the next token (the worker's greedy rule) and hands it to the first. No gRPC, no protobuf, no driver,
 // no delivery: what is left is llama's own work per pass, the kernel's socket calls and the processes
 // taking turns. Every pass feeds one token; each round starts a fresh sequence at position 0.
+//
+// --deliver PORT: the last stage also sends each pick, {round, position, token} as three int32, to a
+// listener on 127.0.0.1:PORT over one TCP connection, after it has handed the next pass on (the
+// order a worker's ring keeps). With a reader there, the floor carries a driver that reads every token
+// as it comes, and the cost of a raw per-token delivery can be told from the cost of ours.
 //
 // stdout: one JSON object: stages, threads, load_mode (the worker's choice), tok_s (per round),
 // cpu_us_per_pass (per stage, CPU time over every round's passes), tokens (the last round's picks:
@@ -47,11 +52,12 @@ namespace {
 struct Options {
     std::string model;
     int stages = 1, tokens = 64, rounds = 3, threads = 1, ctx = 512, gpu_layers = 0;
+    int deliver = 0;  // a loopback port the last stage sends each pick to; 0: none
 };
 
 [[noreturn]] void usage(const char * why) {
     std::fprintf(stderr, "dgr-ring-floor: %s\nusage: dgr-ring-floor -m MODEL --stages N [--tokens 64] [--rounds 3] "
-                 "[--threads 1] [--ctx 512] [--gpu-layers 0]\n", why);
+                 "[--threads 1] [--ctx 512] [--gpu-layers 0] [--deliver PORT]\n", why);
     std::exit(2);
 }
 
@@ -64,14 +70,16 @@ Options parse(int argc, char ** argv) {
         }
         const char * v = argv[++i];
         int * field = a == "--stages" ? &o.stages : a == "--tokens" ? &o.tokens : a == "--rounds" ? &o.rounds :
-                      a == "--threads" ? &o.threads : a == "--ctx" ? &o.ctx : a == "--gpu-layers" ? &o.gpu_layers : nullptr;
+                      a == "--threads" ? &o.threads : a == "--ctx" ? &o.ctx : a == "--gpu-layers" ? &o.gpu_layers :
+                      a == "--deliver" ? &o.deliver : nullptr;
         if (a == "-m") {
             o.model = v;
         } else if (field != nullptr) {
             char * end = nullptr;
             const long n = std::strtol(v, &end, 10);
-            if (*end != '\0' || n < (field == &o.gpu_layers ? 0 : 1) || n > 1000000) {
-                usage((a + ": not a count: " + v).c_str());
+            const long most = field == &o.deliver ? 65535 : 1000000;
+            if (*end != '\0' || n < (field == &o.gpu_layers ? 0 : 1) || n > most) {
+                usage((a + (field == &o.deliver ? ": not a port: " : ": not a count: ") + v).c_str());
             }
             *field = (int) n;
         } else {
@@ -141,6 +149,22 @@ void tcp_pair(int fds[2]) {
     setsockopt(fds[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// The last stage's connection to the --deliver listener (Nagle off); a stage that cannot reach it ends.
+int connect_delivery(int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons((uint16_t) port);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (sockaddr *) &addr, sizeof addr) != 0) {
+        std::fprintf(stderr, "dgr-ring-floor: --deliver %d: %s\n", port, std::strerror(errno));
+        std::_Exit(1);
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
 double cpu_seconds() {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
@@ -151,6 +175,11 @@ double cpu_seconds() {
 struct Head {
     int32_t pos;
     int32_t token;
+};
+
+// A pick as --deliver sends it.
+struct Pick {
+    int32_t round, pos, token;
 };
 
 // One stage: its layers, its context, and one pass.
@@ -232,6 +261,8 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
 [[noreturn]] void run_stage(const Options & o, int n_layer, int index, int in, int out, int report) {
     Stage stage(o, index * n_layer / o.stages, (index + 1) * n_layer / o.stages);
     std::vector<float> boundary((size_t) stage.width);
+    const int delivery = stage.last && o.deliver > 0 ? connect_delivery(o.deliver) : -1;
+    int32_t round = 0;
     const int32_t ready = index;
     send_all(report, &ready, sizeof ready);
     double cpu_start = -1;
@@ -250,16 +281,25 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
         }
         const int32_t pick = stage.pass(h, boundary);
         ++passes;
-        if (stage.last) {
-            picks.push_back(pick);
-            h.token = pick;
-            if (++h.pos == o.tokens) {
-                const int32_t done = -1;  // a round: the parent times it and starts the next
-                send_all(report, &done, sizeof done);
-                continue;
-            }
+        if (!stage.last) {
+            write_pass(out, h, boundary, true);
+            continue;
         }
-        write_pass(out, h, boundary, !stage.last);
+        picks.push_back(pick);
+        const Pick got{round, h.pos, pick};
+        h.token = pick;
+        const bool round_done = ++h.pos == o.tokens;
+        if (!round_done) {
+            write_pass(out, h, boundary, false);  // the next pass first, then the delivery: as a worker
+        }
+        if (delivery >= 0) {
+            send_all(delivery, &got, sizeof got);
+        }
+        if (round_done) {
+            const int32_t done = -1;  // a round: the parent times it and starts the next
+            send_all(report, &done, sizeof done);
+            ++round;
+        }
     }
     if (!stopped) {
         std::_Exit(1);  // a neighbour ended without the stop: the parent sees this stage's report close
