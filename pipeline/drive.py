@@ -302,7 +302,8 @@ def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: 
 @contextmanager
 def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str,
              addresses: Sequence[str] | None, sink_host: str, *,
-             ring_streams: bool = True, ring_driver_yields: bool = True) -> Iterator[ChainRoute | None]:
+             ring_streams: bool = True, ring_driver_yields: bool = True,
+             ring_delivery_stream: bool = True) -> Iterator[ChainRoute | None]:
     """None for relayed passes; for chained ones, a route with the driver's sink listening."""
     if forwarding not in FORWARDING:
         raise ConfigurationError(f"forwarding {forwarding!r} is not one of {', '.join(FORWARDING)}")
@@ -311,7 +312,8 @@ def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwardi
         return
     if forwarding == "ring":
         with ring_route(stages, infos, addresses=addresses, sink_host=sink_host,
-                        streams=ring_streams, driver_yields=ring_driver_yields) as route:
+                        streams=ring_streams, driver_yields=ring_driver_yields,
+                        delivery_stream=ring_delivery_stream) as route:
             yield route
         return
     with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
@@ -522,6 +524,7 @@ def measure_speed(
     ring_streams: bool = True,
     ring_logits: bool = True,
     ring_driver_yields: bool = True,
+    ring_delivery_stream: bool = True,
 ) -> SpeedSamples:
     """Warm up, then time ``repetitions`` fresh sessions of prefill + (n_decode - 1) decode steps.
 
@@ -530,7 +533,8 @@ def measure_speed(
     ``ring_logits=False``: a ring delivers tokens only (what a serving client takes); no token can then
     be held to its logits row, so every repetition must choose the same tokens (BAD_REPLY if not).
     ``ring_driver_yields=False``: the driver's threads may preempt a stage while it reads a ring
-    (pipeline/yielding.py; the benchmark compares).
+    (pipeline/yielding.py; the benchmark compares).  ``ring_delivery_stream=False``: a ring's deliveries
+    as Deliver calls, not frames on the driver's delivery port (pipeline/delivery_port.py; the same).
     """
     if repetitions < 1 or n_decode < 2:
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
@@ -538,7 +542,7 @@ def measure_speed(
     _check_fits(infos, len(prompt) + n_decode)
     runs, chosen = [], set()
     with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams,
-                  ring_driver_yields=ring_driver_yields) as route:
+                  ring_driver_yields=ring_driver_yields, ring_delivery_stream=ring_delivery_stream) as route:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
             try:

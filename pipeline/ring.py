@@ -35,6 +35,7 @@ import grpc
 import numpy as np
 
 from core.errors import ConfigurationError
+from pipeline.delivery_port import DeliveryPort
 from pipeline.ring_drafts import DraftedPass, DraftedPasses
 from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
 from pipeline.yielding import yielding_to_stages
@@ -57,6 +58,32 @@ class RingSink(Sink):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._rings: dict[str, queue.SimpleQueue[Received]] = {}
+        self._delivery_port: DeliveryPort | None = None
+        self.stream_address = ""  # the delivery port (pipeline/delivery_port.py), once started
+
+    def start(self) -> str:
+        """The gRPC sink, and beside it on the same host the delivery port rings may stream to."""
+        address = super().start()
+        if self._delivery_port is None:
+            port = DeliveryPort(self._pb2, self._take_ring, host=self._host)
+            try:
+                self.stream_address = port.start()
+            except ConfigurationError:
+                super().stop()
+                raise
+            self._delivery_port = port
+        return address
+
+    @property
+    def streamed(self) -> int:
+        """Ring deliveries that came as frames on the delivery port (the rest were Deliver calls)."""
+        return self._delivery_port.frames if self._delivery_port is not None else 0
+
+    def stop(self, grace: float = 1.0) -> None:
+        port, self._delivery_port = self._delivery_port, None
+        if port is not None:
+            port.stop()
+        super().stop(grace)
 
     def open_ring(self, request_id: str) -> queue.SimpleQueue[Received]:
         got: queue.SimpleQueue[Received] = queue.SimpleQueue()
@@ -72,23 +99,32 @@ class RingSink(Sink):
 
     def _deliver(self, request: object, context: grpc.ServicerContext) -> object:
         received_at = time.perf_counter()
-        ringed = request.HasField("ring")
-        with self._lock:
-            got = self._rings.get(request.request_id)
-            if ringed:
-                self.refused += got is None
-                self.delivered += got is not None
-        if not ringed:
-            if got is not None:  # refused: the first pass's ack carries this back to the driver
+        if not request.HasField("ring"):
+            with self._lock:
+                ring_open = request.request_id in self._rings
+            if ring_open:  # refused: the first pass's ack carries this back to the driver
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"ring {request.request_id!r} came back as a plain chained pass: a stage "
                               f"predates ring decode (update every worker)")
             return super()._deliver(request, context)
-        if got is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"no ring {request.request_id!r} is read by this driver")
-        got.put(Received(delivery=request, received_at=received_at))
+        refused = self._take_ring(request, received_at)
+        if refused is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused)
         return self._pb2.DeliveryAck()
+
+    def _take_ring(self, delivery: object, received_at: float) -> str | None:
+        """Queue a ring delivery for its reader: None, or why it is refused (a Deliver call's or the
+        delivery port's)."""
+        if not delivery.HasField("ring"):
+            return f"{delivery.request_id!r} is not a ring delivery (a delivery port takes rings only)"
+        with self._lock:
+            got = self._rings.get(delivery.request_id)
+            self.refused += got is None
+            self.delivered += got is not None
+        if got is None:
+            return f"no ring {delivery.request_id!r} is read by this driver"
+        got.put(Received(delivery=delivery, received_at=received_at))
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,11 +154,14 @@ class RingRoute(ChainRoute):
     ``streamed``: the ring's passes go stage to stage as messages on a TCP connection kept open to
     each next stage's pass port (set when every stage names one); else each pass is one Forward call
     per stage (older workers).  ``driver_yields``: while it reads a ring, the driver's threads never
-    preempt a stage (pipeline/yielding.py)."""
+    preempt a stage (pipeline/yielding.py).  ``stream_deliveries``: the last stage sends the ring's
+    deliveries to the sink's delivery port (pipeline/delivery_port.py) instead of a Deliver call each
+    (a worker that predates Ring.delivery_stream makes the calls all the same)."""
 
     sink: RingSink
     streamed: bool = False
     driver_yields: bool = True
+    stream_deliveries: bool = True
 
     def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
                stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
@@ -144,7 +183,8 @@ class RingRoute(ChainRoute):
         ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
                         max_position=min(i.n_ctx for i in self.infos) - 1,
                         pass_timeout_ms=int(first.deadline * 1000), draft=draft, stream=self.streamed,
-                        tokens_only=not logits)
+                        tokens_only=not logits,
+                        delivery_stream=self.sink.stream_address if self.stream_deliveries else "")
         fed = [int(token), *(int(t) for t in drafts)]
         checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
@@ -282,17 +322,19 @@ def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:
 
 @contextmanager
 def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
-               sink_host: str, streams: bool = True, driver_yields: bool = True) -> Iterator[RingRoute]:
+               sink_host: str, streams: bool = True, driver_yields: bool = True,
+               delivery_stream: bool = True) -> Iterator[RingRoute]:
     """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit.
     ``streams=False``: one Forward call per pass and stage even where every stage offers streams;
-    ``driver_yields=False``: the driver's threads keep their policy while it reads (the benchmarks'
-    side by side)."""
+    ``driver_yields=False``: the driver's threads keep their policy while it reads, and
+    ``delivery_stream=False``: every delivery is a Deliver call (the benchmarks' side by side)."""
     first = stages[0]
     with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
         route.streamed = streams and offers_pass_ports(infos)
         route.driver_yields = driver_yields
+        route.stream_deliveries = delivery_stream
         try:
             yield route
         finally:

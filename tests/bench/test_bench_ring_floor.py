@@ -101,9 +101,9 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                     floor_tok[name] += floor["tok_s"]
                     floor_cpu[name].append(sum(floor["cpu_us_per_pass"]))
                     floor_tokens.setdefault(name, floor["tokens"])
-                    runs, _, cpu = decode_ring(pipelines[name], prompt)
-                    ours_tok[name] += runs
-                    ours_cpu[name].append(cpu * 1e6)
+                    ours = decode_ring(pipelines[name], prompt)
+                    ours_tok[name] += ours.tok_s
+                    ours_cpu[name].append(ours.worker_cpu * 1e6)
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()

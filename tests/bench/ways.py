@@ -7,6 +7,7 @@ reference (or, for ways that run different models, by its own)."""
 from __future__ import annotations
 
 import os
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -39,29 +40,42 @@ class WaysTable:
         assert all(v > 0 for v in self.samples)
 
 
-def decode_ring(pipeline, prompt, driver_yields: bool = True) -> tuple[list[float], list[float], float]:
-    """Each run's decode tok/s, every seam crossing's one-way seconds, and the workers' CPU seconds
-    per token (all of them together; the warm-up run and the prefills counted in the time and the
-    tokens alike)."""
-    cpu_before = cpu_seconds(pipeline.pids)
+@dataclass(frozen=True)
+class RingFigures:
+    tok_s: list[float]  # each run's decode tok/s
+    seams: list[float]  # every seam crossing's one-way seconds
+    worker_cpu: float  # the workers' CPU seconds per token, all of them together
+    driver_cpu: float  # this process's (the driver's) CPU seconds per token, every thread
+
+
+def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: bool = True) -> RingFigures:
+    """A token-only ring's figures over REPETITIONS runs (the warm-up run and the prefills counted in
+    the CPU time and the tokens alike).  ``delivery_stream=False``: Deliver calls, not frames on the
+    driver's delivery port."""
+    cpu_before, driver_before = cpu_seconds(pipeline.pids), time.process_time()
     speed = drive.measure_speed(pipeline.clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
-                                forwarding="ring", ring_logits=False, ring_driver_yields=driver_yields)
+                                forwarding="ring", ring_logits=False, ring_driver_yields=driver_yields,
+                                ring_delivery_stream=delivery_stream)
     tokens = (REPETITIONS + 1) * (len(prompt) + N_DECODE - 1)
-    cpu_per_token = (cpu_seconds(pipeline.pids) - cpu_before) / tokens
-    return list(speed.decode_tok_s), [t for rep in speed.seam_seconds for t in rep], cpu_per_token
+    return RingFigures(tok_s=list(speed.decode_tok_s), seams=[t for rep in speed.seam_seconds for t in rep],
+                       worker_cpu=(cpu_seconds(pipeline.pids) - cpu_before) / tokens,
+                       driver_cpu=(time.process_time() - driver_before) / tokens)
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
                  evidence, own_monolithic: bool = False,
-                 driver_keeps: frozenset[str] = frozenset()) -> WaysTable:
+                 driver_keeps: frozenset[str] = frozenset(),
+                 deliver_calls: frozenset[str] = frozenset()) -> WaysTable:
     """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run.
     ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
     models), not to the best of them.  ``driver_keeps``: the ways whose driver does not yield to the
-    stages while it reads (pipeline/yielding.py); the others' does."""
+    stages while it reads (pipeline/yielding.py); the others' does.  ``deliver_calls``: the ways whose
+    rings deliver by Deliver calls; the others' by frames on the driver's delivery port."""
     load_before = os.getloadavg()
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
+    driver_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     with ExitStack() as running:
         # ways with one command share its workers: two launches of the same binary can differ by
         # 10-20% (where their processes settled), which would be charged to the ways' difference
@@ -78,34 +92,39 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         def sweep() -> None:
             for _ in range(rounds):
                 for key, pipeline in groups.items():
-                    runs, seams, cpu = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps)
-                    tok_s[key] += runs
-                    seam_s[key] += seams
-                    cpu_s[key].append(cpu)
+                    got = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps,
+                                      delivery_stream=key[1] not in deliver_calls)
+                    tok_s[key] += got.tok_s
+                    seam_s[key] += got.seams
+                    cpu_s[key].append(got.worker_cpu)
+                    driver_s[key].append(got.driver_cpu)
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
         load_after = os.getloadavg()
     medians = {key: median_iqr(v) for key, v in tok_s.items()}
     seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
     cpu_us = {key: median_iqr(v).median * 1e6 for key, v in cpu_s.items()}
+    driver_us = {key: median_iqr(v).median * 1e6 for key, v in driver_s.items()}
     best = max(medians[("monolithic", way)].median for way in ways)
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7} {'cpu us':>6}"
-                      for way in ways)
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7} {'cpu us':>6} "
+                      f"{'drv us':>6}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
                  f"{medians[(name, w)].median / mono[w]:6.2f} {seam_us[(name, w)]:7.1f} "
-                 f"{cpu_us[(name, w)]:6.0f}" for w in ways]
+                 f"{cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}" for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
     reference = ("each way's own monolithic median" if own_monolithic
                  else f"the better monolithic median, {best:.1f} tok/s")
     lines.append(f"(/mono: {reference}; median of {rounds * REPETITIONS} "
                  f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
-                 f"this stage sent; cpu us: every worker's CPU time per token, median over the rounds; "
+                 f"this stage sent; cpu us: every worker's CPU time per token, drv us: the driver's, "
+                 f"medians over the rounds; "
                  f"{os.cpu_count()} cpus)")
     info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
-                         "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)]}
+                         "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)],
+                         "driver_cpu_us_per_token": driver_us[(n, w)]}
             for (n, w), m in medians.items()}
     return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s],
                      load_before=load_before, load_after=load_after)

@@ -260,18 +260,21 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
         reference, worker_command, stubs, worker_env, tmp_path) -> None:
     """Every real worker names a pass port and a ring uses it (Ring.stream); a ring without it (one
     Forward call per pass and stage, as with older workers) chooses the same tokens from bitwise the
-    same logits.  Afterwards every stage holds open pass connections both ways: each must still stop
-    on SIGTERM well inside its 2 s call grace."""
+    same logits, and so does a ring delivering by Deliver calls instead of frames on the driver's
+    delivery port (Ring.delivery_stream).  Afterwards every stage holds open pass connections both
+    ways: each must still stop on SIGTERM well inside its 2 s call grace."""
     prompts, mono = reference
     prompt, ref = prompts[0], mono.prompts[0]
     with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         infos = drive.describe(p.clients)
-        got = {}
-        for streams in (False, True):
+        got, framed = {}, {}
+        for streams, frames in ((False, False), (True, False), (True, True)):
             with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1",
-                                 streams=streams) as route:
+                                 streams=streams, delivery_stream=frames) as route:
                 assert route.streamed is streams
-                got[streams] = ring.generate(route, prompt, N_DECODE, session=f"streams-{streams}")
+                got[streams, frames] = ring.generate(route, prompt, N_DECODE,
+                                                     session=f"ways-{streams}-{frames}")
+                framed[streams, frames] = route.sink.streamed
         signalled = time.monotonic()
         for s in p.stages:
             s.process.send_signal(signal.SIGTERM)
@@ -279,14 +282,62 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
         for s in p.stages:
             s.process.wait(timeout=30)
             took.append(time.monotonic() - signalled)
-    print(f"\n[ring] streamed == unary over {len(got[True].tokens)} tokens; SIGTERM with connections held: "
-          f"stopped after {', '.join(f'{t:.2f}' for t in took)} s")
+    print(f"\n[ring] streamed == unary, delivery port == Deliver calls, over {N_DECODE} tokens (frames "
+          f"{framed}); SIGTERM with connections held: stopped after {', '.join(f'{t:.2f}' for t in took)} s")
     assert all(i.pass_port > 0 for i in infos)
-    assert got[True].tokens == got[False].tokens == tuple(ref.tokens)
-    assert np.array_equal(got[True].logits, got[False].logits)
-    assert np.array_equal(got[True].logits[1:], ref.logits[len(prompt):len(prompt) + N_DECODE - 1])
+    streamed = got[True, True]
+    for way in got.values():
+        assert way.tokens == tuple(ref.tokens)
+        assert np.array_equal(way.logits, streamed.logits)
+    assert np.array_equal(streamed.logits[1:], ref.logits[len(prompt):len(prompt) + N_DECODE - 1])
+    # every ring delivery came as a frame where the ring named the port, and none where it did not
+    assert framed == {(False, False): 0, (True, False): 0, (True, True): N_DECODE - 1}
     assert [s.process.returncode for s in p.stages] == [0] * 3
     assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: held connections waited out the grace"
+
+
+REFUSED_AT_MOST = 4  # the refused delivery, those already on their way, and the pass already started
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["delivery-port", "deliver-calls"])
+def test_a_ring_nobody_reads_stops_at_its_last_stage(frames, worker_command, stubs, worker_env,
+                                                     tmp_path) -> None:
+    """A driver that stops reading a ring (it has its answer, or gave up) refuses the ring's next
+    delivery, and the last stage then starts no further pass: the ring stops within a few tokens of the
+    refusal instead of running out its budget, whether it delivers by frames on the driver's delivery
+    port (the refusal comes back as a DeliveryRefused frame) or by Deliver calls."""
+    with launch(worker_command, THREE, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
+        infos = drive.describe(p.clients)
+        first = p.clients[0]
+        addresses = [c.address for c in p.clients]
+        budget = min(i.n_ctx for i in infos) - 8
+        with ring.RingSink(first.pb2, first.pb2_grpc, host="127.0.0.1") as sink:
+            deliveries = sink.open_ring("unread")
+            plan = first.pb2.Ring(budget=budget, stages=addresses, max_position=budget + 4,
+                                  pass_timeout_ms=30000, stream=True, tokens_only=True,
+                                  delivery_stream=sink.stream_address if frames else "")
+            ack = first.forward_chained("unread", 1, [0], tokens=[1], downstream=addresses[1:],
+                                        deliver_to=sink.address, request_id="unread", ring=plan)
+            read = [deliveries.get(timeout=60).delivery.ring.index for _ in range(3)]
+            sink.close_ring("unread")
+            refused = _settled(lambda: sink.refused)
+            ack.result(timeout=60)
+            streamed, delivered = sink.streamed, sink.delivered
+    print(f"\n[ring] a ring nobody reads, {'frames' if frames else 'Deliver calls'}: read {read}, then "
+          f"{refused} deliveries refused of a budget of {budget}")
+    assert read == [0, 1, 2]
+    assert 1 <= refused <= REFUSED_AT_MOST, f"{refused} deliveries refused: the ring did not stop"
+    assert streamed == (delivered + refused if frames else 0)
+
+
+def _settled(count: Callable[[], int], quiet_s: float = 1.0, limit_s: float = 30.0) -> int:
+    """``count()`` once it has not changed for ``quiet_s`` (at most ``limit_s``)."""
+    last, since, start = count(), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        time.sleep(0.05)
+        if (now := count()) != last:
+            last, since = now, time.monotonic()
+    return last
 
 
 def test_a_streamed_pass_refused_downstream_reaches_the_sink_named(reference, worker_command, stubs,

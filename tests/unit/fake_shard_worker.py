@@ -22,7 +22,8 @@ a failure further down comes back with its code, "stage K at ADDR: CODE: ..." an
 dgr-failed-stage: K.  Ring passes (ForwardRequest.ring) too: the last stage picks the argmax, and one
 thread of its own delivers the token and then starts the next pass without waiting for its ack; a
 failed pass is delivered as RING_FAILED naming the stage (a simpler schedule than the C++ worker's,
-the same messages).
+the same messages).  It ignores ``Ring.delivery_stream`` and always calls Deliver, as a worker that
+predates the field does, so the driver's fallback to Deliver calls is held here.
 
 ``--mtp`` on the last stage stands in for the nextn block (docs/mtp.md): it verifies a pass's
 ``drafted`` tokens as the C++ worker does and drafts ``draft`` copies of the bonus token (the toy's

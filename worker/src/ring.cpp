@@ -2,6 +2,7 @@
 
 #include "affinity.h"
 #include "argmax.h"
+#include "delivery_streams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,11 +55,15 @@ RingStep ring_step(const pb::Ring & ring, const RingPass & pass) {
     return step;
 }
 
+DeliverTo deliver_to(const pb::ForwardRequest & pass) {
+    return DeliverTo{pass.deliver_to(), pass.ring().delivery_stream()};
+}
+
 namespace {
 using ms = std::chrono::milliseconds;
 
 struct DeliveryJob {
-    std::string  sink;
+    DeliverTo    to;
     pb::Delivery delivery;
     ms           timeout;
 };
@@ -92,6 +97,7 @@ struct RingRunner::State {
     std::map<std::string, bool> stopped;
     std::deque<std::string>    stopped_order;
     std::thread                delivery_thread, pass_thread;
+    DeliveryStreams            streams;  // the delivery thread's alone
 
     void stop_ring(const std::string & id, bool sink_gone) {  // mu held
         auto [it, fresh] = stopped.emplace(id, sink_gone);
@@ -106,18 +112,18 @@ struct RingRunner::State {
     }
 
     // The first failure of a ring's pass: stop the ring and tell its sink which stage failed.
-    void pass_failed(const std::string & address, const std::string & id, const std::string & sink, uint32_t index,
+    void pass_failed(const std::string & address, const std::string & id, const DeliverTo & to, uint32_t index,
                      const ChainResult & r) {
         if (!r.failed_stage.empty()) {  // a hop further on named itself (chain.cpp's trailer)
-            failed(id, sink, index, std::atoi(r.failed_stage.c_str()), status_code_name(r.status.error_code()),
+            failed(id, to, index, std::atoi(r.failed_stage.c_str()), status_code_name(r.status.error_code()),
                    r.status.error_message());
         } else {
-            failed(id, sink, index, 0, status_code_name(r.status.error_code()),
+            failed(id, to, index, 0, status_code_name(r.status.error_code()),
                    failure_detail("stage 0 at " + address, r.status));
         }
     }
 
-    void failed(const std::string & id, const std::string & sink, uint32_t index, int32_t stage,
+    void failed(const std::string & id, const DeliverTo & to, uint32_t index, int32_t stage,
                 const std::string & code, const std::string & detail) {
         pb::Delivery d;
         d.set_request_id(id);
@@ -134,7 +140,7 @@ struct RingRunner::State {
             return;  // only the first failure is news; later ones follow from it
         }
         stop_ring(id, false);
-        deliveries.push_back(DeliveryJob{sink, std::move(d), ms(30000)});
+        deliveries.push_back(DeliveryJob{to, std::move(d), ms(30000)});
         wake_delivery.notify_one();
     }
 
@@ -154,15 +160,34 @@ struct RingRunner::State {
                     continue;  // the sink refused this ring already
                 }
             }
-            const ChainResult r = chain.deliver(job.sink, job.delivery, job.timeout);
-            if (!r.status.ok()) {
-                std::fprintf(stderr, "dgr-shard-worker: ring %s: delivering to the sink at %s: %s: %s; the ring stops\n",
-                             job.delivery.request_id().c_str(), job.sink.c_str(),
-                             status_code_name(r.status.error_code()), r.status.error_message().c_str());
+            const std::string why = send_delivery(job);
+            if (!why.empty()) {
+                std::fprintf(stderr, "dgr-shard-worker: ring %s: %s; the ring stops\n", job.delivery.request_id().c_str(),
+                             why.c_str());
                 std::lock_guard<std::mutex> lock(mu);
                 stop_ring(job.delivery.request_id(), true);
             }
         }
+    }
+
+    // Hand one delivery to the driver: a Deliver call, or a frame on its delivery stream (whose refusals
+    // of earlier deliveries stop those rings). Empty, or why the driver did not take it.
+    std::string send_delivery(const DeliveryJob & job) {
+        if (job.to.stream.empty()) {
+            const ChainResult r = chain.deliver(job.to.sink, job.delivery, job.timeout);
+            return r.status.ok() ? "" : "delivering to the sink at " + job.to.sink + ": " +
+                                        status_code_name(r.status.error_code()) + ": " + r.status.error_message();
+        }
+        std::vector<std::string> refused;
+        std::string why;
+        const bool sent = streams.send(job.to.stream, job.delivery, job.timeout, refused, why);
+        if (!refused.empty()) {
+            std::lock_guard<std::mutex> lock(mu);
+            for (const std::string & id : refused) {
+                stop_ring(id, true);
+            }
+        }
+        return sent ? "" : "delivering to the delivery stream at " + job.to.stream + ": " + why;
     }
 
     void pass_loop(const std::shared_ptr<State> & self) {
@@ -187,10 +212,11 @@ struct RingRunner::State {
 
     // Start one pass (in_flight already counts it) without waiting for its ack.
     static void send(const std::shared_ptr<State> & self, PassJob job) {
-        const std::string id = job.request.request_id(), sink = job.request.deliver_to(), address = job.address;
+        const std::string id = job.request.request_id(), address = job.address;
+        const DeliverTo to = deliver_to(job.request);
         const uint32_t index = job.request.ring().index();
         self->chain.forward_async(job.address, std::move(job.request), job.timeout,
-                                  [self, id, sink, address, index](ChainResult r) {
+                                  [self, id, to, address, index](ChainResult r) {
             {
                 std::lock_guard<std::mutex> lock(self->mu);
                 --self->in_flight;
@@ -199,7 +225,7 @@ struct RingRunner::State {
                 }
             }
             if (!r.status.ok()) {
-                self->pass_failed(address, id, sink, index, r);
+                self->pass_failed(address, id, to, index, r);
             }
         });
     }
@@ -230,19 +256,19 @@ RingRunner::~RingRunner() {
     state_->pass_thread.join();
 }
 
-void RingRunner::deliver(const std::string & sink, pb::Delivery delivery, ms timeout) {
+void RingRunner::deliver(const DeliverTo & to, pb::Delivery delivery, ms timeout) {
     std::lock_guard<std::mutex> lock(state_->mu);
-    state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+    state_->deliveries.push_back(DeliveryJob{to, std::move(delivery), timeout});
     state_->wake_delivery.notify_one();
 }
 
-void RingRunner::deliver_then_go_on(const std::string & sink, pb::Delivery delivery, ms timeout,
+void RingRunner::deliver_then_go_on(const DeliverTo & to, pb::Delivery delivery, ms timeout,
                                     const std::function<void()> & send_next) {
     bool go_on = false;
     {
         const std::string id = delivery.request_id();
         std::lock_guard<std::mutex> lock(state_->mu);
-        state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+        state_->deliveries.push_back(DeliveryJob{to, std::move(delivery), timeout});
         go_on = !state_->stopping && !state_->stopped.count(id);
     }
     if (go_on) {
@@ -251,18 +277,18 @@ void RingRunner::deliver_then_go_on(const std::string & sink, pb::Delivery deliv
     state_->wake_delivery.notify_one();  // the waiting thread reads the queue under the lock: nothing is missed
 }
 
-void RingRunner::fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,
+void RingRunner::fail(const DeliverTo & to, const std::string & request_id, uint32_t index, int32_t stage,
                       const grpc::Status & status, const std::string & where) {
-    state_->failed(request_id, sink, index, stage, status_code_name(status.error_code()), failure_detail(where, status));
+    state_->failed(request_id, to, index, stage, status_code_name(status.error_code()), failure_detail(where, status));
 }
 
-void RingRunner::deliver_and_start(const std::string & sink, pb::Delivery delivery, const std::string & address,
+void RingRunner::deliver_and_start(const DeliverTo & to, pb::Delivery delivery, const std::string & address,
                                    pb::ForwardRequest next, ms timeout) {
     PassJob job{address, std::move(next), timeout};
     bool now = false;
     {
         std::lock_guard<std::mutex> lock(state_->mu);
-        state_->deliveries.push_back(DeliveryJob{sink, std::move(delivery), timeout});
+        state_->deliveries.push_back(DeliveryJob{to, std::move(delivery), timeout});
         // a ring that failed, or whose sink gave up, gets no further pass
         if (!state_->stopped.count(job.request.request_id())) {
             now = state_->passes.empty() && state_->in_flight < kMaxPassesInFlight && !state_->stopping;

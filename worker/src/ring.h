@@ -6,8 +6,9 @@
 // no pass ever runs nested inside the handler of the one before. The handler starts it itself when
 // nothing is queued and fewer than kMaxPassesInFlight are outstanding; otherwise the ring's pass
 // thread starts it, in order, once there is room. A delivery thread sends deliveries one at a time in
-// the order they were queued (the driver reads a stream of tokens), off the critical path. A pass that fails, or a delivery the sink refuses,
-// stops that ring: the first failure reaches the sink as a RING_FAILED delivery naming the stage.
+// the order they were queued (the driver reads a stream of tokens), off the critical path: a Deliver
+// call each, or a frame on the driver's delivery stream. A pass that fails, or a delivery the sink
+// refuses, stops that ring: the first failure reaches the sink as a RING_FAILED delivery naming the stage.
 #pragma once
 
 #include "chain.h"
@@ -47,6 +48,15 @@ struct RingStep {
 
 RingStep ring_step(const dgr::shard::v1::Ring & ring, const RingPass & pass);
 
+// Where a ring's deliveries go: Deliver calls to the driver's sink, or frames to its delivery port
+// where the ring names one (Ring.delivery_stream, worker/src/delivery_streams.h).
+struct DeliverTo {
+    std::string sink;    // the pass's deliver_to: the driver's PipelineSink
+    std::string stream;  // Ring.delivery_stream, or empty
+};
+
+DeliverTo deliver_to(const dgr::shard::v1::ForwardRequest & pass);
+
 class RingRunner {
 public:
     static constexpr int kMaxPassesInFlight = 8;
@@ -56,12 +66,12 @@ public:
     RingRunner(const RingRunner &) = delete;
     RingRunner & operator=(const RingRunner &) = delete;
 
-    // Queue ``delivery`` for ``sink`` (sent after every delivery queued before it).
-    void deliver(const std::string & sink, dgr::shard::v1::Delivery delivery, std::chrono::milliseconds timeout);
+    // Queue ``delivery`` for ``to`` (sent after every delivery queued before it).
+    void deliver(const DeliverTo & to, dgr::shard::v1::Delivery delivery, std::chrono::milliseconds timeout);
     // Queue ``delivery`` and then the ring's next pass for ``address`` (its stage 0), under one lock,
     // so the delivery is ahead of the next pass's own; the pass's failure is delivered to
     // next.deliver_to() as RING_FAILED. The delivery thread is woken after the pass is on its way.
-    void deliver_and_start(const std::string & sink, dgr::shard::v1::Delivery delivery, const std::string & address,
+    void deliver_and_start(const DeliverTo & to, dgr::shard::v1::Delivery delivery, const std::string & address,
                            dgr::shard::v1::ForwardRequest next, std::chrono::milliseconds timeout);
 
     // A streamed ring (Ring.stream): queue ``delivery``, then, when the ring goes on (neither it nor this
@@ -69,11 +79,11 @@ public:
     // only then wake the delivery thread. Why in that order: waking a sleeping thread costs tens of
     // microseconds on a virtual machine, and the next pass should not wait for it; the delivery is
     // still queued ahead of the next pass's own.
-    void deliver_then_go_on(const std::string & sink, dgr::shard::v1::Delivery delivery,
+    void deliver_then_go_on(const DeliverTo & to, dgr::shard::v1::Delivery delivery,
                             std::chrono::milliseconds timeout, const std::function<void()> & send_next);
     // A streamed ring's pass failed where nobody waits for its status: stop the ring and tell its sink
     // (RING_FAILED naming ``stage``, detail "WHERE: CODE: message"), once per ring.
-    void fail(const std::string & sink, const std::string & request_id, uint32_t index, int32_t stage,
+    void fail(const DeliverTo & to, const std::string & request_id, uint32_t index, int32_t stage,
               const grpc::Status & status, const std::string & where);
 
     struct State;

@@ -247,6 +247,11 @@ grpc::Status ShardService::compute(const pb::ForwardRequest & req, int64_t recei
                     throw StageError(StageError::Kind::PermissionDenied, "ring Forward: stage " + why);
                 }
             }
+            if (!req.ring().delivery_stream().empty()) {
+                if (const std::string why = chain_.refusal(req.ring().delivery_stream()); !why.empty()) {
+                    throw StageError(StageError::Kind::PermissionDenied, "ring Forward: delivery_stream " + why);
+                }
+            }
         }
         r = stage_.forward(read_args(req));
     });
@@ -339,7 +344,7 @@ void ShardService::streamed(pb::ForwardRequest & req, int64_t received_ns) {
     ForwardResult r;
     pb::Hop hop;
     if (grpc::Status own = compute(req, received_ns, r, hop); !own.ok()) {
-        ring_.fail(req.deliver_to(), req.request_id(), ring_index, index, own, "stage " + std::to_string(index));
+        ring_.fail(deliver_to(req), req.request_id(), ring_index, index, own, "stage " + std::to_string(index));
         return;
     }
     if (!stage_.info().last_stage) {
@@ -347,7 +352,7 @@ void ShardService::streamed(pb::ForwardRequest & req, int64_t received_ns) {
         hand_on(req, std::move(r), std::move(hop));  // the read loop's message: nobody reads it after us
         const ChainResult res = streams_.send(address, req);
         if (!res.status.ok()) {
-            ring_.fail(req.deliver_to(), req.request_id(), ring_index, index + 1, res.status,
+            ring_.fail(deliver_to(req), req.request_id(), ring_index, index + 1, res.status,
                        "stage " + std::to_string(index + 1) + " at " + address);
         }
         return;
@@ -435,20 +440,20 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
         more->set_index(ring.index() + n);
         mine->set_sent_ns(monotonic_ns());
         if (!ring.stream()) {
-            ring_.deliver_and_start(req.deliver_to(), std::move(d), ring.stages(0), std::move(next), timeout);
+            ring_.deliver_and_start(deliver_to(req), std::move(d), ring.stages(0), std::move(next), timeout);
             return;
         }
-        ring_.deliver_then_go_on(req.deliver_to(), std::move(d), timeout, [&] {
+        ring_.deliver_then_go_on(deliver_to(req), std::move(d), timeout, [&] {
             const ChainResult res = streams_.send(ring.stages(0), next);
             if (!res.status.ok()) {
-                ring_.fail(req.deliver_to(), req.request_id(), next.ring().index(), 0, res.status,
+                ring_.fail(deliver_to(req), req.request_id(), next.ring().index(), 0, res.status,
                            "stage 0 at " + ring.stages(0));
             }
         });
         return;
     }
     mine->set_sent_ns(monotonic_ns());
-    ring_.deliver(req.deliver_to(), std::move(d), timeout);
+    ring_.deliver(deliver_to(req), std::move(d), timeout);
 }
 
 grpc::Status ShardService::Reset(grpc::ServerContext *, const pb::ResetRequest * req, pb::ResetReply * reply) {

@@ -1,13 +1,13 @@
 #include "streams.h"
 
 #include "options.h"
+#include "sockets.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,78 +29,6 @@ struct PassStreams::Out {
 
 // A prefill's pass can be megabytes; a connection keeps at most this much buffer between passes.
 constexpr size_t kKeptBodyBytes = 1 << 20;
-
-namespace {
-
-std::string unbracket(const std::string & host) {
-    return host.size() > 1 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
-}
-
-// getaddrinfo for a TCP ``host`` (brackets allowed) and numeric ``port``; ``passive``: an address to
-// bind (an empty host: any). Null when it does not resolve; the caller frees the list.
-addrinfo * resolve(const std::string & host, int port, bool passive) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-    const std::string bare = unbracket(host);
-    addrinfo * found = nullptr;
-    if (getaddrinfo(bare.empty() && passive ? nullptr : bare.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
-        return nullptr;
-    }
-    return found;
-}
-
-void no_delay(int fd) {
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-bool read_exact(int fd, char * buf, size_t n) {
-    while (n > 0) {
-        const ssize_t got = recv(fd, buf, n, 0);
-        if (got > 0) {
-            buf += got;
-            n -= (size_t) got;
-        } else if (got < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return false;  // closed by the peer, shut down by stop(), or failed
-        }
-    }
-    return true;
-}
-
-// Both parts in order, retrying partial writes; MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE.
-bool write_all(int fd, const char * head, size_t head_n, const std::string & body, std::string & why) {
-    iovec parts[2] = {{const_cast<char *>(head), head_n}, {const_cast<char *>(body.data()), body.size()}};
-    msghdr msg{};
-    msg.msg_iov = parts;
-    msg.msg_iovlen = 2;
-    while (msg.msg_iovlen > 0) {
-        const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
-        if (sent < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            why = std::strerror(errno);
-            return false;
-        }
-        size_t left = (size_t) sent;
-        while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
-            left -= msg.msg_iov[0].iov_len;
-            ++msg.msg_iov;
-            --msg.msg_iovlen;
-        }
-        if (msg.msg_iovlen > 0) {
-            msg.msg_iov[0].iov_base = static_cast<char *>(msg.msg_iov[0].iov_base) + left;
-            msg.msg_iov[0].iov_len -= left;
-        }
-    }
-    return true;
-}
-
-}  // namespace
 
 PassStreams::~PassStreams() { stop(); }
 
@@ -158,11 +86,11 @@ void PassStreams::read_loop(int fd) {
     pb::ForwardRequest pass;
     std::string body;
     for (;;) {
-        unsigned char head[4];
-        if (!read_exact(fd, reinterpret_cast<char *>(head), sizeof head)) {
+        char head[4];
+        if (!read_exact(fd, head, sizeof head)) {
             break;
         }
-        const uint32_t n = (uint32_t) head[0] | (uint32_t) head[1] << 8 | (uint32_t) head[2] << 16 | (uint32_t) head[3] << 24;
+        const uint32_t n = frame_length(head);
         if (max_bytes_ >= 0 && n > (uint32_t) max_bytes_) {
             std::fprintf(stderr, "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
                          "closing the connection\n", n, max_bytes_);
@@ -213,23 +141,9 @@ int PassStreams::connect_to(const std::string & address, std::string & why) {
     }
     std::string host, port;
     split_host_port(address, host, port, false);
-    addrinfo * found = resolve(host, pass_port, false);
-    if (found == nullptr) {
-        why = "cannot resolve " + host;
-        return -1;
-    }
-    int fd = -1;
-    for (addrinfo * a = found; a != nullptr && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-            why = "connect to pass port " + std::to_string(pass_port) + ": " + std::strerror(errno);
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(found);
-    if (fd >= 0) {
-        no_delay(fd);
+    const int fd = connect_tcp(host, pass_port, std::chrono::milliseconds(0), why);
+    if (fd < 0) {
+        why = "pass port: " + why;
     }
     return fd;
 }
@@ -256,8 +170,6 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
         return ChainResult{grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "a pass of " + std::to_string(body.size()) +
                                         " bytes is over the message limit"), ""};
     }
-    const uint32_t n = (uint32_t) body.size();
-    const char head[4] = {(char) (n & 0xff), (char) (n >> 8 & 0xff), (char) (n >> 16 & 0xff), (char) (n >> 24 & 0xff)};
     std::string why;
     if (out->fd < 0) {
         const int fd = connect_to(address, why);
@@ -270,7 +182,7 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
             shutdown(fd, SHUT_RDWR);
         }
     }
-    const bool sent = write_all(out->fd, head, sizeof head, body, why);
+    const bool sent = write_frame(out->fd, body, why);
     if (body.capacity() > kKeptBodyBytes) {
         std::string().swap(body);
     }

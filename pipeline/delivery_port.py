@@ -1,0 +1,169 @@
+"""The driver's delivery port: a ring's deliveries as frames on a TCP connection from its last stage.
+
+A ring's last stage hands the driver every token (worker/README.md, "Ring decode").  As a Deliver call
+each, a token cost the driver's gRPC server about 280 us of its threads' CPU and the worker's delivery
+and gRPC threads about 160 us more (stop 33's per-thread probe), taken from the stages where they share
+the cores.  When the ring names this port (``Ring.delivery_stream``), the last stage sends each
+Delivery as one frame instead (a 4-byte little-endian length, then the serialized message; the
+worker's side is worker/src/delivery_streams.h): one thread per connection reads it, parses it and
+hands it to ``take``.  A delivery ``take`` refuses is answered with a framed ``DeliveryRefused`` on the
+same connection, and the last stage stops that ring.
+
+A frame over ``max_bytes``, or one that does not parse, closes its connection; the last stage then
+stops every ring it delivers there ("the driver closed its delivery stream").  Written by hand: the
+frame is the worker's own pass-port wire, and no library speaks it.
+
+    port = DeliveryPort(pb2, take, host="127.0.0.1")   # take(delivery, received_at) -> None | reason
+    ring.delivery_stream = port.start()                 # "127.0.0.1:PORT"
+    ...
+    port.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+from google.protobuf.message import DecodeError
+
+from core.errors import ConfigurationError
+from worker.client import MAX_MESSAGE_BYTES
+
+log = logging.getLogger("dgr.delivery")
+
+HEAD_BYTES = 4
+JOIN_SECONDS = 5.0
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` with its 4-byte little-endian length in front."""
+    return len(body).to_bytes(HEAD_BYTES, "little") + body
+
+
+def read_exact(conn: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes, or None when the peer closed or the connection failed first."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = conn.recv_into(view[got:])
+        except OSError:
+            return None
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf)
+
+
+class DeliveryPort:
+    """Listens on ``host`` (a free port) for last stages' delivery streams; every delivery goes to
+    ``take(delivery, received_at)``, which returns None when it took it or the reason it refuses it."""
+
+    def __init__(self, pb2: ModuleType, take: Callable[[object, float], str | None], *, host: str,
+                 max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self._pb2 = pb2
+        self._take = take
+        self._host = host.strip("[]")
+        self._max_bytes = max_bytes
+        self._listener: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self.address = ""
+        self.frames = 0  # deliveries read, taken or refused
+
+    def start(self) -> str:
+        """Bind and accept; return ``host:port``.  ConfigurationError when the host cannot be bound."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        try:
+            listener = socket.create_server((self._host, 0), family=family)
+        except OSError as exc:
+            raise ConfigurationError(f"the driver's delivery port cannot listen on {self._host}: "
+                                     f"{exc.strerror}",
+                                     hint="sink_host must be an address of this machine that the "
+                                          "last stage can reach") from None
+        self._listener = listener
+        port = listener.getsockname()[1]
+        self.address = f"[{self._host}]:{port}" if family == socket.AF_INET6 else f"{self._host}:{port}"
+        self._spawn(self._accept, listener, "dgr-delivery-accept")
+        return self.address
+
+    def stop(self) -> None:
+        """Close the port and every connection, and wait for their threads."""
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        with self._lock:
+            open_now = list(self._connections)
+        _shut(listener)
+        for conn in open_now:
+            _shut(conn)  # its reader's recv returns; the reader closes it
+        for thread in self._threads:
+            thread.join(JOIN_SECONDS)
+        listener.close()
+
+    def _spawn(self, target: Callable[[socket.socket], None], sock: socket.socket, name: str) -> None:
+        thread = threading.Thread(target=target, args=(sock,), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # stop() shut the listener down
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._listener is None:
+                    conn.close()
+                    return
+                self._connections.add(conn)
+            self._spawn(self._read, conn, "dgr-delivery-read")
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            while (delivery := self._next(conn)) is not None:
+                with self._lock:
+                    self.frames += 1
+                reason = self._take(delivery, time.perf_counter())
+                if reason is not None:
+                    refused = self._pb2.DeliveryRefused(request_id=delivery.request_id, reason=reason)
+                    conn.sendall(frame(refused.SerializeToString()))
+        except OSError:
+            pass  # the last stage went away, or stop() shut the connection down
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _next(self, conn: socket.socket) -> object | None:
+        """The next delivery on ``conn``; None when it closed or sent what is not one (then closed)."""
+        head = read_exact(conn, HEAD_BYTES)
+        if head is None:
+            return None
+        n = int.from_bytes(head, "little")
+        if n > self._max_bytes:
+            log.warning("delivery port: a %d-byte frame is over the limit of %d; closing the connection",
+                        n, self._max_bytes)
+            return None
+        body = read_exact(conn, n)
+        if body is None:
+            return None
+        try:
+            return self._pb2.Delivery.FromString(body)
+        except DecodeError:
+            log.warning("delivery port: a frame that is not a Delivery; closing the connection")
+            return None
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected (a listener on some systems) or already closed

@@ -1,0 +1,37 @@
+// TCP helpers shared by the worker's raw connections (pass ports, worker/src/streams.h, and ring
+// delivery streams, worker/src/delivery_streams.h): resolving, Nagle off, and the frame both use, a
+// 4-byte little-endian length followed by that many bytes of a serialized message.
+#pragma once
+
+#include <netdb.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dgr {
+
+// getaddrinfo for a TCP ``host`` (brackets allowed) and numeric ``port``; ``passive``: an address to
+// bind (an empty host: any). Null when it does not resolve; the caller frees the list.
+addrinfo * resolve(const std::string & host, int port, bool passive);
+
+void no_delay(int fd);
+
+// A connected TCP socket to ``host``:``port`` (each address it resolves to, in turn), Nagle off, or -1
+// with ``why``. ``timeout``: how long a connect may take (0: the system's own limit).
+int connect_tcp(const std::string & host, int port, std::chrono::milliseconds timeout, std::string & why);
+
+// Exactly ``n`` bytes, retrying short reads; false when the peer closed, the socket was shut down, or
+// the read failed.
+bool read_exact(int fd, char * buf, size_t n);
+
+// The frame's 4-byte head for a body of ``n`` bytes, and the body length a head announces.
+void     frame_head(uint32_t n, char head[4]);
+uint32_t frame_length(const char head[4]);
+
+// Head and body in order in one call where the kernel takes them, retrying partial writes; a closed
+// peer is an error (``why``), not SIGPIPE.
+bool write_frame(int fd, const std::string & body, std::string & why);
+
+}  // namespace dgr
