@@ -23,12 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
-import struct
 import subprocess
-import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import pytest
 
@@ -36,6 +32,7 @@ from certify.metrics import median_iqr
 from lanes.build import RING_FLOOR_TARGET
 from tests.bench.placements import PLACEMENTS
 from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring
+from tests.integration.conftest import floor_deliveries
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -45,31 +42,12 @@ FLOOR_ROUNDS = 3  # timed rounds of 64 tokens per run of the floor tool
 THREADS = 1
 
 
-@contextmanager
-def _reader() -> Iterator[tuple[int, list[int]]]:
-    """A loopback port for ``--deliver`` and the tokens read from it, each as it comes (one thread)."""
-    tokens: list[int] = []
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(600)
-
-        def read() -> None:
-            conn, _ = listener.accept()
-            with conn, conn.makefile("rb") as stream:
-                while len(record := stream.read(12)) == 12:
-                    tokens.append(struct.unpack("<3i", record)[2])
-
-        thread = threading.Thread(target=read, daemon=True)
-        thread.start()
-        yield listener.getsockname()[1], tokens
-        thread.join(30)
-
-
 def _floor(tool, model, stages: int) -> dict:
     """One run of the floor tool, its picks delivered to a reader: its JSON (tok_s per round,
     cpu_us_per_pass per stage, tokens)."""
     argv = [os.fspath(tool), "-m", os.fspath(model), "--stages", str(stages), "--rounds", str(FLOOR_ROUNDS),
             "--threads", str(THREADS)]
-    with _reader() as (port, delivered):
+    with floor_deliveries() as (port, delivered):
         done = subprocess.run([*argv, "--deliver", str(port)], capture_output=True, text=True, timeout=600,
                               check=False)
     assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}: {done.stderr[-2000:]}"

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +139,27 @@ def running(binary: Path) -> dict[int, int]:
         if exe == target and proc_alive(int(entry.name)):
             found[int(entry.name)] = ppid
     return found
+
+
+@contextmanager
+def floor_deliveries(timeout: float = 600) -> Iterator[tuple[int, list[tuple[int, int, int]]]]:
+    """A loopback port for ``dgr-ring-floor --deliver`` and the {round, position, token} records read
+    from it, each as it comes (one thread): complete once the block ends, the tool having exited."""
+    records: list[tuple[int, int, int]] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(timeout)
+
+        def read() -> None:
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as stream:
+                while len(record := stream.read(12)) == 12:
+                    records.append(struct.unpack("<3i", record))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        yield listener.getsockname()[1], records
+        reader.join(30)
+        assert not reader.is_alive(), "the floor's last stage never closed its delivery connection"
 
 
 def our_workers(binary: Path) -> list[int]:

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import struct
 import subprocess
-import threading
 
 import pytest
 
 from lanes.build import RING_FLOOR_TARGET
 from pipeline import drive
-from tests.integration.conftest import running
+from tests.integration.conftest import floor_deliveries, running
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -52,23 +50,10 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
 
 
 def test_deliver_hands_every_pick_to_the_reader_in_order(cpu_build, tiny_model) -> None:
-    records: list[tuple[int, int, int]] = []
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(120)
-
-        def read() -> None:
-            conn, _ = listener.accept()
-            with conn, conn.makefile("rb") as stream:
-                while len(record := stream.read(12)) == 12:
-                    records.append(struct.unpack("<3i", record))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+    with floor_deliveries(timeout=120) as (port, records):
         done = _run(cpu_build, tiny_model.first, "--stages", "3", "--tokens", str(TOKENS), "--rounds", "2",
-                    "--deliver", str(listener.getsockname()[1]))
-        reader.join(30)
+                    "--deliver", str(port))
     assert done.returncode == 0, done.stderr
-    assert not reader.is_alive(), "the last stage never closed its delivery connection"
     picks = json.loads(done.stdout)["tokens"]
     # {round, position, token}: every position of both rounds, and the last round's tokens are the picks
     assert [(r, p) for r, p, _ in records] == [(r, p) for r in range(2) for p in range(TOKENS)]
