@@ -208,6 +208,7 @@ def speed_figures(samples: drive.SpeedSamples) -> dict[str, Any]:
         "seam_bytes_per_token": [int(b) for b in samples.seam_bytes_per_token],
         "prompt_tokens": samples.n_prompt,
         "decode_tokens": samples.n_decode,
+        **({"ring_deliveries": samples.ring_deliveries} if samples.ring_deliveries else {}),
     }
 
 

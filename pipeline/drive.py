@@ -133,6 +133,7 @@ class SpeedSamples:
     stage_compute_per_token: tuple[tuple[float, ...], ...]  # [rep][stage]: median decode compute
     forwarding: str = "relayed"
     crossings_per_token: int = 0  # one-way network messages on one decode token's critical path
+    ring_deliveries: str = ""  # a ring's: how its deliveries reached the driver (RingSink.deliveries_came_as)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -554,6 +555,7 @@ def measure_speed(
             chosen.add(tuple(tokens))
             if r >= warmup:
                 runs.append(passes)
+        delivered = route.sink.deliveries_came_as() if isinstance(route, RingRoute) else ""
     # a token-only ring's tokens were held to no logits row: the same prompt, greedy, a fresh session
     # each time, so every repetition must give one answer (other modes checked each token already)
     if forwarding == "ring" and not ring_logits and len(chosen) > 1:
@@ -572,7 +574,7 @@ def measure_speed(
         n_prompt=len(prompt), n_decode=n_decode,
         prefill_tok_s=tuple(prefill), decode_tok_s=tuple(decode), seam_seconds=tuple(seams),
         seam_bytes_per_token=runs[-1][-1].step.seam_bytes, stage_compute_per_token=tuple(compute),
-        forwarding=forwarding, crossings_per_token=runs[-1][-1].step.crossings,
+        forwarding=forwarding, crossings_per_token=runs[-1][-1].step.crossings, ring_deliveries=delivered,
     )
 
 

@@ -60,6 +60,7 @@ class RingSink(Sink):
         self._rings: dict[str, queue.SimpleQueue[Received]] = {}
         self._delivery_port: DeliveryPort | None = None
         self.stream_address = ""  # the delivery port (pipeline/delivery_port.py), once started
+        self.ring_deliveries = 0  # ring deliveries that arrived, either way, taken or refused
 
     def start(self) -> str:
         """The gRPC sink, and beside it on the same host the delivery port rings may stream to."""
@@ -78,6 +79,15 @@ class RingSink(Sink):
     def streamed(self) -> int:
         """Ring deliveries that came as frames on the delivery port (the rest were Deliver calls)."""
         return self._delivery_port.frames if self._delivery_port is not None else 0
+
+    def deliveries_came_as(self) -> str:
+        """How this sink's ring deliveries reached it so far, for a record of what was measured:
+        "frames" (the delivery port), "Deliver calls" (workers that predate it, or rings that did not
+        name it), both, or "" when none came."""
+        framed, came = self.streamed, self.ring_deliveries
+        if not came:
+            return ""
+        return "Deliver calls" if not framed else "frames" if framed >= came else "frames and Deliver calls"
 
     def stop(self, grace: float = 1.0) -> None:
         port, self._delivery_port = self._delivery_port, None
@@ -119,6 +129,7 @@ class RingSink(Sink):
             return f"{delivery.request_id!r} is not a ring delivery (a delivery port takes rings only)"
         with self._lock:
             got = self._rings.get(delivery.request_id)
+            self.ring_deliveries += 1
             self.refused += got is None
             self.delivered += got is not None
         if got is None:

@@ -139,8 +139,12 @@ def floor_frame(
 
 
 def _forwarding(placement: Mapping[str, Any], model: Mapping[str, Any]) -> str:
-    """A ring's transport beside its name: a pass-port ring's seams read best against the TCP floor."""
+    """A ring's transport beside its name: a pass-port ring's seams read best against the TCP floor,
+    and how its deliveries reached the driver (certificates made before the delivery port say nothing)."""
     transport = placement.get("ring_transport")
+    deliveries = (placement.get("speed") or {}).get("ring_deliveries")
+    if transport and deliveries:
+        transport = f"{transport}, deliveries as {deliveries}"
     return f"{model['forwarding']} ({transport})" if transport else model["forwarding"]
 
 

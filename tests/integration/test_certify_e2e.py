@@ -76,9 +76,11 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     twelve = next(p for p in figures["placements"] if p["name"] == "twelve-single")
     levels = {lv["sessions"]: lv for lv in twelve["speed"]["concurrency"]["levels"]}
     assert sorted(levels) == [1, 4, 12] and all(lv["diverging_sessions"] == 0 for lv in levels.values())
-    # The ring placement's passes crossed on the workers' pass ports, sessions at once included.
+    # The ring placement's passes crossed on the workers' pass ports, sessions at once included, and
+    # its deliveries came as frames on the driver's delivery port.
     ring = next(p for p in figures["placements"] if p["name"] == "twelve-single-ring")
     assert ring["forwarding"] == "ring" and ring["ring_transport"] == "tcp pass port"
+    assert ring["speed"]["ring_deliveries"] == "frames"
     assert all(lv["diverging_sessions"] == 0 for lv in ring["speed"]["concurrency"]["levels"])
     assert ring["seam_model"]["crossings_per_token"] == 12
     assert {row["bytes"] for row in figures["transport_floor"]["sizes"]} == {512, 1024}  # f16 and f32 seams

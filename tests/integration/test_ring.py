@@ -274,7 +274,7 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
                 assert route.streamed is streams
                 got[streams, frames] = ring.generate(route, prompt, N_DECODE,
                                                      session=f"ways-{streams}-{frames}")
-                framed[streams, frames] = route.sink.streamed
+                framed[streams, frames] = route.sink.streamed, route.sink.deliveries_came_as()
         signalled = time.monotonic()
         for s in p.stages:
             s.process.send_signal(signal.SIGTERM)
@@ -291,7 +291,8 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
         assert np.array_equal(way.logits, streamed.logits)
     assert np.array_equal(streamed.logits[1:], ref.logits[len(prompt):len(prompt) + N_DECODE - 1])
     # every ring delivery came as a frame where the ring named the port, and none where it did not
-    assert framed == {(False, False): 0, (True, False): 0, (True, True): N_DECODE - 1}
+    assert framed == {(False, False): (0, "Deliver calls"), (True, False): (0, "Deliver calls"),
+                      (True, True): (N_DECODE - 1, "frames")}
     assert [s.process.returncode for s in p.stages] == [0] * 3
     assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: held connections waited out the grace"
 

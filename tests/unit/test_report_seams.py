@@ -121,8 +121,10 @@ def test_floor_table_skips_what_it_cannot_read_against_a_floor() -> None:
 
 def test_a_ring_placement_names_how_its_passes_crossed() -> None:
     streamed = {**_record(4, "ring", 10.0), "ring_transport": "tcp pass port"}
+    streamed["speed"] = {"ring_deliveries": "frames"}  # what a certificate after the delivery port records
     unary = {**_record(2, "ring", 12.0), "name": "metro-2-ring-unary", "ring_transport": "grpc forward"}
     frame = seams.floor_frame(_under_test([streamed, unary]), FLOOR)
     assert frame is not None
-    assert set(frame["forwarding"]) == {"ring (tcp pass port)", "ring (grpc forward)"}
+    # the unary record is an older certificate's: it says nothing of its deliveries
+    assert set(frame["forwarding"]) == {"ring (tcp pass port, deliveries as frames)", "ring (grpc forward)"}
     assert (frame["crossings"] == 1).all()  # one crossing per seam either way: read against half a trip
