@@ -74,6 +74,7 @@ class DeliveryPort:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
+        self._accepting: threading.Thread | None = None
         self.address = ""
         self.frames = 0  # deliveries read, taken or refused
 
@@ -90,27 +91,32 @@ class DeliveryPort:
         self._listener = listener
         port = listener.getsockname()[1]
         self.address = f"[{self._host}]:{port}" if family == socket.AF_INET6 else f"{self._host}:{port}"
-        self._spawn(self._accept, listener, "dgr-delivery-accept")
+        self._accepting = self._spawn(self._accept, listener, "dgr-delivery-accept")
         return self.address
 
     def stop(self) -> None:
         """Close the port and every connection, and wait for their threads."""
-        listener, self._listener = self._listener, None
+        with self._lock:
+            listener, self._listener = self._listener, None
         if listener is None:
             return
+        _shut(listener)  # accept returns: no connection or thread is added after this
+        self._accepting.join(JOIN_SECONDS)
         with self._lock:
-            open_now = list(self._connections)
-        _shut(listener)
+            open_now, readers = list(self._connections), list(self._threads)
         for conn in open_now:
             _shut(conn)  # its reader's recv returns; the reader closes it
-        for thread in self._threads:
+        for thread in readers:
             thread.join(JOIN_SECONDS)
         listener.close()
 
-    def _spawn(self, target: Callable[[socket.socket], None], sock: socket.socket, name: str) -> None:
+    def _spawn(self, target: Callable[[socket.socket], None], sock: socket.socket,
+               name: str) -> threading.Thread:
         thread = threading.Thread(target=target, args=(sock,), name=name, daemon=True)
-        self._threads.append(thread)
+        with self._lock:
+            self._threads.append(thread)
         thread.start()
+        return thread
 
     def _accept(self, listener: socket.socket) -> None:
         while True:

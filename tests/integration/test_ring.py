@@ -244,13 +244,17 @@ def test_malformed_rings_are_refused(reference, worker_command, stubs, worker_en
         short = attempt("short", pb2.Ring(budget=3, stages=addresses[:1]))
         empty = attempt("empty", pb2.Ring(budget=0, stages=addresses))
         drafted = attempt("drafted", pb2.Ring(budget=3, stages=addresses), drafted=1)
-    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]} | {drafted[1]}")
+        no_port = attempt("no-port", pb2.Ring(budget=3, stages=addresses, delivery_stream="127.0.0.1"))
+    print(f"\n[ring] refused: {no_sink.value.details()} | {short[1]} | {empty[1]} | {drafted[1]} | "
+          f"{no_port[1]}")
     assert no_sink.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "ring without deliver_to" in \
         no_sink.value.details()
     assert short[0] is grpc.StatusCode.INVALID_ARGUMENT and "names 1 stage address" in short[1]
     assert short[2].get("dgr-failed-stage") == "1"
     assert empty[0] is grpc.StatusCode.INVALID_ARGUMENT and "budget 0" in empty[1]
     assert drafted[0] is grpc.StatusCode.INVALID_ARGUMENT and "ring without draft" in drafted[1]
+    assert no_port[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert "delivery_stream '127.0.0.1' is not HOST:PORT" in no_port[1]
 
 
 STREAM_STOP_BOUND_S = 1.5  # an open pass stream once kept a worker for its whole 2 s call grace

@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include "options.h"
 #include "weights.h"
 
 #include <algorithm>
@@ -191,6 +192,10 @@ static void check_ring(const pb::ForwardRequest & req, int32_t index, const Stag
     }
     if (ring.draft() == 0 && req.drafted() > 0) {
         bad("drafted tokens in a ring without draft: only a drafting ring verifies drafts");
+    }
+    std::string host, port;
+    if (!ring.delivery_stream().empty() && !split_host_port(ring.delivery_stream(), host, port, false)) {
+        bad("delivery_stream '" + ring.delivery_stream() + "' is not HOST:PORT");
     }
     if (ring.draft() == 0) {
         return;
