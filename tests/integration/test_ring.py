@@ -301,7 +301,10 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
     assert max(took) < STREAM_STOP_BOUND_S, f"stopped after {took} s: held connections waited out the grace"
 
 
-REFUSED_AT_MOST = 4  # the refused delivery, those already on their way, and the pass already started
+# The refused delivery, those already on their way and the pass already started: 1-2 on a quiet box. A
+# frame's refusal is read at the last stage's next send, and on a loaded box the driver may answer a
+# few tokens late; a ring that ignored refusals runs out its budget (~500).
+REFUSED_AT_MOST = 64
 
 
 @pytest.mark.parametrize("frames", [True, False], ids=["delivery-port", "deliver-calls"])
