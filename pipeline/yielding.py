@@ -1,8 +1,9 @@
 """The driver yields the CPU to the stages while a ring decodes.
 
 In a ring the driver is off the token's critical path: it only reads deliveries.  Yet each delivery
-wakes several of its threads (gRPC's poller, the sink's handler, the reader), and on a host that also
-runs stages the kernel may wake them on the core where a stage is computing and preempt that stage.
+wakes its threads (the delivery port's reader, or gRPC's poller and the sink's handler, then the
+ring's reader), and on a host that also runs stages the kernel may wake them on the core where a
+stage is computing and preempt that stage.
 Measured on a 2-core VM, tiny-llama, token-only ring (worker/README.md, "Ring decode"): stage 0 was
 preempted 3.5 times per token at 2 stages and its compute grew from 0.82 to 1.18 ms.
 
