@@ -31,32 +31,21 @@ from types import ModuleType
 from google.protobuf.message import DecodeError
 
 from core.errors import ConfigurationError
+from pipeline.socket_io import HEAD_BYTES, frame, recv_exact
 from worker.client import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("dgr.delivery")
 
-HEAD_BYTES = 4
 JOIN_SECONDS = 5.0
-
-
-def frame(body: bytes) -> bytes:
-    """``body`` with its 4-byte little-endian length in front."""
-    return len(body).to_bytes(HEAD_BYTES, "little") + body
 
 
 def read_exact(conn: socket.socket, n: int) -> bytes | None:
     """Exactly ``n`` bytes, or None when the peer closed or the connection failed first."""
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        try:
-            k = conn.recv_into(view[got:])
-        except OSError:
-            return None
-        if k == 0:
-            return None
-        got += k
+    try:
+        recv_exact(conn, memoryview(buf))
+    except OSError:
+        return None
     return bytes(buf)
 
 

@@ -76,7 +76,7 @@ class RingSink(Sink):
         return address
 
     @property
-    def streamed(self) -> int:
+    def frames(self) -> int:
         """Ring deliveries that came as frames on the delivery port (the rest were Deliver calls)."""
         return self._delivery_port.frames if self._delivery_port is not None else 0
 
@@ -84,7 +84,7 @@ class RingSink(Sink):
         """How this sink's ring deliveries reached it so far, for a record of what was measured:
         "frames" (the delivery port), "Deliver calls" (workers that predate it, or rings that did not
         name it), both, or "" when none came."""
-        framed, came = self.streamed, self.ring_deliveries
+        framed, came = self.frames, self.ring_deliveries
         if not came:
             return ""
         return "Deliver calls" if not framed else "frames" if framed >= came else "frames and Deliver calls"

@@ -36,19 +36,11 @@ from typing import Any
 import grpc
 import numpy as np
 
+from pipeline.socket_io import recv_exact
 from worker.client import CHANNEL_OPTIONS
 
 ECHO_SERVICE = "dgr.floor.Floor"
 ECHO = f"/{ECHO_SERVICE}/Echo"
-
-
-def _recv_exact(sock: socket.socket, n: int, buf: bytearray) -> None:
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
-        if not k:
-            raise ConnectionError("peer closed")
-        got += k
 
 
 def timed(one: Callable[[], object], round_trips: int, warmup: int) -> np.ndarray:
@@ -69,7 +61,7 @@ def _echo(conn: socket.socket, size: int, count: int) -> None:
     buf = bytearray(size)
     with conn:
         for _ in range(count):
-            _recv_exact(conn, size, buf)
+            recv_exact(conn, memoryview(buf))
             conn.sendall(buf)
 
 
@@ -78,7 +70,7 @@ def _timed_echoes(sock: socket.socket, size: int, round_trips: int, warmup: int)
     when what came back is not what was sent."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     payload, back = os.urandom(size), bytearray(size)
-    times = timed(lambda: (sock.sendall(payload), _recv_exact(sock, size, back)), round_trips, warmup)
+    times = timed(lambda: (sock.sendall(payload), recv_exact(sock, memoryview(back))), round_trips, warmup)
     if bytes(back) != payload:
         raise RuntimeError("the TCP echo did not return the bytes sent: it measured nothing")
     return times

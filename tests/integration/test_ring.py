@@ -278,7 +278,7 @@ def test_streamed_and_unary_rings_agree_and_held_pass_connections_do_not_delay_s
                 assert route.streamed is streams
                 got[streams, frames] = ring.generate(route, prompt, N_DECODE,
                                                      session=f"ways-{streams}-{frames}")
-                framed[streams, frames] = route.sink.streamed, route.sink.deliveries_came_as()
+                framed[streams, frames] = route.sink.frames, route.sink.deliveries_came_as()
         signalled = time.monotonic()
         for s in p.stages:
             s.process.send_signal(signal.SIGTERM)
@@ -330,12 +330,12 @@ def test_a_ring_nobody_reads_stops_at_its_last_stage(frames, worker_command, stu
             sink.close_ring("unread")
             refused = _settled(lambda: sink.refused)
             ack.result(timeout=60)
-            streamed, delivered = sink.streamed, sink.delivered
+            framed, delivered = sink.frames, sink.delivered
     print(f"\n[ring] a ring nobody reads, {'frames' if frames else 'Deliver calls'}: read {read}, then "
           f"{refused} deliveries refused of a budget of {budget}")
     assert read == [0, 1, 2]
     assert 1 <= refused <= REFUSED_AT_MOST, f"{refused} deliveries refused: the ring did not stop"
-    assert streamed == (delivered + refused if frames else 0)
+    assert framed == (delivered + refused if frames else 0)
 
 
 def _settled(count: Callable[[], int], quiet_s: float = 1.0, limit_s: float = 30.0) -> int:

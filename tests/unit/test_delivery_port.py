@@ -13,7 +13,8 @@ import time
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline.delivery_port import HEAD_BYTES, DeliveryPort, frame, read_exact
+from pipeline.delivery_port import DeliveryPort, read_exact
+from pipeline.socket_io import HEAD_BYTES, frame
 from tests.unit.fake_stages import load_stubs
 
 

@@ -66,7 +66,7 @@ def test_budget_and_stop_tokens(stubs, tmp_path: Path) -> None:
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as r:
             budget = ring.generate(r, VARIED, 5, session="b")
             stopped = ring.generate(r, VARIED, 12, stop_tokens=(ref.tokens[at],), session="s")
-            refused, framed, came = r.sink.refused, r.sink.streamed, r.sink.deliveries_came_as()
+            refused, framed, came = r.sink.refused, r.sink.frames, r.sink.deliveries_came_as()
     assert budget.end == "budget" and budget.tokens == ref.tokens[:5] and budget.logits.shape[0] == 5
     assert stopped.end == "stop_token" and stopped.tokens == ref.tokens[:at + 1]
     assert refused == 0

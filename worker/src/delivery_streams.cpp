@@ -19,8 +19,6 @@ namespace dgr {
 namespace {
 // A refusal is a request id and a sentence; anything longer is not one.
 constexpr uint32_t kMaxRefusalBytes = 64 * 1024;
-// A delivery carries at most a drafting ring's rows of logits; the connection keeps no more than this.
-constexpr size_t kKeptBodyBytes = 1 << 20;
 }  // namespace
 
 DeliveryStreams::~DeliveryStreams() {
@@ -101,7 +99,7 @@ bool DeliveryStreams::send(const std::string & address, const pb::Delivery & del
         return false;
     }
     const bool sent = write_frame(c.fd, body_, why) && read_refusals(c, refused, why);
-    if (body_.capacity() > kKeptBodyBytes) {
+    if (body_.capacity() > kKeptFrameBytes) {
         std::string().swap(body_);
     }
     if (!sent) {

@@ -30,6 +30,10 @@ bool read_exact(int fd, char * buf, size_t n);
 void     frame_head(uint32_t n, char head[4]);
 uint32_t frame_length(const char head[4]);
 
+// A connection's serialization buffer is kept between frames up to this size (no allocation per pass
+// or delivery), and released above it (a prefill's pass can be megabytes).
+constexpr size_t kKeptFrameBytes = 1 << 20;
+
 // Head and body in order in one call where the kernel takes them, retrying partial writes; a closed
 // peer is an error (``why``), not SIGPIPE.
 bool write_frame(int fd, const std::string & body, std::string & why);

@@ -26,9 +26,6 @@ struct PassStreams::Out {
     std::string body;  // the last pass sent, its capacity kept for the next (no allocation per pass)
 };
 
-// A prefill's pass can be megabytes; a connection keeps at most this much buffer between passes.
-constexpr size_t kKeptBodyBytes = 1 << 20;
-
 PassStreams::~PassStreams() { stop(); }
 
 int PassStreams::listen(const std::string & host, int port, OnPass on_pass) {
@@ -182,7 +179,7 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
         }
     }
     const bool sent = write_frame(out->fd, body, why);
-    if (body.capacity() > kKeptBodyBytes) {
+    if (body.capacity() > kKeptFrameBytes) {
         std::string().swap(body);
     }
     if (sent) {

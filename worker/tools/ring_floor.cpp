@@ -8,7 +8,7 @@
 // with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the
 // next over one loopback TCP connection each (TCP_NODELAY, as the workers' pass ports); the last picks
 // the next token (the worker's greedy rule) and hands it to the first. No gRPC, no protobuf, no driver,
-// no delivery: what is left is llama's own work per pass, the kernel's socket calls and the processes
+// no delivery unless asked (--deliver, below): what is left is llama's own work per pass, the kernel's socket calls and the processes
 // taking turns. Every pass feeds one token; each round starts a fresh sequence at position 0.
 //
 // --deliver PORT: the last stage also sends each pick, {round, position, token} as three int32, to a
