@@ -46,6 +46,7 @@ class RingFigures:
     seams: list[float]  # every seam crossing's one-way seconds
     worker_cpu: float  # the workers' CPU seconds per token, all of them together
     driver_cpu: float  # this process's (the driver's) CPU seconds per token, every thread
+    compute: list[float]  # each run's llama time per token: its stages' median compute_seconds summed
 
 
 def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: bool = True) -> RingFigures:
@@ -59,7 +60,8 @@ def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: b
     tokens = (REPETITIONS + 1) * (len(prompt) + N_DECODE - 1)
     return RingFigures(tok_s=list(speed.decode_tok_s), seams=[t for rep in speed.seam_seconds for t in rep],
                        worker_cpu=(cpu_seconds(pipeline.pids) - cpu_before) / tokens,
-                       driver_cpu=(time.process_time() - driver_before) / tokens)
+                       driver_cpu=(time.process_time() - driver_before) / tokens,
+                       compute=[sum(rep) for rep in speed.stage_compute_per_token])
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,

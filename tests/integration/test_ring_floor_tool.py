@@ -47,6 +47,10 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
         assert got["load_mode"] == load_mode
         assert len(got["tok_s"]) == 2 and all(v > 0 for v in got["tok_s"])
         assert len(got["cpu_us_per_pass"]) == stages and all(v > 0 for v in got["cpu_us_per_pass"])
+        # a ring's stages decode one after another, so their llama time per token fits in a token's time
+        llama_us = got["decode_us_per_pass"]
+        assert len(llama_us) == stages and all(v > 0 for v in llama_us)
+        assert sum(llama_us) < sum(1e6 / v for v in got["tok_s"]) / len(got["tok_s"]), got
 
 
 def test_deliver_hands_every_pick_to_the_reader_in_order(cpu_build, tiny_model) -> None:

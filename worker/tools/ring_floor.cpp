@@ -17,7 +17,9 @@
 // as it comes, and the cost of a raw per-token delivery can be told from the cost of ours.
 //
 // stdout: one JSON object: stages, threads, load_mode (the worker's choice), tok_s (per round),
-// cpu_us_per_pass (per stage, CPU time over every round's passes), tokens (the last round's picks:
+// cpu_us_per_pass (per stage, CPU time over every round's passes), decode_us_per_pass (per stage, the
+// wall time of llama_decode and reading its output, as a worker's compute_seconds: it splits a token's
+// time into llama's own work and everything around it, on either side), tokens (the last round's picks:
 // equal for every N, staging being bitwise on one backend and thread count). Exit 2 on bad usage, 1
 // when a stage fails.
 #include "argmax.h"
@@ -188,6 +190,7 @@ struct Stage {
     llama_context * ctx   = nullptr;
     int             width = 0, n_vocab = 0;
     bool            first = false, last = false;
+    double          decode_seconds = 0;  // wall time inside llama_decode, every pass
 
     Stage(const Options & o, int begin, int end) {
         llama_model_params mp = llama_model_default_params();
@@ -233,17 +236,22 @@ struct Stage {
         b.n_seq_id[0] = 1;
         b.seq_id[0][0] = 0;
         b.logits[0] = 1;
+        // timed as a worker times its compute_seconds: llama_decode and reading what it produced
+        const auto decode_start = std::chrono::steady_clock::now();
         const int rc = llama_decode(ctx, b);
         llama_batch_free(b);
         if (rc != 0) {
             std::fprintf(stderr, "dgr-ring-floor: llama_decode failed with code %d\n", rc);
             std::_Exit(1);
         }
+        int32_t pick = -1;
         if (last) {
-            return dgr::greedy_token(llama_get_logits_ith(ctx, -1), n_vocab);
+            pick = dgr::greedy_token(llama_get_logits_ith(ctx, -1), n_vocab);
+        } else {
+            std::memcpy(boundary.data(), llama_get_boundary(ctx), (size_t) width * sizeof(float));
         }
-        std::memcpy(boundary.data(), llama_get_boundary(ctx), (size_t) width * sizeof(float));
-        return -1;
+        decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+        return pick;
     }
 };
 
@@ -305,7 +313,9 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
         std::_Exit(1);  // a neighbour ended without the stop: the parent sees this stage's report close
     }
     const double cpu_us = passes > 0 ? (cpu_seconds() - cpu_start) / (double) passes * 1e6 : 0.0;
+    const double decode_us = passes > 0 ? stage.decode_seconds / (double) passes * 1e6 : 0.0;
     send_all(report, &cpu_us, sizeof cpu_us);
+    send_all(report, &decode_us, sizeof decode_us);
     const int32_t n_picks = stage.last ? (int32_t) std::min<size_t>(picks.size(), (size_t) o.tokens) : 0;
     send_all(report, &n_picks, sizeof n_picks);
     if (n_picks > 0) {
@@ -424,11 +434,12 @@ int main(int argc, char ** argv) {
     }
     const Head stop{-1, 0};
     send_all(feed, &stop, sizeof stop);
-    std::vector<double> cpu_us((size_t) o.stages);
+    std::vector<double> cpu_us((size_t) o.stages), decode_us((size_t) o.stages);
     std::vector<int32_t> tokens;
     for (int k = 0; k < o.stages; ++k) {
         int32_t n = 0;
-        if (!recv_all(report[(size_t) k][0], &cpu_us[(size_t) k], sizeof(double)) || !recv_all(report[(size_t) k][0], &n, sizeof n)) {
+        if (!recv_all(report[(size_t) k][0], &cpu_us[(size_t) k], sizeof(double)) ||
+            !recv_all(report[(size_t) k][0], &decode_us[(size_t) k], sizeof(double)) || !recv_all(report[(size_t) k][0], &n, sizeof n)) {
             give_up("stage " + std::to_string(k) + " ended without its figures");
         }
         tokens.resize((size_t) n);
@@ -449,8 +460,8 @@ int main(int argc, char ** argv) {
         return s + "]";
     };
     std::printf("{\"stages\": %d, \"threads\": %d, \"load_mode\": \"%s\", \"tokens_per_round\": %d, \"tok_s\": %s, "
-                "\"cpu_us_per_pass\": %s, \"tokens\": %s}\n", o.stages, o.threads,
+                "\"cpu_us_per_pass\": %s, \"decode_us_per_pass\": %s, \"tokens\": %s}\n", o.stages, o.threads,
                 llama_load_mode_name(dgr::choose_load_mode("", o.gpu_layers)), o.tokens, list(tok_s, "%.2f").c_str(),
-                list(cpu_us, "%.1f").c_str(), list(tokens, "%d").c_str());
+                list(cpu_us, "%.1f").c_str(), list(decode_us, "%.1f").c_str(), list(tokens, "%d").c_str());
     return 0;
 }
