@@ -9,7 +9,9 @@ ring hands each token to the driver, so both sides carry a driver that reads eve
 measures is llama's own work per pass, the kernel's socket calls and the processes taking turns on the
 cores: the best a ring of N processes can do here.  Each placement is run both ways, interleaved over ROUNDS
 rounds (token-only ring, one thread per process, free); the table gives tok/s, the ratio to each
-side's own monolithic figure, every process's CPU time per token (where stages share cores, a
+side's own monolithic figure (of the medians, and ``paired``: within each round, then the median,
+which the VM's drift over the run does not move; tests/bench/ways.paired_ratio), every process's CPU
+time per token (where stages share cores, a
 token costs that sum), and a token's time split in two: ``llama ms``, its stages' llama_decode (and
 reading the output) summed, timed alike on both sides (the floor's ``decode_us_per_pass``, the
 workers' ``compute_seconds``), and ``rest ms``, everything else (transport, hand-offs, the processes
@@ -35,7 +37,7 @@ import pytest
 from certify.metrics import median_iqr
 from lanes.build import RING_FLOOR_TARGET
 from tests.bench.placements import PLACEMENTS
-from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring
+from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring, paired_ratio
 from tests.integration.conftest import floor_deliveries
 from worker.launcher import launch
 
@@ -65,11 +67,13 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
     command = dataclasses.replace(worker_command, threads=THREADS)
     floor_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    floor_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
     floor_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_llama: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_rest: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_tokens: dict[str, list[int]] = {}
     ours_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    ours_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
     ours_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     ours_llama: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     ours_rest: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
@@ -85,6 +89,7 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                 for name, placement in PLACEMENTS.items():
                     floor = _floor(tool, tiny_model.first, len(placement))
                     floor_tok[name] += floor["tok_s"]
+                    floor_rounds[name].append(floor["tok_s"])
                     floor_cpu[name].append(sum(floor["cpu_us_per_pass"]))
                     llama_ms = sum(floor["decode_us_per_pass"]) / 1e3  # over the same passes as its rounds
                     floor_llama[name].append(llama_ms)
@@ -93,6 +98,7 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                     floor_tokens.setdefault(name, floor["tokens"])
                     ours = decode_ring(pipelines[name], prompt)
                     ours_tok[name] += ours.tok_s
+                    ours_rounds[name].append(ours.tok_s)
                     ours_cpu[name].append(ours.worker_cpu * 1e6)
                     ours_llama[name] += [c * 1e3 for c in ours.compute]
                     ours_rest[name] += [1e3 / t - c * 1e3
@@ -102,25 +108,32 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
     load_after = os.getloadavg()
     f_mono = median_iqr(floor_tok["monolithic"]).median
     o_mono = median_iqr(ours_tok["monolithic"]).median
-    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'cpu us':>6} {'llama ms':>8} "
-             f"{'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} {'cpu us':>6} {'llama ms':>8} "
-             f"{'rest ms':>7} {'ours/floor':>10}"]
+    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'cpu us':>6} "
+             f"{'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} {'paired':>6} "
+             f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10}"]
     table = {}
     for name in PLACEMENTS:
         f, o = median_iqr(floor_tok[name]), median_iqr(ours_tok[name])
         fc, oc = median_iqr(floor_cpu[name]).median, median_iqr(ours_cpu[name]).median
         fl, ol = median_iqr(floor_llama[name]).median, median_iqr(ours_llama[name]).median
         f_rest, o_rest = median_iqr(floor_rest[name]).median, median_iqr(ours_rest[name]).median
-        table[name] = {"floor_tok_s": f.median, "floor_ratio_to_mono": f.median / f_mono, "floor_cpu_us": fc,
+        f_paired = paired_ratio(floor_rounds[name], floor_rounds["monolithic"])
+        o_paired = paired_ratio(ours_rounds[name], ours_rounds["monolithic"])
+        table[name] = {"floor_tok_s": f.median, "floor_ratio_to_mono": f.median / f_mono,
+                       "floor_paired_ratio_to_mono": f_paired, "floor_cpu_us": fc,
                        "floor_llama_ms": fl, "floor_rest_ms": f_rest,
-                       "ours_tok_s": o.median, "ours_ratio_to_mono": o.median / o_mono, "ours_cpu_us": oc,
+                       "ours_tok_s": o.median, "ours_ratio_to_mono": o.median / o_mono,
+                       "ours_paired_ratio_to_mono": o_paired, "ours_cpu_us": oc,
                        "ours_llama_ms": ol, "ours_rest_ms": o_rest, "ours_over_floor": o.median / f.median}
-        lines.append(f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {fc:6.0f} "
-                     f"{fl:8.2f} {f_rest:7.2f} {o.median:10.1f} {o.iqr:6.1f} {o.median / o_mono:6.2f} "
-                     f"{oc:6.0f} {ol:8.2f} {o_rest:7.2f} {o.median / f.median:10.2f}")
+        lines.append(f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {f_paired:6.2f} "
+                     f"{fc:6.0f} {fl:8.2f} {f_rest:7.2f} {o.median:10.1f} {o.iqr:6.1f} "
+                     f"{o.median / o_mono:6.2f} {o_paired:6.2f} {oc:6.0f} {ol:8.2f} {o_rest:7.2f} "
+                     f"{o.median / f.median:10.2f}")
     lines.append(f"(median of {ROUNDS * FLOOR_ROUNDS} floor rounds of 64 tokens and "
                  f"{ROUNDS * REPETITIONS} ring runs of {N_DECODE - 1}; "
-                 f"/mono: each side's own monolithic median; cpu us: every process's CPU time per token; "
+                 f"/mono: each side's own monolithic median; paired: each round's median over the same "
+                 f"round's monolithic median, the median over rounds; "
+                 f"cpu us: every process's CPU time per token; "
                  f"llama ms: the stages' llama_decode per token, summed; "
                  f"rest ms: each run's ms per token less its llama ms, the median; "
                  f"{os.cpu_count()} cpus)")

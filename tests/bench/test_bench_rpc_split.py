@@ -28,6 +28,7 @@ import pytest
 from certify.metrics import median_iqr
 from pipeline import drive
 from tests.bench import rpc_split
+from tests.bench.ways import paired_ratio
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -54,16 +55,24 @@ class Side:
     ours: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
     ours_logits: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
     theirs: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in THEIRS})
+    # the same samples kept by round, for the paired ratio (tests/bench/ways.paired_ratio)
+    ours_rounds: dict[int, list[list[float]]] = dataclasses.field(
+        default_factory=lambda: {w: [] for w in OURS})
+    theirs_rounds: dict[int, list[list[float]]] = dataclasses.field(
+        default_factory=lambda: {w: [] for w in THEIRS})
 
 
 def _round(side: Side, tools, model, clients, rpc, prompt, env) -> None:
     for ways, (n_servers, layers) in THEIRS.items():
-        side.theirs[ways] += rpc_split.tg(tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS,
-                                          threads=THREADS, env=env, rpc=rpc[:n_servers], gpu_layers=layers,
-                                          cpus=side.cpus)
+        got = rpc_split.tg(tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS, threads=THREADS, env=env,
+                           rpc=rpc[:n_servers], gpu_layers=layers, cpus=side.cpus)
+        side.theirs[ways] += got
+        side.theirs_rounds[ways].append(list(got))
     for ways, got in clients.items():
         side.ours_logits[ways] += _ours(got, prompt, logits=True)
-        side.ours[ways] += _ours(got, prompt)
+        ours = _ours(got, prompt)
+        side.ours[ways] += ours
+        side.ours_rounds[ways].append(ours)
 
 
 def _table(side: Side) -> tuple[dict, list[str]]:
@@ -72,13 +81,14 @@ def _table(side: Side) -> tuple[dict, list[str]]:
     for ways in OURS:
         o, t = median_iqr(side.ours[ways]), median_iqr(side.theirs[ways])
         ol = median_iqr(side.ours_logits[ways])
+        paired = paired_ratio(side.ours_rounds[ways], side.theirs_rounds[ways])
         table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
                        "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
                        "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
-                       "ours_with_logits_tok_s": ol.median}
+                       "ours_over_theirs_paired": paired, "ours_with_logits_tok_s": ol.median}
         lines.append(f"{side.cpus or 'free':>5} {ways:>4} {o.median:10.1f} {o.iqr:6.1f} "
                      f"{o.median / o_mono:9.2f} {t.median:13.1f} {t.iqr:6.1f} {t.median / t_mono:9.2f} "
-                     f"{o.median / t.median:11.2f} {ol.median:11.1f}")
+                     f"{o.median / t.median:11.2f} {paired:6.2f} {ol.median:11.1f}")
     return table, lines
 
 
@@ -110,7 +120,7 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
     lines = [f"{'cpus':>5} {'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} "
-             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'ours+logits':>11}"]
+             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'paired':>6} {'ours+logits':>11}"]
     tables = {}
     for side in sides:
         tables[side.cpus or "free"], rows = _table(side)
@@ -118,6 +128,7 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
     print(f"\n[bench rpc split] tiny-llama f32, {THREADS} thread per process, loopback, tg{N_GEN}, median "
           f"of {ROUNDS * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
           f"(way 1: one worker; ours+logits: each token's logits row to the driver too), "
+          f"paired: ours/theirs within each round, the median over rounds, "
           f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); cpus: every process of both sides "
           f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines))

@@ -11,6 +11,8 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import numpy as np
+
 from certify.metrics import median_iqr
 from pipeline import drive
 from tests.bench.cpu_time import cpu_seconds
@@ -64,6 +66,18 @@ def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: b
                        compute=[sum(rep) for rep in speed.stage_compute_per_token])
 
 
+def paired_ratio(rounds: list[list[float]], reference: list[list[float]]) -> float:
+    """The median over rounds of (this round's median / the reference's median in the same round).
+
+    Why: on a shared VM the speed drifts by 10-20% within minutes (llama-bench gave 216 and 364 tok/s
+    seven minutes apart), so a ratio of medians taken over a whole run carries that drift.  Runs made
+    in one round are seconds apart; their ratio, then the median over rounds, does not."""
+    if len(rounds) != len(reference) or not rounds:
+        raise ValueError(f"{len(rounds)} rounds against {len(reference)} rounds of the reference")
+    return float(np.median([median_iqr(x).median / median_iqr(ref).median
+                            for x, ref in zip(rounds, reference, strict=True)]))
+
+
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
                  evidence, own_monolithic: bool = False,
                  driver_keeps: frozenset[str] = frozenset(),
@@ -75,6 +89,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     rings deliver by Deliver calls; the others' by frames on the driver's delivery port."""
     load_before = os.getloadavg()
     tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
+    by_round: dict[tuple[str, str], list[list[float]]] = {key: [] for key in tok_s}
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
     driver_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
@@ -97,6 +112,7 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
                     got = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps,
                                       delivery_stream=key[1] not in deliver_calls)
                     tok_s[key] += got.tok_s
+                    by_round[key].append(got.tok_s)
                     seam_s[key] += got.seams
                     cpu_s[key].append(got.worker_cpu)
                     driver_s[key].append(got.driver_cpu)
@@ -109,22 +125,26 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     driver_us = {key: median_iqr(v).median * 1e6 for key, v in driver_s.items()}
     best = max(medians[("monolithic", way)].median for way in ways)
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'seam us':>7} {'cpu us':>6} "
-                      f"{'drv us':>6}" for way in ways)
+    paired = {(n, w): paired_ratio(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in tok_s}
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'seam us':>7} "
+                      f"{'cpu us':>6} {'drv us':>6}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
-                 f"{medians[(name, w)].median / mono[w]:6.2f} {seam_us[(name, w)]:7.1f} "
-                 f"{cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}" for w in ways]
+                 f"{medians[(name, w)].median / mono[w]:6.2f} {paired[(name, w)]:6.2f} "
+                 f"{seam_us[(name, w)]:7.1f} {cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}"
+                 for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
     reference = ("each way's own monolithic median" if own_monolithic
                  else f"the better monolithic median, {best:.1f} tok/s")
-    lines.append(f"(/mono: {reference}; median of {rounds * REPETITIONS} "
+    lines.append(f"(/mono: {reference}; paired: to the way's own monolithic run in the same round, the "
+                 f"median over rounds; median of {rounds * REPETITIONS} "
                  f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
                  f"this stage sent; cpu us: every worker's CPU time per token, drv us: the driver's, "
                  f"medians over the rounds; "
                  f"{os.cpu_count()} cpus)")
     info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
+                         "paired_ratio_to_own_monolithic": paired[(n, w)],
                          "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)],
                          "driver_cpu_us_per_token": driver_us[(n, w)]}
             for (n, w), m in medians.items()}
