@@ -37,7 +37,7 @@ import pytest
 from certify.metrics import median_iqr
 from lanes.build import RING_FLOOR_TARGET
 from tests.bench.placements import PLACEMENTS
-from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring, paired_ratio
+from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring, paired_ratio, pooled
 from tests.integration.conftest import floor_deliveries
 from worker.launcher import launch
 
@@ -66,13 +66,11 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                                               worker_env, tmp_path) -> None:
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
     command = dataclasses.replace(worker_command, threads=THREADS)
-    floor_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
     floor_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_llama: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_rest: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     floor_tokens: dict[str, list[int]] = {}
-    ours_tok: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     ours_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
     ours_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     ours_llama: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
@@ -88,7 +86,6 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
             for _ in range(ROUNDS):
                 for name, placement in PLACEMENTS.items():
                     floor = _floor(tool, tiny_model.first, len(placement))
-                    floor_tok[name] += floor["tok_s"]
                     floor_rounds[name].append(floor["tok_s"])
                     floor_cpu[name].append(sum(floor["cpu_us_per_pass"]))
                     llama_ms = sum(floor["decode_us_per_pass"]) / 1e3  # over the same passes as its rounds
@@ -97,7 +94,6 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                     floor_rest[name].append(token_ms - llama_ms)
                     floor_tokens.setdefault(name, floor["tokens"])
                     ours = decode_ring(pipelines[name], prompt)
-                    ours_tok[name] += ours.tok_s
                     ours_rounds[name].append(ours.tok_s)
                     ours_cpu[name].append(ours.worker_cpu * 1e6)
                     ours_llama[name] += [c * 1e3 for c in ours.compute]
@@ -106,14 +102,14 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
-    f_mono = median_iqr(floor_tok["monolithic"]).median
-    o_mono = median_iqr(ours_tok["monolithic"]).median
+    f_mono = median_iqr(pooled(floor_rounds["monolithic"])).median
+    o_mono = median_iqr(pooled(ours_rounds["monolithic"])).median
     lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'cpu us':>6} "
              f"{'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} {'paired':>6} "
              f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10}"]
     table = {}
     for name in PLACEMENTS:
-        f, o = median_iqr(floor_tok[name]), median_iqr(ours_tok[name])
+        f, o = median_iqr(pooled(floor_rounds[name])), median_iqr(pooled(ours_rounds[name]))
         fc, oc = median_iqr(floor_cpu[name]).median, median_iqr(ours_cpu[name]).median
         fl, ol = median_iqr(floor_llama[name]).median, median_iqr(ours_llama[name]).median
         f_rest, o_rest = median_iqr(floor_rest[name]).median, median_iqr(ours_rest[name]).median
@@ -141,4 +137,4 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
           f"before {load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines))
     benchmark.extra_info.update(table=table, load_before=list(load_before), load_after=list(load_after))
     assert all(tokens == floor_tokens["monolithic"] for tokens in floor_tokens.values()), floor_tokens
-    assert all(v > 0 for runs in (*floor_tok.values(), *ours_tok.values()) for v in runs)
+    assert all(v > 0 for rounds in (*floor_rounds.values(), *ours_rounds.values()) for v in pooled(rounds))

@@ -22,13 +22,12 @@ import contextlib
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 
 from certify.metrics import median_iqr
 from pipeline import drive
 from tests.bench import rpc_split
-from tests.bench.ways import paired_ratio
+from tests.bench.ways import paired_ratio, pooled
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -49,39 +48,33 @@ def _ours(clients, prompt, logits: bool = False) -> list[float]:
 
 @dataclasses.dataclass
 class Side:
-    """One way of placing the processes (free, or all held to one CPU) and its samples per ways."""
+    """One way of placing the processes (free, or all held to one CPU) and its samples per ways: ours
+    and theirs by round (for the paired ratio, tests/bench/ways.paired_ratio), ours with logits
+    pooled."""
 
     cpus: str | None
-    ours: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
+    ours: dict[int, list[list[float]]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
     ours_logits: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in OURS})
-    theirs: dict[int, list[float]] = dataclasses.field(default_factory=lambda: {w: [] for w in THEIRS})
-    # the same samples kept by round, for the paired ratio (tests/bench/ways.paired_ratio)
-    ours_rounds: dict[int, list[list[float]]] = dataclasses.field(
-        default_factory=lambda: {w: [] for w in OURS})
-    theirs_rounds: dict[int, list[list[float]]] = dataclasses.field(
-        default_factory=lambda: {w: [] for w in THEIRS})
+    theirs: dict[int, list[list[float]]] = dataclasses.field(default_factory=lambda: {w: [] for w in THEIRS})
 
 
 def _round(side: Side, tools, model, clients, rpc, prompt, env) -> None:
     for ways, (n_servers, layers) in THEIRS.items():
-        got = rpc_split.tg(tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS, threads=THREADS, env=env,
-                           rpc=rpc[:n_servers], gpu_layers=layers, cpus=side.cpus)
-        side.theirs[ways] += got
-        side.theirs_rounds[ways].append(list(got))
+        side.theirs[ways].append(list(rpc_split.tg(
+            tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS, threads=THREADS, env=env,
+            rpc=rpc[:n_servers], gpu_layers=layers, cpus=side.cpus)))
     for ways, got in clients.items():
         side.ours_logits[ways] += _ours(got, prompt, logits=True)
-        ours = _ours(got, prompt)
-        side.ours[ways] += ours
-        side.ours_rounds[ways].append(ours)
+        side.ours[ways].append(_ours(got, prompt))
 
 
 def _table(side: Side) -> tuple[dict, list[str]]:
     table, lines = {}, []
-    o_mono, t_mono = median_iqr(side.ours[1]).median, median_iqr(side.theirs[1]).median
+    o_mono, t_mono = median_iqr(pooled(side.ours[1])).median, median_iqr(pooled(side.theirs[1])).median
     for ways in OURS:
-        o, t = median_iqr(side.ours[ways]), median_iqr(side.theirs[ways])
+        o, t = median_iqr(pooled(side.ours[ways])), median_iqr(pooled(side.theirs[ways]))
         ol = median_iqr(side.ours_logits[ways])
-        paired = paired_ratio(side.ours_rounds[ways], side.theirs_rounds[ways])
+        paired = paired_ratio(side.ours[ways], side.theirs[ways])
         table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
                        "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
                        "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
@@ -133,6 +126,7 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
           f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines))
     benchmark.extra_info.update(tables=tables, load_before=list(load_before), load_after=list(load_after))
-    samples = [v for side in sides for runs in (side.ours, side.ours_logits, side.theirs)
-               for v in runs.values()]
-    assert all(v > 0 for v in np.concatenate(samples))
+    samples = [v for side in sides for rounds in (*side.ours.values(), *side.theirs.values())
+               for v in pooled(rounds)]
+    samples += [v for side in sides for runs in side.ours_logits.values() for v in runs]
+    assert all(v > 0 for v in samples)

@@ -66,6 +66,11 @@ def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: b
                        compute=[sum(rep) for rep in speed.stage_compute_per_token])
 
 
+def pooled(rounds: list[list[float]]) -> list[float]:
+    """Every round's runs in one list: the whole run's samples, for its median and IQR."""
+    return [v for runs in rounds for v in runs]
+
+
 def paired_ratio(rounds: list[list[float]], reference: list[list[float]]) -> float:
     """The median over rounds of (this round's median / the reference's median in the same round).
 
@@ -88,11 +93,12 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     stages while it reads (pipeline/yielding.py); the others' does.  ``deliver_calls``: the ways whose
     rings deliver by Deliver calls; the others' by frames on the driver's delivery port."""
     load_before = os.getloadavg()
-    tok_s: dict[tuple[str, str], list[float]] = {(name, way): [] for name in PLACEMENTS for way in ways}
-    by_round: dict[tuple[str, str], list[list[float]]] = {key: [] for key in tok_s}
-    seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
-    cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
-    driver_s: dict[tuple[str, str], list[float]] = {key: [] for key in tok_s}
+    # each (placement, way)'s tok/s, one list per round (the paired ratio pairs rounds)
+    by_round: dict[tuple[str, str], list[list[float]]] = {(name, way): [] for name in PLACEMENTS
+                                                          for way in ways}
+    seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
+    cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
+    driver_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
     with ExitStack() as running:
         # ways with one command share its workers: two launches of the same binary can differ by
         # 10-20% (where their processes settled), which would be charged to the ways' difference
@@ -111,7 +117,6 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
                 for key, pipeline in groups.items():
                     got = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps,
                                       delivery_stream=key[1] not in deliver_calls)
-                    tok_s[key] += got.tok_s
                     by_round[key].append(got.tok_s)
                     seam_s[key] += got.seams
                     cpu_s[key].append(got.worker_cpu)
@@ -119,13 +124,13 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
         load_after = os.getloadavg()
-    medians = {key: median_iqr(v) for key, v in tok_s.items()}
+    medians = {key: median_iqr(pooled(rounds)) for key, rounds in by_round.items()}
     seam_us = {key: median_iqr(v).median * 1e6 if v else float("nan") for key, v in seam_s.items()}
     cpu_us = {key: median_iqr(v).median * 1e6 for key, v in cpu_s.items()}
     driver_us = {key: median_iqr(v).median * 1e6 for key, v in driver_s.items()}
     best = max(medians[("monolithic", way)].median for way in ways)
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
-    paired = {(n, w): paired_ratio(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in tok_s}
+    paired = {(n, w): paired_ratio(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in by_round}
     header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'seam us':>7} "
                       f"{'cpu us':>6} {'drv us':>6}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
@@ -148,5 +153,6 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
                          "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)],
                          "driver_cpu_us_per_token": driver_us[(n, w)]}
             for (n, w), m in medians.items()}
-    return WaysTable(lines=lines, extra_info=info, samples=[v for s in tok_s.values() for v in s],
-                     load_before=load_before, load_after=load_after)
+    samples = [v for rounds in by_round.values() for v in pooled(rounds)]
+    return WaysTable(lines=lines, extra_info=info, samples=samples, load_before=load_before,
+                     load_after=load_after)

@@ -8,8 +8,9 @@
 // with our patches, the worker's load mode and context sizes), pass {position, token, boundary} to the
 // next over one loopback TCP connection each (TCP_NODELAY, as the workers' pass ports); the last picks
 // the next token (the worker's greedy rule) and hands it to the first. No gRPC, no protobuf, no driver,
-// no delivery unless asked (--deliver, below): what is left is llama's own work per pass, the kernel's socket calls and the processes
-// taking turns. Every pass feeds one token; each round starts a fresh sequence at position 0.
+// no delivery unless asked (--deliver, below): what is left is llama's own work per pass, the kernel's
+// socket calls and the processes taking turns. Every pass feeds one token; each round starts a fresh
+// sequence at position 0.
 //
 // --deliver PORT: the last stage also sends each pick, {round, position, token} as three int32, to a
 // listener on 127.0.0.1:PORT over one TCP connection, after it has handed the next pass on (the
@@ -438,12 +439,13 @@ int main(int argc, char ** argv) {
     std::vector<int32_t> tokens;
     for (int k = 0; k < o.stages; ++k) {
         int32_t n = 0;
-        if (!recv_all(report[(size_t) k][0], &cpu_us[(size_t) k], sizeof(double)) ||
-            !recv_all(report[(size_t) k][0], &decode_us[(size_t) k], sizeof(double)) || !recv_all(report[(size_t) k][0], &n, sizeof n)) {
+        const int from = report[(size_t) k][0];
+        if (!recv_all(from, &cpu_us[(size_t) k], sizeof(double)) || !recv_all(from, &decode_us[(size_t) k], sizeof(double)) ||
+            !recv_all(from, &n, sizeof n)) {
             give_up("stage " + std::to_string(k) + " ended without its figures");
         }
         tokens.resize((size_t) n);
-        if (n > 0 && !recv_all(report[(size_t) k][0], tokens.data(), (size_t) n * sizeof(int32_t))) {
+        if (n > 0 && !recv_all(from, tokens.data(), (size_t) n * sizeof(int32_t))) {
             give_up("stage " + std::to_string(k) + " ended without its tokens");
         }
     }
