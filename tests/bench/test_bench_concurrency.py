@@ -1,8 +1,9 @@
 """Aggregate decode throughput with several sessions in flight (issue 19 item 4), in one run.
 
-tiny-llama on the CPU lane, loopback, one thread per worker: the monolithic worker and 2, 4 and 12
-stages, relayed, chained and ring (several rings share each stage's pass connections), each at concurrency 1,
-4 and n_stages (sessions decoded at the same time, each its own (session, epoch);
+tiny-llama on the CPU lane, loopback, one thread per worker: the monolithic worker, 2, 4 and 12 even
+stages, and 4 stages cut by decode cost (pipeline.balance: the last stage, which holds the output head,
+gets one layer), relayed, chained and ring (several rings share each stage's pass connections), each
+at concurrency 1, 4 and n_stages (sessions decoded at the same time, each its own (session, epoch);
 pipeline.concurrency).  Every concurrent session is checked bitwise
 against the same session alone.  Figures: aggregate tok/s median and IQR over the rounds, and the ratio
 to the monolithic worker's single-stream figure twice: driven relayed (the certificate's monolithic
@@ -24,6 +25,8 @@ import os
 import pytest
 
 from certify.metrics import median_iqr
+from fetch.gguf_header import read_header
+from pipeline.balance import balanced_stages, decode_cost
 from pipeline.concurrency import decode_together, diverging
 from tests.bench.placements import PLACEMENTS
 from worker.launcher import launch
@@ -50,10 +53,14 @@ def _aggregate(clients, prompt, sessions: int, forwarding: str) -> tuple[list[fl
     return rates, bad
 
 
-def test_bench_aggregate_throughput(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
+def test_bench_aggregate_throughput(
+    benchmark, worker_command, stubs, worker_env, tiny_model, tmp_path
+) -> None:
     cmd = dataclasses.replace(worker_command, threads=1, max_sessions=12)
+    cost = decode_cost([read_header(f) for f in tiny_model.files])
+    placements = {**PLACEMENTS, "4-balanced": balanced_stages(cost, 4)}
     table: dict[str, dict[int, dict[str, float]]] = {}
-    for name, stages in PLACEMENTS.items():
+    for name, stages in placements.items():
         modes = ["relayed", "ring"] if name == "monolithic" else ["relayed", "chained", "ring"]
         with launch(cmd, stages, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
             prompt = p.clients[0].tokenize(PROMPT)[:16]
@@ -70,6 +77,7 @@ def test_bench_aggregate_throughput(benchmark, worker_command, stubs, worker_env
           f"worker, {os.cpu_count()} cores (stages unpinned), load average {os.getloadavg()[0]:.2f}; ratio "
           f"to the monolithic single stream relayed ({single:.1f} tok/s) / as a ring "
           f"({single_ring:.1f} tok/s)")
+    print(f"[bench]   4-balanced is {placements['4-balanced']}")
     for key, levels in table.items():
         cells = ", ".join(f"c={c}: {f['median']:.1f} (IQR {f['iqr']:.1f}) = {f['median'] / single:.2f}x"
                           f" / {f['median'] / single_ring:.2f}x" for c, f in levels.items())

@@ -20,7 +20,9 @@ from fetch import source, tinymodel
 from fetch.gguf_header import read_header
 from fetch.provision import provision
 from fetch.seal import hash_file
+from manifests import recipe_model
 from manifests.artifact_sets import load_set
+from pipeline.balance import balanced_stages, decode_cost
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +99,13 @@ def test_dgr_provision_with_no_arguments_provisions_the_embedded_default(tmp_pat
     assert [f.name for f in files] == [f.name for f in load_set("tiny-llama").variant("f32").files]
     again = proc.run([sys.executable, "-m", "certify", "provision"], cwd=PROJECT_ROOT, env=env).output
     assert "3 already verified, 0 bytes fetched" in again
+
+
+def test_the_recipes_balanced_placement_is_the_cut_by_decode_cost(tiny_model) -> None:
+    """tiny-llama's four-balanced-ring is written out in the recipe; it must stay the cut
+    pipeline.balance makes of the model's own tensors (a changed model or cost model shows here)."""
+    cost = decode_cost([read_header(f) for f in tiny_model.files])
+    assert cost.last == (N_VOCAB * N_EMBD + N_EMBD) * 4  # the f32 head and its norm
+    placement = recipe_model.load("tiny-llama").placements["four-balanced-ring"]
+    assert list(placement.stages) == balanced_stages(cost, 4)
+    assert placement.stages != recipe_model.load("tiny-llama").placements["four-even"].stages
