@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "seal": ("cli.seal", "compute an artifact set's digests and write them into its manifest"),
     "provision": ("cli.provision", "provision a recipe's artifact set into the store (resumable)"),
     "reference": ("cli.reference", "make a sealed reference (the monolithic run stored once) or compare two"),
+    "balance": ("cli.balance", "cut a recipe's model into stages by the bytes of weights a token reads"),
     "certify": ("cli.certify", "run the parity and speed gates and write a signed certificate"),
     "verify": ("cli.verify", "verify a certificate's signature, digests and HTML"),
     "report": ("cli.report", "rebuild the report index (lane x recipe matrix)"),

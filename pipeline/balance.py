@@ -118,3 +118,13 @@ def _evenest_under(cost: DecodeCost, n_stages: int, bottleneck: int) -> list[tup
         stages.append((cut_at[k][end], end))
         end = cut_at[k][end]
     return stages[::-1]
+
+
+def even_stages(n_layer: int, n_stages: int) -> list[tuple[int, int]]:
+    """The cut by layer count alone, the earlier stages one layer longer where it does not divide: what
+    a placement is without a cost model, for comparison."""
+    if not 1 <= n_stages <= n_layer:
+        raise ConfigurationError(f"cannot cut {n_layer} layers into {n_stages} non-empty stages")
+    size, extra = divmod(n_layer, n_stages)
+    ends = [(k + 1) * size + min(k + 1, extra) for k in range(n_stages)]
+    return list(zip([0, *ends[:-1]], ends, strict=True))

@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import ConfigurationError
 from fetch.gguf_header import Header, TensorInfo
-from pipeline.balance import DecodeCost, balanced_stages, decode_cost
+from pipeline.balance import DecodeCost, balanced_stages, decode_cost, even_stages
 
 
 def _header(tensors: dict[str, int], **kv: object) -> Header:
@@ -101,3 +101,11 @@ def test_the_cut_is_the_best_of_every_cut_by_brute_force(seed: int) -> None:
 def test_more_stages_than_layers_or_none_is_a_configuration_error(n_stages: int) -> None:
     with pytest.raises(ConfigurationError, match="cannot cut 3 layers"):
         balanced_stages(DecodeCost(layers=(1, 1, 1), first=0, last=0), n_stages)
+
+
+def test_the_even_cut_gives_the_earlier_stages_the_remainder() -> None:
+    assert even_stages(12, 4) == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert even_stages(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert even_stages(3, 3) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(ConfigurationError, match="cannot cut 3 layers into 4"):
+        even_stages(3, 4)
