@@ -3,7 +3,7 @@
 A pipeline decoding several sessions at once runs no faster than its slowest stage, and an even split
 of the layers is not an even split of the work: the last stage also holds the output head.  On the
 tiny model that head (vocab x n_embd) reads as many bytes per token as ten of its layers, so the even
-4-stage split gives its last stage about half of every token.
+4-stage split gives its last stage 60% of the bytes a token reads (the cut here: 51%).
 
 The cost model is the bytes of weights one decode step reads, since a one-token pass is bound by
 memory bandwidth, not arithmetic:
@@ -13,7 +13,8 @@ memory bandwidth, not arithmetic:
 - the output head (``output.weight``, or the token embedding again where the model ties them) and the
   output norm, on the last stage.
 It is a model, not a measurement: what it leaves out (attention over the KV cache, the hand-offs) grows
-with the context and the transport.  ``nox -s bench -- -k concurrency`` measures the placement it picks.
+with the context and the transport.  ``nox -s bench -- -k balanced_against`` measures the cut it makes
+against the even one; ``dgr balance`` prints it for a recipe's model.
 """
 
 from __future__ import annotations
