@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     done = provision(ctx, recipe.artifacts, variant=recipe.variant, store=args.store, tools=fetch_tools(ctx))
     cost = decode_cost([read_header(f) for f in done.files])
     cut = balanced_stages(cost, args.stages)
-    total = cost.stage(0, len(cost.layers))
+    total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
     print(f"balance: {recipe.name} ({done.variant}), {len(cost.layers)} layers into {stages} by "
           f"the bytes of weights a token reads ({total / 1e6:.1f} MB in all)")

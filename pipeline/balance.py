@@ -37,6 +37,11 @@ class DecodeCost:
     first: int
     last: int
 
+    @property
+    def total(self) -> int:
+        """The bytes the whole model reads per token (one stage owning every layer)."""
+        return self.stage(0, len(self.layers))
+
     def stage(self, start: int, end: int) -> int:
         """The bytes the stage owning layers [start, end) reads per token."""
         head = self.last if end == len(self.layers) else 0

@@ -28,7 +28,7 @@ import pytest
 from certify.metrics import median_iqr
 from fetch.gguf_header import read_header
 from pipeline.balance import balanced_stages, decode_cost
-from pipeline.concurrency import decode_together, diverging
+from pipeline.concurrency import Session, decode_together, diverging
 from tests.bench.placements import PLACEMENTS
 from tests.bench.ways import paired_ratio, pooled
 from worker.launcher import launch
@@ -44,9 +44,20 @@ def _levels(n_stages: int) -> list[int]:
     return sorted({1, 4, n_stages})
 
 
-def _aggregate(clients, prompt, sessions: int, forwarding: str, rounds: int = ROUNDS) -> list[float]:
-    """Aggregate tok/s per round; each concurrent session must be bitwise the session alone."""
-    alone = decode_together(clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
+def _alone(clients, prompt, forwarding: str) -> Session:
+    """The session decoded alone: what every concurrent one must equal."""
+    return decode_together(clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
+
+
+def _balanced_cut(tiny_model) -> list[tuple[int, int]]:
+    return balanced_stages(decode_cost([read_header(f) for f in tiny_model.files]), 4)
+
+
+def _aggregate(clients, prompt, sessions: int, forwarding: str, rounds: int = ROUNDS,
+               alone: Session | None = None) -> list[float]:
+    """Aggregate tok/s per round; each concurrent session must be bitwise ``alone`` (decoded here
+    first when not given)."""
+    alone = alone or _alone(clients, prompt, forwarding)
     rates = []
     for _ in range(rounds):
         together = decode_together(clients, prompt, N_DECODE, sessions, forwarding=forwarding)
@@ -60,8 +71,7 @@ def test_bench_aggregate_throughput(
     benchmark, worker_command, stubs, worker_env, tiny_model, tmp_path
 ) -> None:
     cmd = dataclasses.replace(worker_command, threads=1, max_sessions=12)
-    cost = decode_cost([read_header(f) for f in tiny_model.files])
-    placements = {**PLACEMENTS, "4-balanced": balanced_stages(cost, 4)}
+    placements = {**PLACEMENTS, "4-balanced": _balanced_cut(tiny_model)}
     table: dict[str, dict[int, dict[str, float]]] = {}
     for name, stages in placements.items():
         modes = ["relayed", "ring"] if name == "monolithic" else ["relayed", "chained", "ring"]
@@ -98,8 +108,7 @@ def test_bench_balanced_against_even(
     worker's single stream: all three in every round, so each ratio is also taken round by round
     (``paired``) and the VM's drift between rounds does not move it."""
     cmd = dataclasses.replace(worker_command, threads=1, max_sessions=4)
-    cost = decode_cost([read_header(f) for f in tiny_model.files])
-    cuts = {"4-even": PLACEMENTS["4-stages"], "4-balanced": balanced_stages(cost, 4)}
+    cuts = {"4-even": PLACEMENTS["4-stages"], "4-balanced": _balanced_cut(tiny_model)}
     runs: dict[str, list[list[float]]] = {"monolithic c=1": [], **{f"{name} ring c=4": [] for name in cuts}}
     with contextlib.ExitStack() as stack:
         def started(stages, name):
@@ -109,10 +118,13 @@ def test_bench_balanced_against_even(
         mono = started(PLACEMENTS["monolithic"], "monolithic")
         rings = {name: started(stages, name) for name, stages in cuts.items()}
         prompt = mono.clients[0].tokenize(PROMPT)[:16]
+        mono_alone = _alone(mono.clients, prompt, "relayed")
+        rings_alone = {name: _alone(p.clients, prompt, "ring") for name, p in rings.items()}
         for _ in range(PAIRED_ROUNDS):
-            runs["monolithic c=1"].append(_aggregate(mono.clients, prompt, 1, "relayed", rounds=1))
+            runs["monolithic c=1"].append(_aggregate(mono.clients, prompt, 1, "relayed", 1, mono_alone))
             for name, p in rings.items():
-                runs[f"{name} ring c=4"].append(_aggregate(p.clients, prompt, 4, "ring", rounds=1))
+                rates = _aggregate(p.clients, prompt, 4, "ring", 1, rings_alone[name])
+                runs[f"{name} ring c=4"].append(rates)
     single = runs["monolithic c=1"]
     single_median = median_iqr(pooled(single)).median
     print(f"\n[bench] 4 stages at 4 sessions, cut evenly and by decode cost ({cuts['4-balanced']}), rings, "
