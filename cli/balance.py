@@ -1,13 +1,19 @@
-"""`dgr balance --stages N [--recipe NAME] [--store DIR]`: the cut of a recipe's model into N stages by
-decode cost (pipeline/balance.py), printed beside the even cut, with the stages ready for a recipe or a
-placement file."""
+"""`dgr balance --stages N [--recipe NAME] [--store DIR] [--fit SIZE]`: the cut of a recipe's model into N
+stages by decode cost (pipeline/balance.py), printed beside the even cut with what each stage holds,
+and the stages ready for a recipe or a placement file.  ``--fit``: each stage may hold at most SIZE of
+weights (a host's memory for them), and the cut is the best of those that fit."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from core.context import Context
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?$", re.IGNORECASE)
+_UNIT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def positive(text: str) -> int:
@@ -20,10 +26,26 @@ def positive(text: str) -> int:
 positive.__name__ = "number of stages (>= 1)"  # what argparse names in its error
 
 
+def size(text: str) -> int:
+    """Bytes from ``512MB``, ``96GiB``, ``1.5TB`` or a plain count of bytes."""
+    match = _SIZE.match(text.strip())
+    if match is None:
+        raise ValueError(text)
+    nbytes = int(float(match.group(1)) * _UNIT[(match.group(2) or "b").lower()])
+    if nbytes < 1:
+        raise ValueError(text)
+    return nbytes
+
+
+size.__name__ = "size (bytes, or a number with B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=positive, required=True, metavar="N", help="how many stages")
     parser.add_argument("--recipe", metavar="NAME", help="whose model to cut (default: tiny-llama)")
     parser.add_argument("--store", metavar="DIR", help="artifact store (default: DGR_STORE, or .work/store)")
+    parser.add_argument("--fit", type=size, metavar="SIZE",
+                        help="each stage holds at most SIZE of weights (96GiB, 500MB): what its host has")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -31,24 +53,33 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from fetch.provision import provision
     from lanes.build import fetch_tools
     from manifests import recipe_model as recipes
-    from pipeline.balance import balanced_stages, decode_cost, even_stages
+    from pipeline.balance import balanced_stages, decode_cost, even_stages, held_bytes
 
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     done = provision(ctx, recipe.artifacts, variant=recipe.variant, store=args.store, tools=fetch_tools(ctx))
-    cost = decode_cost([read_header(f) for f in done.files])
-    cut = balanced_stages(cost, args.stages)
+    headers = [read_header(f) for f in done.files]
+    cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp))
+    cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
+    fit = f", each holding at most {_mb(args.fit)}" if args.fit else ""
     print(f"balance: {recipe.name} ({done.variant}), {len(cost.layers)} layers into {stages} by "
-          f"the bytes of weights a token reads ({total / 1e6:.1f} MB in all)")
+          f"the bytes of weights a token reads ({_mb(total)} in all){fit}")
     for k, (start, end) in enumerate(cut):
-        print(f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}")
+        print(f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}, "
+              f"holds {_mb(held.stage(start, end))}")
     even = even_stages(len(cost.layers), args.stages)
     print(f"costliest stage: {_share(max(cost.stage(*s) for s in cut), total)} "
           f"(the even cut {json.dumps(even)}: {_share(max(cost.stage(*s) for s in even), total)})")
+    print(f"most held by a stage: {_mb(max(held.stage(*s) for s in cut))} of weights, before its KV cache "
+          f"(the even cut: {_mb(max(held.stage(*s) for s in even))})")
     print(f'"stages": {json.dumps([list(s) for s in cut])}')
     return 0
 
 
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
 def _share(nbytes: int, total: int) -> str:
-    return f"{nbytes / 1e6:.1f} MB a token ({100 * nbytes / total:.0f}%)"
+    return f"{_mb(nbytes)} a token ({100 * nbytes / total:.0f}%)"

@@ -15,12 +15,17 @@ memory bandwidth, not arithmetic:
 It is a model, not a measurement: what it leaves out (attention over the KV cache, the hand-offs) grows
 with the context and the transport.  ``nox -s bench -- -k balanced_against`` measures the cut it makes
 against the even one; ``dgr balance`` prints it for a recipe's model.
+
+What a stage reads is not what it holds: an MoE layer reads a few experts per token and holds them
+all, so a cut balanced for speed can hand one host more weights than it has memory for.  The held
+bytes (``held_bytes``, what the range-aware loader of patch 0001 keeps for a stage) can bound the
+cut: ``balanced_stages(..., held=, limit=)`` considers only stages that fit.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import ConfigurationError
@@ -30,34 +35,34 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodeCost:
-    """Bytes one decode step reads: per layer, and on the first and last stage beyond their layers."""
+class StageBytes:
+    """Bytes per layer, what the first and the last stage have beyond their layers, and what every
+    stage has (tensors of no layer, neither input nor output): a stage's figure is their sum.  Either
+    the bytes a decode step reads (``decode_cost``) or the bytes a stage holds (``held_bytes``)."""
 
     layers: tuple[int, ...]
     first: int
     last: int
+    every: int = 0
+    shared: int = 0  # in both first and last, held once by a stage that is both (a tied embedding)
 
     @property
     def total(self) -> int:
-        """The bytes the whole model reads per token (one stage owning every layer)."""
+        """The figure of the whole model (one stage owning every layer)."""
         return self.stage(0, len(self.layers))
 
     def stage(self, start: int, end: int) -> int:
-        """The bytes the stage owning layers [start, end) reads per token."""
-        head = self.last if end == len(self.layers) else 0
-        return sum(self.layers[start:end]) + (self.first if start == 0 else 0) + head
+        """The figure of the stage owning layers [start, end)."""
+        owns_input, owns_output = start == 0, end == len(self.layers)
+        once = self.shared if owns_input and owns_output else 0
+        return (sum(self.layers[start:end]) + (self.first if owns_input else 0)
+                + (self.last if owns_output else 0) + self.every - once)
 
 
-def decode_cost(headers: Sequence[Header]) -> DecodeCost:
+def decode_cost(headers: Sequence[Header]) -> StageBytes:
     """The decode cost of a model from the headers of its files (one, or every file of a split set)."""
-    if not headers:
-        raise ConfigurationError("decode cost: no GGUF headers given")
-    arch = headers[0]
-    n_layer = arch.arch_value("block_count")
-    if not isinstance(n_layer, int) or n_layer < 1:
-        raise ConfigurationError(f"{arch.path}: no {arch.architecture}.block_count to cut the layers by")
-    expert_share = _expert_share(arch)
-    tensors = {t.name: t for h in headers for t in h.tensors}
+    n_layer, tensors = _layers_and_tensors(headers, "decode cost")
+    expert_share = _expert_share(headers[0])
     layers = [0] * n_layer
     for t in tensors.values():
         block = _BLOCK.match(t.name)
@@ -66,9 +71,47 @@ def decode_cost(headers: Sequence[Header]) -> DecodeCost:
     embd = tensors.get("token_embd.weight")
     head = tensors.get("output.weight", embd)
     norm = tensors.get("output_norm.weight")
-    return DecodeCost(layers=tuple(layers),
+    return StageBytes(layers=tuple(layers),
                       first=embd.nbytes // embd.shape[-1] if embd else 0,
                       last=(head.nbytes if head else 0) + (norm.nbytes if norm else 0))
+
+
+def held_bytes(headers: Sequence[Header], *, mtp: bool = False) -> StageBytes:
+    """The bytes each stage keeps in memory, as the range-aware loader keeps them: a layer's tensors
+    in full (every expert); the token embedding on the first stage; the output tensors (norm, head,
+    and the tied embedding where there is no ``output.weight``) on the last, with the nextn blocks
+    past the last layer where ``mtp`` loads them.  A tensor of no layer that is neither is counted on
+    every stage, the bound a host must plan for.  The KV cache and compute buffers come on top."""
+    n_layer, tensors = _layers_and_tensors(headers, "held bytes")
+    layers, first, last, every = [0] * n_layer, 0, 0, 0
+    for t in tensors.values():
+        block = _BLOCK.match(t.name)
+        if block:
+            if int(block.group(1)) < n_layer:
+                layers[int(block.group(1))] += t.nbytes
+            elif mtp:
+                last += t.nbytes
+        elif t.name.startswith("token_embd."):
+            first += t.nbytes
+        elif t.name.startswith("output"):
+            last += t.nbytes
+        else:
+            every += t.nbytes
+    # tied: the last stage loads the embedding as its head; a stage that is both holds it once
+    embd = tensors.get("token_embd.weight")
+    tied = embd.nbytes if embd is not None and "output.weight" not in tensors else 0
+    return StageBytes(layers=tuple(layers), first=first, last=last + tied, every=every, shared=tied)
+
+
+def _layers_and_tensors(headers: Sequence[Header], what: str) -> tuple[int, dict]:
+    """The model's layer count and every tensor of its files by name."""
+    if not headers:
+        raise ConfigurationError(f"{what}: no GGUF headers given")
+    arch = headers[0]
+    n_layer = arch.arch_value("block_count")
+    if not isinstance(n_layer, int) or n_layer < 1:
+        raise ConfigurationError(f"{arch.path}: no {arch.architecture}.block_count to cut the layers by")
+    return n_layer, {t.name: t for h in headers for t in h.tensors}
 
 
 def _expert_share(header: Header) -> float:
@@ -79,21 +122,47 @@ def _expert_share(header: Header) -> float:
     return 1.0
 
 
-def balanced_stages(cost: DecodeCost, n_stages: int) -> list[tuple[int, int]]:
+def balanced_stages(cost: StageBytes, n_stages: int, *, held: StageBytes | None = None,
+                    limit: int | None = None) -> list[tuple[int, int]]:
     """The contiguous cut into ``n_stages`` non-empty stages whose costliest stage costs least.
 
     Many cuts can share that least maximum (on the tiny model the head alone decides it), so among
     them this takes the one with the least sum of squared stage costs: the other stages as even as
-    they can be, which is what spare cores and concurrent sessions use."""
+    they can be, which is what spare cores and concurrent sessions use.  With ``limit``, only stages
+    whose ``held`` bytes are at most ``limit`` are considered (each host's memory for weights); a
+    ConfigurationError names the least any cut needs when none fits."""
     n_layer = len(cost.layers)
     if not 1 <= n_stages <= n_layer:
         raise ConfigurationError(f"cannot cut {n_layer} layers into {n_stages} non-empty stages")
-    bottleneck = _least_bottleneck(cost, n_stages)
-    return _evenest_under(cost, n_stages, bottleneck)
+    fits = _fitting(n_stages, held, limit)
+    bottleneck = _least_bottleneck(cost, n_stages, fits)
+    return _evenest_under(cost, n_stages, bottleneck, fits)
 
 
-def _least_bottleneck(cost: DecodeCost, n_stages: int) -> int:
-    """The least possible cost of the costliest stage (dynamic programming over prefixes)."""
+Fits = Callable[[int, int], bool]  # may the stage owning layers [start, end) be one of the cut's?
+
+
+def _fitting(n_stages: int, held: StageBytes | None, limit: int | None) -> Fits:
+    """Which stages a cut may have: all, or those holding at most ``limit`` (refused when no cut fits)."""
+    if limit is None:
+        return lambda start, end: True
+    if held is None:
+        raise ConfigurationError("a limit on the bytes a stage holds needs the held bytes")
+    least = _least_bottleneck(held, n_stages, lambda start, end: True)
+    if least > limit:
+        raise ConfigurationError(f"no cut of {len(held.layers)} layers into {n_stages} stages has each stage "
+                                 f"hold at most {_size(limit)}: the least any cut needs is {_size(least)}")
+    return lambda start, end: held.stage(start, end) <= limit
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as ``dgr balance`` prints them (decimal MB, as --fit reads ``MB``), small ones exactly."""
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes} bytes"
+
+
+def _least_bottleneck(cost: StageBytes, n_stages: int, fits: Fits) -> int:
+    """The least possible cost of the costliest stage among cuts of stages that fit (dynamic
+    programming over prefixes)."""
     n_layer = len(cost.layers)
     inf = float("inf")
     # best[k][e]: least bottleneck of layers [0, e) cut into k stages
@@ -101,13 +170,14 @@ def _least_bottleneck(cost: DecodeCost, n_stages: int) -> int:
     best[0][0] = 0
     for k in range(1, n_stages + 1):
         for end in range(k, n_layer + 1):
-            best[k][end] = min(max(best[k - 1][start], cost.stage(start, end)) for start in range(k - 1, end))
+            best[k][end] = min((max(best[k - 1][start], cost.stage(start, end))
+                                for start in range(k - 1, end) if fits(start, end)), default=inf)
     return int(best[n_stages][n_layer])
 
 
-def _evenest_under(cost: DecodeCost, n_stages: int, bottleneck: int) -> list[tuple[int, int]]:
-    """The cut with the least sum of squared stage costs among those no stage of which exceeds
-    ``bottleneck``."""
+def _evenest_under(cost: StageBytes, n_stages: int, bottleneck: int, fits: Fits) -> list[tuple[int, int]]:
+    """The cut with the least sum of squared stage costs among those whose stages fit and none of
+    which exceeds ``bottleneck``."""
     n_layer = len(cost.layers)
     inf = float("inf")
     best = [[inf] * (n_layer + 1) for _ in range(n_stages + 1)]
@@ -117,7 +187,7 @@ def _evenest_under(cost: DecodeCost, n_stages: int, bottleneck: int) -> list[tup
         for end in range(k, n_layer + 1):
             for start in range(k - 1, end):
                 c = cost.stage(start, end)
-                if c <= bottleneck and best[k - 1][start] + c * c < best[k][end]:
+                if c <= bottleneck and fits(start, end) and best[k - 1][start] + c * c < best[k][end]:
                     best[k][end], cut_at[k][end] = best[k - 1][start] + c * c, start
     stages, end = [], n_layer
     for k in range(n_stages, 0, -1):
