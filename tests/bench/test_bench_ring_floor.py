@@ -38,13 +38,22 @@ import pytest
 from certify.metrics import median_iqr
 from lanes.build import RING_FLOOR_TARGET
 from tests.bench.placements import PLACEMENTS
-from tests.bench.ways import N_DECODE, PROMPT, REPETITIONS, decode_ring, paired_ratio, pooled
+from tests.bench.ways import (
+    N_DECODE,
+    PROMPT,
+    REPETITIONS,
+    bench_rounds,
+    decode_ring,
+    paired_ratio,
+    paired_spread,
+    pooled,
+)
 from tests.integration.conftest import floor_deliveries
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-ROUNDS = 3
+ROUNDS = 3  # DGR_BENCH_ROUNDS overrides it (tests/bench/ways.bench_rounds)
 FLOOR_ROUNDS = 3  # timed rounds of 64 tokens per run of the floor tool
 THREADS = 1
 
@@ -66,6 +75,7 @@ def _floor(tool, model, stages: int) -> dict:
 def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, worker_command, stubs,
                                               worker_env, tmp_path) -> None:
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
+    rounds = bench_rounds(ROUNDS)
     command = dataclasses.replace(worker_command, threads=THREADS)
     floor_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
     floor_cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
@@ -84,7 +94,7 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
         prompt = pipelines["monolithic"].clients[0].tokenize(PROMPT, add_special=True)
 
         def sweep() -> None:
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 for name, placement in PLACEMENTS.items():
                     floor = _floor(tool, tiny_model.first, len(placement))
                     floor_rounds[name].append(floor["tok_s"])
@@ -105,9 +115,10 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
     load_after = os.getloadavg()
     f_mono = median_iqr(pooled(floor_rounds["monolithic"])).median
     o_mono = median_iqr(pooled(ours_rounds["monolithic"])).median
-    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'cpu us':>6} "
-             f"{'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} {'paired':>6} "
-             f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10} {'paired':>6}"]
+    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
+             f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} "
+             f"{'paired':>6} {'rounds':>9} {'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10} "
+             f"{'paired':>6}"]
     table = {}
     for name in PLACEMENTS:
         f, o = median_iqr(pooled(floor_rounds[name])), median_iqr(pooled(ours_rounds[name]))
@@ -116,22 +127,28 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
         f_rest, o_rest = median_iqr(floor_rest[name]).median, median_iqr(ours_rest[name]).median
         f_paired = paired_ratio(floor_rounds[name], floor_rounds["monolithic"])
         o_paired = paired_ratio(ours_rounds[name], ours_rounds["monolithic"])
+        f_low, f_high = paired_spread(floor_rounds[name], floor_rounds["monolithic"])
+        o_low, o_high = paired_spread(ours_rounds[name], ours_rounds["monolithic"])
         over_floor_paired = paired_ratio(ours_rounds[name], floor_rounds[name])
         table[name] = {"floor_tok_s": f.median, "floor_ratio_to_mono": f.median / f_mono,
                        "floor_paired_ratio_to_mono": f_paired, "floor_cpu_us": fc,
                        "floor_llama_ms": fl, "floor_rest_ms": f_rest,
                        "ours_tok_s": o.median, "ours_ratio_to_mono": o.median / o_mono,
                        "ours_paired_ratio_to_mono": o_paired, "ours_cpu_us": oc,
+                       "floor_paired_rounds_low_high": [f_low, f_high],
+                       "ours_paired_rounds_low_high": [o_low, o_high],
                        "ours_llama_ms": ol, "ours_rest_ms": o_rest, "ours_over_floor": o.median / f.median,
                        "ours_over_floor_paired": over_floor_paired}
         lines.append(f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {f_paired:6.2f} "
-                     f"{fc:6.0f} {fl:8.2f} {f_rest:7.2f} {o.median:10.1f} {o.iqr:6.1f} "
-                     f"{o.median / o_mono:6.2f} {o_paired:6.2f} {oc:6.0f} {ol:8.2f} {o_rest:7.2f} "
+                     f"{f_low:4.2f}-{f_high:4.2f} {fc:6.0f} {fl:8.2f} {f_rest:7.2f} {o.median:10.1f} "
+                     f"{o.iqr:6.1f} {o.median / o_mono:6.2f} {o_paired:6.2f} {o_low:4.2f}-{o_high:4.2f} "
+                     f"{oc:6.0f} {ol:8.2f} {o_rest:7.2f} "
                      f"{o.median / f.median:10.2f} {over_floor_paired:6.2f}")
-    lines.append(f"(median of {ROUNDS * FLOOR_ROUNDS} floor rounds of 64 tokens and "
-                 f"{ROUNDS * REPETITIONS} ring runs of {N_DECODE - 1}; "
+    lines.append(f"(median of {rounds * FLOOR_ROUNDS} floor rounds of 64 tokens and "
+                 f"{rounds * REPETITIONS} ring runs of {N_DECODE - 1}; "
                  f"/mono: each side's own monolithic median; paired: each round's median over the same "
-                 f"round's monolithic median (ours/floor: the floor's), the median over rounds; "
+                 f"round's monolithic median (ours/floor: the floor's), the median over rounds, and "
+                 f"rounds: the lowest and highest of those {rounds}; "
                  f"cpu us: every process's CPU time per token; "
                  f"llama ms: the stages' llama_decode per token, summed; "
                  f"rest ms: each run's ms per token less its llama ms, the median; "

@@ -71,16 +71,37 @@ def pooled(rounds: list[list[float]]) -> list[float]:
     return [v for runs in rounds for v in runs]
 
 
+def bench_rounds(default: int) -> int:
+    """A bench's round count: ``default``, or ``DGR_BENCH_ROUNDS`` for a run that wants its paired
+    ratios tighter (every round is another pair; the time grows with it)."""
+    text = os.environ.get("DGR_BENCH_ROUNDS", "")
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"DGR_BENCH_ROUNDS={text!r}: a number of rounds, 1 or more")
+    return int(text)
+
+
+def paired_spread(rounds: list[list[float]], reference: list[list[float]]) -> tuple[float, float]:
+    """The lowest and the highest round's ratio that ``paired_ratio`` takes the median of: how far
+    one round can be from another on this machine, so a verdict at a goal's edge reads as such."""
+    ratios = _round_ratios(rounds, reference)
+    return min(ratios), max(ratios)
+
+
+def _round_ratios(rounds: list[list[float]], reference: list[list[float]]) -> list[float]:
+    if len(rounds) != len(reference) or not rounds:
+        raise ValueError(f"{len(rounds)} rounds against {len(reference)} rounds of the reference")
+    return [median_iqr(x).median / median_iqr(ref).median for x, ref in zip(rounds, reference, strict=True)]
+
+
 def paired_ratio(rounds: list[list[float]], reference: list[list[float]]) -> float:
     """The median over rounds of (this round's median / the reference's median in the same round).
 
     Why: on a shared VM the speed drifts by 10-20% within minutes (llama-bench gave 216 and 364 tok/s
     seven minutes apart), so a ratio of medians taken over a whole run carries that drift.  Runs made
     in one round are seconds apart; their ratio, then the median over rounds, does not."""
-    if len(rounds) != len(reference) or not rounds:
-        raise ValueError(f"{len(rounds)} rounds against {len(reference)} rounds of the reference")
-    return float(np.median([median_iqr(x).median / median_iqr(ref).median
-                            for x, ref in zip(rounds, reference, strict=True)]))
+    return float(np.median(_round_ratios(rounds, reference)))
 
 
 def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
@@ -91,7 +112,9 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
     models), not to the best of them.  ``driver_keeps``: the ways whose driver does not yield to the
     stages while it reads (pipeline/yielding.py); the others' does.  ``deliver_calls``: the ways whose
-    rings deliver by Deliver calls; the others' by frames on the driver's delivery port."""
+    rings deliver by Deliver calls; the others' by frames on the driver's delivery port.
+    ``DGR_BENCH_ROUNDS`` overrides ``rounds`` (bench_rounds)."""
+    rounds = bench_rounds(rounds)
     load_before = os.getloadavg()
     # each (placement, way)'s tok/s, one list per round (the paired ratio pairs rounds)
     by_round: dict[tuple[str, str], list[list[float]]] = {(name, way): [] for name in PLACEMENTS
@@ -131,25 +154,29 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     best = max(medians[("monolithic", way)].median for way in ways)
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
     paired = {(n, w): paired_ratio(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in by_round}
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'seam us':>7} "
-                      f"{'cpu us':>6} {'drv us':>6}" for way in ways)
+    spread = {(n, w): paired_spread(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in by_round}
+    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
+                      f"{'seam us':>7} {'cpu us':>6} {'drv us':>6}" for way in ways)
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
         cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
                  f"{medians[(name, w)].median / mono[w]:6.2f} {paired[(name, w)]:6.2f} "
+                 f"{spread[(name, w)][0]:4.2f}-{spread[(name, w)][1]:4.2f} "
                  f"{seam_us[(name, w)]:7.1f} {cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}"
                  for w in ways]
         lines.append(f"{name:<11} " + " ".join(cells))
     reference = ("each way's own monolithic median" if own_monolithic
                  else f"the better monolithic median, {best:.1f} tok/s")
     lines.append(f"(/mono: {reference}; paired: to the way's own monolithic run in the same round, the "
-                 f"median over rounds; median of {rounds * REPETITIONS} "
+                 f"median over rounds, and rounds: the lowest and highest of those {rounds}; "
+                 f"median of {rounds * REPETITIONS} "
                  f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
                  f"this stage sent; cpu us: every worker's CPU time per token, drv us: the driver's, "
                  f"medians over the rounds; "
                  f"{os.cpu_count()} cpus)")
     info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
                          "paired_ratio_to_own_monolithic": paired[(n, w)],
+                         "paired_rounds_low_high": list(spread[(n, w)]),
                          "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)],
                          "driver_cpu_us_per_token": driver_us[(n, w)]}
             for (n, w), m in medians.items()}
