@@ -27,14 +27,14 @@ import pytest
 from certify.metrics import median_iqr
 from pipeline import drive
 from tests.bench import rpc_split
-from tests.bench.ways import paired_ratio, pooled
+from tests.bench.ways import bench_rounds, paired_ratio, paired_spread, pooled
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 N_GEN = 64
 REPETITIONS = 3
-ROUNDS = 3
+ROUNDS = 3  # DGR_BENCH_ROUNDS overrides it (tests/bench/ways.bench_rounds)
 THREADS = 1
 OURS = {1: [(0, 12)], 2: [(0, 6), (6, 12)], 4: [(0, 3), (3, 6), (6, 9), (9, 12)]}
 THEIRS = {1: (0, 0), 2: (1, 6), 4: (3, 9)}  # ways: (RPC servers, layers on them)
@@ -75,19 +75,22 @@ def _table(side: Side) -> tuple[dict, list[str]]:
         o, t = median_iqr(pooled(side.ours[ways])), median_iqr(pooled(side.theirs[ways]))
         ol = median_iqr(side.ours_logits[ways])
         paired = paired_ratio(side.ours[ways], side.theirs[ways])
+        low, high = paired_spread(side.ours[ways], side.theirs[ways])
         table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
                        "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
                        "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
-                       "ours_over_theirs_paired": paired, "ours_with_logits_tok_s": ol.median}
+                       "ours_over_theirs_paired": paired, "ours_over_theirs_rounds_low_high": [low, high],
+                       "ours_with_logits_tok_s": ol.median}
         lines.append(f"{side.cpus or 'free':>5} {ways:>4} {o.median:10.1f} {o.iqr:6.1f} "
                      f"{o.median / o_mono:9.2f} {t.median:13.1f} {t.iqr:6.1f} {t.median / t_mono:9.2f} "
-                     f"{o.median / t.median:11.2f} {paired:6.2f} {ol.median:11.1f}")
+                     f"{o.median / t.median:11.2f} {paired:6.2f} {low:4.2f}-{high:4.2f} {ol.median:11.1f}")
     return table, lines
 
 
 def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker_command, stubs, worker_env,
                                          tmp_path) -> None:
     tools = rpc_split.build(real_ctx)
+    rounds = bench_rounds(ROUNDS)
     cpu = str(min(os.sched_getaffinity(0)))
     sides = [Side(cpus=None), Side(cpus=cpu)]
     load_before = os.getloadavg()
@@ -106,22 +109,24 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
         prompt = free_mono[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
 
         def sweep() -> None:
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 for side, clients, rpc in placed:
                     _round(side, tools, tiny_model.first, clients, rpc, prompt, worker_env)
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
     lines = [f"{'cpus':>5} {'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} "
-             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'paired':>6} {'ours+logits':>11}"]
+             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'paired':>6} {'rounds':>9} "
+             f"{'ours+logits':>11}"]
     tables = {}
     for side in sides:
         tables[side.cpus or "free"], rows = _table(side)
         lines += rows
     print(f"\n[bench rpc split] tiny-llama f32, {THREADS} thread per process, loopback, tg{N_GEN}, median "
-          f"of {ROUNDS * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
+          f"of {rounds * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
           f"(way 1: one worker; ours+logits: each token's logits row to the driver too), "
-          f"paired: ours/theirs within each round, the median over rounds, "
+          f"paired: ours/theirs within each round, the median over rounds (rounds: the lowest and highest "
+          f"of those {rounds}), "
           f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); cpus: every process of both sides "
           f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines))
