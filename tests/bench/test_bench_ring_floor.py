@@ -28,15 +28,13 @@ Run: ``nox -s bench -- -s -k ring_floor``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
 from contextlib import ExitStack
 
 import pytest
 
 from certify.metrics import median_iqr
-from lanes.build import RING_FLOOR_TARGET
+from tests.bench.floor_tool import FLOOR_ROUNDS, floor_tool, run_floor
 from tests.bench.placements import PLACEMENTS
 from tests.bench.ways import (
     N_DECODE,
@@ -48,33 +46,17 @@ from tests.bench.ways import (
     paired_spread,
     pooled,
 )
-from tests.integration.conftest import floor_deliveries
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROUNDS = 3  # DGR_BENCH_ROUNDS overrides it (tests/bench/ways.bench_rounds)
-FLOOR_ROUNDS = 3  # timed rounds of 64 tokens per run of the floor tool
 THREADS = 1
-
-
-def _floor(tool, model, stages: int) -> dict:
-    """One run of the floor tool, its picks delivered to a reader: its JSON (tok_s per round,
-    cpu_us_per_pass and decode_us_per_pass per stage, tokens)."""
-    argv = [os.fspath(tool), "-m", os.fspath(model), "--stages", str(stages), "--rounds", str(FLOOR_ROUNDS),
-            "--threads", str(THREADS)]
-    with floor_deliveries() as (port, delivered):
-        done = subprocess.run([*argv, "--deliver", str(port)], capture_output=True, text=True, timeout=600,
-                              check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}: {done.stderr[-2000:]}"
-    floor = json.loads(done.stdout)
-    assert len(delivered) == FLOOR_ROUNDS * floor["tokens_per_round"], "the reader missed picks"
-    return floor
 
 
 def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, worker_command, stubs,
                                               worker_env, tmp_path) -> None:
-    tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
+    tool = floor_tool(cpu_build.dir)
     rounds = bench_rounds(ROUNDS)
     command = dataclasses.replace(worker_command, threads=THREADS)
     floor_rounds: dict[str, list[list[float]]] = {name: [] for name in PLACEMENTS}
@@ -96,7 +78,7 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
         def sweep() -> None:
             for _ in range(rounds):
                 for name, placement in PLACEMENTS.items():
-                    floor = _floor(tool, tiny_model.first, len(placement))
+                    floor = run_floor(tool, tiny_model.first, len(placement), THREADS)
                     floor_rounds[name].append(floor["tok_s"])
                     floor_cpu[name].append(sum(floor["cpu_us_per_pass"]))
                     llama_ms = sum(floor["decode_us_per_pass"]) / 1e3  # over the same passes as its rounds
