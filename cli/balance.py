@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     done = provision(ctx, recipe.artifacts, variant=recipe.variant, store=args.store, tools=fetch_tools(ctx))
     headers = [read_header(f) for f in done.files]
-    cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp))
+    cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp),
+                                                  mtp_file=_mtp_file(ctx, recipe, args.store))
     cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
@@ -75,6 +76,19 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           f"(the even cut: {_mb(max(held.stage(*s) for s in even))})")
     print(f'"stages": {json.dumps([list(s) for s in cut])}')
     return 0
+
+
+def _mtp_file(ctx: Context, recipe, store: str | None) -> list:
+    """The headers of the recipe's MTP-only set (the last stage loads it with --mtp-model), or none."""
+    from fetch.gguf_header import read_header
+    from fetch.provision import provision
+    from lanes.build import fetch_tools
+
+    artifacts = getattr(recipe.mtp, "artifacts", None)
+    if not artifacts:
+        return []
+    done = provision(ctx, artifacts, variant=recipe.mtp.variant, store=store, tools=fetch_tools(ctx))
+    return [read_header(f) for f in done.files]
 
 
 def _mb(nbytes: int) -> str:

@@ -66,7 +66,7 @@ def decode_cost(headers: Sequence[Header]) -> StageBytes:
     layers = [0] * n_layer
     for t in tensors.values():
         block = _BLOCK.match(t.name)
-        if block and int(block.group(1)) < n_layer:  # blocks past n_layer (an MTP head) are no stage's
+        if block and int(block.group(1)) < n_layer:  # blocks past the last layer (MTP) are no stage's
             layers[int(block.group(1))] += round(t.nbytes * (expert_share if "_exps." in t.name else 1))
     embd = tensors.get("token_embd.weight")
     head = tensors.get("output.weight", embd)
@@ -76,12 +76,15 @@ def decode_cost(headers: Sequence[Header]) -> StageBytes:
                       last=(head.nbytes if head else 0) + (norm.nbytes if norm else 0))
 
 
-def held_bytes(headers: Sequence[Header], *, mtp: bool = False) -> StageBytes:
+def held_bytes(headers: Sequence[Header], *, mtp: bool = False,
+               mtp_file: Sequence[Header] = ()) -> StageBytes:
     """The bytes each stage keeps in memory, as the range-aware loader keeps them: a layer's tensors
     in full (every expert); the token embedding on the first stage; the output tensors (norm, head,
     and the tied embedding where there is no ``output.weight``) on the last, with the nextn blocks
-    past the last layer where ``mtp`` loads them.  A tensor of no layer that is neither is counted on
-    every stage, the bound a host must plan for.  The KV cache and compute buffers come on top."""
+    past the last layer where ``mtp`` loads them, or, where the block ships in an MTP-only set
+    (``mtp_file``: its headers, loaded with ``--mtp-model`` as a model of its own), every tensor of
+    that set.  A tensor of no layer that is neither is counted on every stage, the bound a host must
+    plan for.  The KV cache and compute buffers come on top."""
     n_layer, tensors = _layers_and_tensors(headers, "held bytes")
     layers, first, last, every = [0] * n_layer, 0, 0, 0
     for t in tensors.values():
@@ -100,18 +103,26 @@ def held_bytes(headers: Sequence[Header], *, mtp: bool = False) -> StageBytes:
     # tied: the last stage loads the embedding as its head; a stage that is both holds it once
     embd = tensors.get("token_embd.weight")
     tied = embd.nbytes if embd is not None and "output.weight" not in tensors else 0
+    last += sum(t.nbytes for h in mtp_file for t in h.tensors)
     return StageBytes(layers=tuple(layers), first=first, last=last + tied, every=every, shared=tied)
 
 
 def _layers_and_tensors(headers: Sequence[Header], what: str) -> tuple[int, dict]:
-    """The model's layer count and every tensor of its files by name."""
+    """The model's layer count, as llama counts the layers a stage may own, and every tensor of its
+    files by name.  A set that carries its nextn (MTP) blocks counts them in ``block_count``
+    (tiny-v4-mtp: 13 blocks, 12 layers); as llama's deepseek4 loader does, they are taken off where
+    ``nextn_predict_layers`` says so and the first of them is there (``blk.N.nextn.eh_proj``)."""
     if not headers:
         raise ConfigurationError(f"{what}: no GGUF headers given")
     arch = headers[0]
     n_layer = arch.arch_value("block_count")
     if not isinstance(n_layer, int) or n_layer < 1:
         raise ConfigurationError(f"{arch.path}: no {arch.architecture}.block_count to cut the layers by")
-    return n_layer, {t.name: t for h in headers for t in h.tensors}
+    tensors = {t.name: t for h in headers for t in h.tensors}
+    nextn = arch.arch_value("nextn_predict_layers")
+    if isinstance(nextn, int) and 0 < nextn < n_layer:
+        n_layer -= nextn if f"blk.{n_layer - nextn}.nextn.eh_proj.weight" in tensors else 0
+    return n_layer, tensors
 
 
 def _expert_share(header: Header) -> float:

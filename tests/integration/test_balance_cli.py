@@ -60,16 +60,24 @@ def test_under_fit_no_stage_holds_more_and_a_limit_no_cut_meets_is_one_line(tiny
 
 
 @pytest.mark.parametrize("recipe,placement", [("tiny-llama", [(0, 3), (3, 11), (11, 12)]),
-                                              ("tiny-v4", [(0, 1), (1, 3), (3, 12)])])
+                                              ("tiny-v4", [(0, 1), (1, 3), (3, 12)]),
+                                              ("tiny-v4-mtp", [(0, 3), (3, 12)]),
+                                              ("tiny-v4-mtp-file", [(0, 3), (3, 12)])])
 def test_the_bytes_a_stage_holds_are_what_the_workers_loader_holds(real_ctx, worker_command, stubs,
                                                                    worker_env, tmp_path: Path, recipe: str,
                                                                    placement) -> None:
     """pipeline.balance's held bytes against llama_model_size() of each stage's own load (Info's
     weight_bytes): the first stage with the whole embedding, the last with the head and the output
-    tensors (V4's hyper-connection ones too), every expert of a V4 layer."""
-    files = provision(real_ctx, recipe_model.load(recipe).artifacts).files
-    held = held_bytes([read_header(Path(f)) for f in files])
-    command = dataclasses.replace(worker_command, model=Path(files[0]), ctx_size=256)
+    tensors (V4's hyper-connection ones too), every expert of a V4 layer, and with MTP the nextn
+    block of the set (--mtp) or the whole MTP-only file the last stage loads beside (--mtp-model)."""
+    spec = recipe_model.load(recipe)
+    files = provision(real_ctx, spec.artifacts, variant=spec.variant).files
+    mtp_set = getattr(spec.mtp, "artifacts", None)
+    mtp_files = provision(real_ctx, mtp_set, variant=spec.mtp.variant).files if mtp_set else []
+    held = held_bytes([read_header(Path(f)) for f in files], mtp=bool(spec.mtp),
+                      mtp_file=[read_header(Path(f)) for f in mtp_files])
+    command = dataclasses.replace(worker_command, model=Path(files[0]), ctx_size=256, mtp=bool(spec.mtp),
+                                  mtp_model=Path(mtp_files[0]) if mtp_files else None)
     with launch(command, placement, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as pipeline:
         loaded = [client.info().memory.weight_bytes for client in pipeline.clients]
     assert loaded == [held.stage(start, end) for start, end in placement]

@@ -165,3 +165,18 @@ def test_under_a_limit_the_cut_is_the_best_of_the_cuts_that_fit_by_brute_force(s
 def test_a_limit_without_the_held_bytes_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="needs the held bytes"):
         balanced_stages(StageBytes(layers=(1, 1), first=0, last=0), 2, limit=10)
+
+
+def test_nextn_blocks_counted_in_block_count_are_no_layer_of_a_stage() -> None:
+    """A set carrying its MTP block counts it in block_count (tiny-v4-mtp: 13 blocks, 12 layers); a
+    cut of 13 "layers" would hand a worker a range llama refuses."""
+    tensors = {"blk.0.attn_q.weight": 10, "blk.1.attn_q.weight": 10, "blk.2.nextn.eh_proj.weight": 7,
+               "blk.2.attn_q.weight": 5, "output.weight": 40}
+    kv = {"llama.block_count": 3, "llama.nextn_predict_layers": 1}
+    header = _header(tensors, **kv)
+    assert decode_cost([header]).layers == (10, 10)
+    assert held_bytes([header]).stage(1, 2) == 10 + 40
+    assert held_bytes([header], mtp=True).stage(1, 2) == 10 + 40 + 12
+    # without the block's first tensor the key is not taken at its word (llama's loader does the same)
+    del tensors["blk.2.nextn.eh_proj.weight"]
+    assert decode_cost([_header(tensors, **kv)]).layers == (10, 10, 5)
