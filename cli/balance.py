@@ -49,22 +49,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from fetch.gguf_header import read_header
-    from fetch.provision import provision
-    from lanes.build import fetch_tools
     from manifests import recipe_model as recipes
     from pipeline.balance import balanced_stages, decode_cost, even_stages, held_bytes
 
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
-    done = provision(ctx, recipe.artifacts, variant=recipe.variant, store=args.store, tools=fetch_tools(ctx))
-    headers = [read_header(f) for f in done.files]
-    cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp),
-                                                  mtp_file=_mtp_file(ctx, recipe, args.store))
+    headers = _headers(ctx, recipe.artifacts, recipe.variant, args.store)
+    mtp_set = getattr(recipe.mtp, "artifacts", None)  # an MTP-only set the last stage loads beside
+    mtp_file = _headers(ctx, mtp_set, recipe.mtp.variant, args.store) if mtp_set else []
+    cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp), mtp_file=mtp_file)
     cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
     fit = f", each holding at most {_mb(args.fit)}" if args.fit else ""
-    print(f"balance: {recipe.name} ({done.variant}), {len(cost.layers)} layers into {stages} by "
+    print(f"balance: {recipe.name} ({recipe.variant}), {len(cost.layers)} layers into {stages} by "
           f"the bytes of weights a token reads ({_mb(total)} in all){fit}")
     for k, (start, end) in enumerate(cut):
         print(f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}, "
@@ -78,16 +75,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _mtp_file(ctx: Context, recipe, store: str | None) -> list:
-    """The headers of the recipe's MTP-only set (the last stage loads it with --mtp-model), or none."""
+def _headers(ctx: Context, artifacts: str, variant: str | None, store: str | None) -> list:
+    """The GGUF headers of every file of a set, provisioned first (a verified set is not read again)."""
     from fetch.gguf_header import read_header
     from fetch.provision import provision
     from lanes.build import fetch_tools
 
-    artifacts = getattr(recipe.mtp, "artifacts", None)
-    if not artifacts:
-        return []
-    done = provision(ctx, artifacts, variant=recipe.mtp.variant, store=store, tools=fetch_tools(ctx))
+    done = provision(ctx, artifacts, variant=variant, store=store, tools=fetch_tools(ctx))
     return [read_header(f) for f in done.files]
 
 
