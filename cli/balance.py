@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from manifests import recipe_model as recipes
-    from pipeline.balance import balanced_stages, decode_cost, even_stages, held_bytes
+    from pipeline.balance import balanced_stages, decode_cost, even_stages, held_bytes, megabytes
 
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     headers = _headers(ctx, recipe.artifacts, recipe.variant, args.store)
@@ -60,17 +60,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
-    fit = f", each holding at most {_mb(args.fit)}" if args.fit else ""
+    fit = f", each holding at most {megabytes(args.fit)}" if args.fit else ""
     print(f"balance: {recipe.name} ({recipe.variant}), {len(cost.layers)} layers into {stages} by "
-          f"the bytes of weights a token reads ({_mb(total)} in all){fit}")
+          f"the bytes of weights a token reads ({megabytes(total)} in all){fit}")
     for k, (start, end) in enumerate(cut):
         print(f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}, "
-              f"holds {_mb(held.stage(start, end))}")
+              f"holds {megabytes(held.stage(start, end))}")
     even = even_stages(len(cost.layers), args.stages)
     print(f"costliest stage: {_share(max(cost.stage(*s) for s in cut), total)} "
           f"(the even cut {json.dumps(even)}: {_share(max(cost.stage(*s) for s in even), total)})")
-    print(f"most held by a stage: {_mb(max(held.stage(*s) for s in cut))} of weights, before its KV cache "
-          f"(the even cut: {_mb(max(held.stage(*s) for s in even))})")
+    most_held = max(held.stage(*s) for s in cut)
+    print(f"most held by a stage: {megabytes(most_held)} of weights, before its KV cache "
+          f"(the even cut: {megabytes(max(held.stage(*s) for s in even))})")
     print(f'"stages": {json.dumps([list(s) for s in cut])}')
     return 0
 
@@ -85,9 +86,7 @@ def _headers(ctx: Context, artifacts: str, variant: str | None, store: str | Non
     return [read_header(f) for f in done.files]
 
 
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.1f} MB"
-
-
 def _share(nbytes: int, total: int) -> str:
-    return f"{_mb(nbytes)} a token ({100 * nbytes / total:.0f}%)"
+    from pipeline.balance import megabytes
+
+    return f"{megabytes(nbytes)} a token ({100 * nbytes / total:.0f}%)"

@@ -166,9 +166,14 @@ def _fitting(n_stages: int, held: StageBytes | None, limit: int | None) -> Fits:
     return lambda start, end: held.stage(start, end) <= limit
 
 
+def megabytes(nbytes: int) -> str:
+    """Bytes as ``dgr balance`` prints them: decimal MB, as ``--fit`` reads ``MB``."""
+    return f"{nbytes / 1e6:.1f} MB"
+
+
 def _size(nbytes: int) -> str:
-    """Bytes as ``dgr balance`` prints them (decimal MB, as --fit reads ``MB``), small ones exactly."""
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes} bytes"
+    """``megabytes``, but small figures (a test's toy model) exactly."""
+    return megabytes(nbytes) if nbytes >= 100_000 else f"{nbytes} bytes"
 
 
 def _least_bottleneck(cost: StageBytes, n_stages: int, fits: Fits) -> int:
