@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,9 +49,36 @@ def real_ctx() -> Context:
     return Context.from_env()
 
 
+# What pytest_collection_finish's build of the CPU lane ended in: the build, or the exception it raised
+# (which the first test that asks for the lane then reports as its own error).
+PREBUILT_CPU = pytest.StashKey[object]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the CPU lane once after collection, before the first test that needs it, outside every
+    test's timeout: a cold build on two cores takes longer than any one test may (the first
+    ``cpu_build`` test timed out at 600 s on a machine without a warm ccache, and the fixture's cached
+    error then failed every test after it).  The time it took is printed on its own line."""
+    if session.config.option.collectonly or not any(
+        "cpu_build" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    started = time.monotonic()
+    try:
+        built = importlib.import_module("lanes.build").ensure_build(Context.from_env(), "cpu")
+    except Exception as exc:  # reported by the first test that asks for the lane, not by collection
+        built = exc
+    session.config.stash[PREBUILT_CPU] = built
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
+
+
 @pytest.fixture(scope="session")
-def cpu_build(real_ctx: Context):
-    build = _module("lanes.build").ensure_build(real_ctx, "cpu")
+def cpu_build(real_ctx: Context, request: pytest.FixtureRequest):
+    build = request.config.stash.get(PREBUILT_CPU, None) or _module("lanes.build").ensure_build(real_ctx, "cpu")
+    if isinstance(build, Exception):
+        raise build
     assert build.worker is not None and build.worker.is_file(), "the CPU lane built no dgr-shard-worker"
     return build
 
