@@ -79,6 +79,10 @@ def test_silent_child_is_stopped_by_the_no_output_timeout() -> None:
 
 
 def test_a_chatty_child_outlives_the_no_output_timeout() -> None:
-    code = "import time\nfor i in range(8):\n    print(i, flush=True); time.sleep(0.1)"
-    done = proc.run([PY, "-c", code], no_output_timeout=0.5)
-    assert done.output.split() == [str(i) for i in range(8)]
+    # Runs twice as long as the timeout, printing every 0.5 s.  The timeout is 3 s, not 0.5 s: the first
+    # line comes only after the interpreter starts, which took over 0.5 s with both cores busy.
+    code = "import time\nfor i in range(12):\n    print(i, flush=True); time.sleep(0.5)"
+    started = time.monotonic()
+    done = proc.run([PY, "-c", code], no_output_timeout=3.0)
+    assert done.output.split() == [str(i) for i in range(12)]
+    assert time.monotonic() - started > 3.0
