@@ -139,11 +139,20 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(requires=["deps"])
 def tests(session: nox.Session) -> None:
-    """Fast unit tests first, then the slow integration suite (real build, real workers)."""
+    """Fast unit tests first (one pytest-xdist worker per core), then the slow integration suite (real
+    build, real workers; `-- --quick`: only its inner-loop subset); then each suite's time and the ten
+    slowest tests (tests/durations.py)."""
     _install(session, "test")
     args = _posargs(session)
-    session.run("pytest", "-m", "not slow", *args)
-    session.run("pytest", "-m", "slow", *args)
+    results = Path(session.create_tmp())
+    fast, slow = results / "fast.xml", results / "slow.xml"
+    for stale in (fast, slow):
+        stale.unlink(missing_ok=True)
+    try:
+        session.run("pytest", "-m", "not slow", "-n", "auto", f"--junitxml={fast}", *args)
+        session.run("pytest", "-m", "slow", f"--junitxml={slow}", *args)
+    finally:
+        session.run("python", "-m", "tests.durations", str(fast), str(slow), success_codes=[0, 1])
 
 
 @nox.session

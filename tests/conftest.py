@@ -15,6 +15,22 @@ import pytest
 from core.context import Context
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="of the slow tests, run only those marked quick (a contributor's inner loop)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--quick`` deselects the slow tests not marked ``quick``; the fast ones all stay."""
+    if not config.getoption("--quick"):
+        return
+    kept = [i for i in items if i.get_closest_marker("quick") or not i.get_closest_marker("slow")]
+    dropped = [i for i in items if i not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
     """A Context whose workspace and archive cache are private to the test."""

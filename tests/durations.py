@@ -1,0 +1,61 @@
+"""The test command's closing summary: wall time per suite and the slowest tests across both.
+
+``python -m tests.durations RESULT.xml ...`` reads the JUnit XML files pytest wrote (``--junitxml``)
+and prints each suite's summed test time and the ten slowest tests (setup, call and teardown together,
+so a session fixture's cost, such as a lane build, shows on the first test that asked for it).
+Standard library only: `.ci/run` and the `tests` session run it whatever is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Timed:
+    suite: str  # the XML file's stem: fast, slow
+    test: str  # pytest's node id, as -k and --durations name it
+    seconds: float
+
+
+def read(path: Path) -> list[Timed]:
+    """Every test case of one JUnit file (skipped ones too: their setup may have cost time)."""
+    root = ET.parse(path).getroot()
+    cases = []
+    for case in root.iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        cases.append(Timed(suite=path.stem, test=f"{module}.py::{case.get('name', '?')}",
+                           seconds=float(case.get("time", "0") or 0)))
+    return cases
+
+
+def summary(cases: list[Timed], slowest: int) -> list[str]:
+    lines = []
+    for suite in dict.fromkeys(c.suite for c in cases):
+        mine = [c for c in cases if c.suite == suite]
+        lines.append(f"suite {suite}: {len(mine)} tests, {sum(c.seconds for c in mine):.0f} s of test time")
+    lines.append(f"the {slowest} slowest tests:")
+    for c in sorted(cases, key=lambda c: c.seconds, reverse=True)[:slowest]:
+        lines.append(f"  {c.seconds:8.1f} s  {c.suite:4}  {c.test}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path, help="JUnit XML files pytest wrote")
+    parser.add_argument("--slowest", type=int, default=10)
+    args = parser.parse_args(argv)
+    cases = [c for path in args.results if path.is_file() for c in read(path)]
+    if not cases:
+        print("tests.durations: no test results in " + ", ".join(map(str, args.results)), file=sys.stderr)
+        return 1
+    print("\n".join(summary(cases, args.slowest)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
