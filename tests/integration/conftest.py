@@ -11,12 +11,14 @@ import importlib
 import os
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,11 +74,58 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
+    if not isinstance(built, Exception):
+        _start_in_background(session)
+
+
+# The WAN certification spends its minutes waiting on 20 ms seams, one thread per worker: it starts in
+# the background once the lane is built and runs beside the CPU-bound tests before its own test, which
+# then reads it (wan_certification).  Certifications must pass on a loaded machine anyway (the speed
+# gate's time limits aside, dgr_cli.LOAD_BOUND_CHECKS), so running beside other tests proves the same.
+WAN_RECIPE = "tiny-llama-wan"
+WAN_TEST = "tests/integration/test_certify_wan.py"
+BACKGROUND = pytest.StashKey[dict[str, Any]]()
+
+
+def wan_env() -> dict[str, str]:
+    """A user's environment with one thread per worker: up to 12 workers share this machine's cores."""
+    from tests.integration.dgr_cli import user_env
+
+    return {**user_env("DGR_SEAMS"), "DGR_WORKER_THREADS": "1"}
+
+
+def _start_in_background(session: pytest.Session) -> None:
+    from pipeline import seams
+    from tests.integration.dgr_cli import Started
+
+    if not any(item.nodeid.startswith(WAN_TEST) for item in session.items):
+        return
+    if not seams.probe(wan_env()).available:
+        return  # the test skips, naming the reason
+    folder = Path(tempfile.mkdtemp(prefix="dgr-wan-certify-"))
+    session.config.stash[BACKGROUND] = {WAN_RECIPE: Started(wan_env(), ("--recipe", WAN_RECIPE), folder)}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A background certification no test read (the run stopped early) is stopped, signing nothing."""
+    for started in session.config.stash.get(BACKGROUND, {}).values():
+        started.stop()
+
+
+@pytest.fixture(scope="session")
+def wan_certification(request: pytest.FixtureRequest):
+    """`dgr certify --recipe tiny-llama-wan`: the background run, or made here when none was started."""
+    from tests.integration.dgr_cli import certified
+
+    started = request.config.stash.get(BACKGROUND, {}).pop(WAN_RECIPE, None)
+    return started.result() if started is not None else certified(wan_env(), "--recipe", WAN_RECIPE)
 
 
 @pytest.fixture(scope="session")
 def cpu_build(real_ctx: Context, request: pytest.FixtureRequest):
-    build = request.config.stash.get(PREBUILT_CPU, None) or _module("lanes.build").ensure_build(real_ctx, "cpu")
+    build = request.config.stash.get(PREBUILT_CPU, None)
+    if build is None:
+        build = _module("lanes.build").ensure_build(real_ctx, "cpu")
     if isinstance(build, Exception):
         raise build
     assert build.worker is not None and build.worker.is_file(), "the CPU lane built no dgr-shard-worker"
@@ -87,6 +136,30 @@ def cpu_build(real_ctx: Context, request: pytest.FixtureRequest):
 def tiny_model(real_ctx: Context) -> TinyModel:
     provisioned = _module("fetch.provision").provision(real_ctx, TINY_SET)
     return TinyModel(first=Path(provisioned.first), files=tuple(Path(f) for f in provisioned.files))
+
+
+GEMMA_SET = "gemma3-270m-q4"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmaStore:
+    """gemma3-270m-q4 provisioned once a session into a store of its own that started empty: the
+    provisioning test reads what it did, and every gemma certification and reference uses it."""
+
+    path: Path
+    provisioned: Any  # fetch.provision.Provisioned
+    seconds: float  # download + rebuild + split + verify
+
+
+@pytest.fixture(scope="session")
+def gemma_store(real_ctx: Context, cpu_build, tmp_path_factory: pytest.TempPathFactory) -> GemmaStore:
+    from fetch.provision import provision
+    from lanes.build import fetch_tools
+
+    store = tmp_path_factory.mktemp("gemma") / "store"
+    started = time.monotonic()
+    got = provision(real_ctx, GEMMA_SET, store=store, tools=fetch_tools(real_ctx))
+    return GemmaStore(path=store, provisioned=got, seconds=time.monotonic() - started)
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +203,13 @@ def live_certification():
         return made[args]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def gemma_live(live_certification, gemma_store: GemmaStore):
+    """`dgr certify --recipe gemma3-270m-q4` on the session's gemma store, made once: the certify test
+    inspects it and the sealed-reference test compares against it."""
+    return live_certification("--recipe", GEMMA_SET, "--lane", "cpu", "--store", os.fspath(gemma_store.path))
 
 
 proc_alive = running  # a live, non-zombie process with this pid (a /proc read)

@@ -104,7 +104,35 @@ def certified(env: Mapping[str, str], *args: str) -> Certified:
     """`dgr certify ARGS` must end with a certificate (PASS or a signed FAIL); returns what it wrote."""
     started = time.monotonic()
     done = run_dgr(env, "certify", *args)
-    wall = time.monotonic() - started
+    return _read_certified(done, time.monotonic() - started)
+
+
+class Started:
+    """`dgr certify ARGS` running in the background (its output in files, so no pipe fills up);
+    ``result()`` waits for it and reads what it wrote, as ``certified`` does."""
+
+    def __init__(self, env: Mapping[str, str], args: tuple[str, ...], folder: Path) -> None:
+        self.args = args
+        self._out, self._err = folder / "certify.stdout", folder / "certify.stderr"
+        self._started = time.monotonic()
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self._proc = subprocess.Popen([sys.executable, "-m", "certify", "certify", *args],
+                                          cwd=PROJECT_ROOT, env=dict(env), stdout=out, stderr=err, text=True)
+
+    def result(self, timeout: float = 2400) -> Certified:
+        code = self._proc.wait(timeout=timeout)
+        out, err = self._out.read_text(), self._err.read_text()
+        done = subprocess.CompletedProcess(self._proc.args, code, out, err)
+        return _read_certified(done, time.monotonic() - self._started)
+
+    def stop(self) -> None:
+        """SIGTERM (the certifier stops its workers and fabrics, signs nothing), then wait."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(timeout=120)
+
+
+def _read_certified(done: subprocess.CompletedProcess[str], wall: float) -> Certified:
     assert done.returncode in (0, 5), done.stdout + done.stderr
     paths = {k: Path(v.strip()) for k, _, v in (ln.partition(": ") for ln in done.stdout.splitlines())
              if k in ("certificate", "report")}

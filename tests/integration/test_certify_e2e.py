@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,7 @@ def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
     return path
 
 
+@pytest.mark.quick
 def test_default_certify_passes_and_verifies(live_certification) -> None:
     live = live_certification()  # plain `dgr certify`: the embedded recipe on the CPU lane
     done, wall = live.done, live.wall_s
@@ -98,12 +101,20 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
     print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
 
 
-def _start_certify() -> tuple[subprocess.Popen[str], set[str]]:
-    """``dgr certify`` (the default recipe) as a user starts it, and the runs that existed before it."""
+# The recipe the interrupted runs certify: tiny-llama's monolithic and middle cut first, the fewest
+# speed repetitions the schema allows and no concurrency series, so stage 1 of two-middle comes up
+# soon instead of after the default recipe's whole monolithic speed series (what is interrupted is
+# the same code path either way).
+KILLED = "tiny-llama-killed"
+
+
+def _start_certify(tmp: Path) -> tuple[subprocess.Popen[str], set[str]]:
+    """``dgr certify`` (a recipe file) as a user starts it, and the runs that existed before it."""
+    recipe = small_recipe(tmp, KILLED, **{"measure.warmup": 1, "measure.repetitions": 5})
     WS.runs.mkdir(parents=True, exist_ok=True)
     before = set(os.listdir(WS.runs))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "certify", "certify"],
+        [sys.executable, "-m", "certify", "certify", "--recipe-file", str(recipe)],
         cwd=PROJECT_ROOT,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -133,8 +144,8 @@ def _stage_listening(proc: subprocess.Popen[str], before: set[str]) -> tuple[Pat
     return None
 
 
-def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
-    proc, before = _start_certify()
+def test_stage_killed_mid_run_exits_6_and_signs_nothing(tmp_path: Path) -> None:
+    proc, before = _start_certify(tmp_path)
     try:
         found = _stage_listening(proc, before)
         assert found is not None, "never saw stage 1 of two-middle running"
@@ -148,7 +159,7 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
     assert proc.returncode == 6, stdout + stderr
     line = stderr.strip().splitlines()[-1]
     assert "stage 1 (layers 6:12) failed" in line and "nothing was signed" in line, stderr
-    assert not (WS.reports / "tiny-llama" / "cpu" / run_dir.name).exists()
+    assert not (WS.reports / KILLED / "cpu" / run_dir.name).exists()
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "ERROR"
     assert (run_dir / "two-middle" / "stage-1-layers-6-12.stderr").is_file()
@@ -156,10 +167,10 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing() -> None:
     assert live_workers(str(run_dir)) == []
 
 
-def test_a_sigkilled_certifier_leaves_no_worker_running() -> None:
+def test_a_sigkilled_certifier_leaves_no_worker_running(tmp_path: Path) -> None:
     # SIGKILL runs no cleanup in the certifier; its workers see their stdin (the launcher pipe) end.
     # Before, they served on, orphaned, and a later test's scan for leftover workers failed on them.
-    proc, before = _start_certify()
+    proc, before = _start_certify(tmp_path)
     try:
         found = _stage_listening(proc, before)
         assert found is not None, "never saw stage 1 of two-middle running"
@@ -182,27 +193,42 @@ def test_a_sigkilled_certifier_leaves_no_worker_running() -> None:
     assert "stdin ended (the launcher is gone); stopping" in stderr
 
 
-@pytest.fixture
-def tight_reports():
-    """The tightened recipe is a test's own: its signed FAILs do not stay in the project's index."""
+@dataclass(frozen=True)
+class TightRun:
+    """One certification of a small tiny-llama recipe whose decode floor no machine reaches, its stages
+    held to one CPU and their weights mapped: the signed FAIL and the pinning are both read from it."""
+
+    recipes: Path  # the folder holding the recipe file
+    done: subprocess.CompletedProcess[str]
+    reports: Path  # the recipe's own report folder
+    cpu: str
+
+
+@pytest.fixture(scope="module")
+def tight_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TightRun]:
+    """The tightened recipe is this module's own: its signed FAILs do not stay in the project's index."""
+    folder = tmp_path_factory.mktemp("tight")
+    recipe = small_recipe(folder, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
+    cpu = str(min(os.sched_getaffinity(0)))
+    done = run_dgr(dict(ENV, DGR_WORKER_CPUS=cpu, DGR_WORKER_LOAD="mmap"), "certify", "--recipe-file",
+                   str(recipe))
     where = WS.reports / "tiny-llama-tight"
-    yield where
+    yield TightRun(recipes=folder, done=done, reports=where, cpu=cpu)
     shutil.rmtree(where, ignore_errors=True)
 
 
-def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_reports: Path) -> None:
-    recipe = small_recipe(tmp_path, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
-    done = run_dgr(ENV, "certify", "--recipe-file", str(recipe))
+def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_run: TightRun) -> None:
+    done = tight_run.done
     assert done.returncode == 5, done.stdout + done.stderr
     assert "verdict: FAIL" in done.stdout
     assert "decode tok/s (median)" in done.stderr and "limit >= 1.000e+09" in done.stderr
     paths = paths_from(done.stdout)
-    assert paths["certificate"].parent.parent.parent == tight_reports
+    assert paths["certificate"].parent.parent.parent == tight_run.reports
     check = run_dgr(ENV, "verify", str(paths["certificate"]))
     assert check.returncode == 0 and "verdict FAIL" in check.stdout, check.stdout + check.stderr
     # The same recipe through DGR_RECIPES_DIR, by name: it resolves to the recipe just certified (same
     # digest in the worker identity it writes; a second whole certification would add nothing).
-    env = dict(ENV, DGR_RECIPES_DIR=str(tmp_path))
+    env = dict(ENV, DGR_RECIPES_DIR=str(tight_run.recipes))
     identity = tmp_path / "identity.json"
     by_name = run_dgr(env, "certify", "--recipe", "tiny-llama-tight", "--write-identity", str(identity))
     assert by_name.returncode == 0, by_name.stderr
@@ -243,15 +269,12 @@ def test_the_v4_mtp_file_set_is_refused_until_sealed() -> None:
     assert "not sealed" in lines[0] and "dgr seal --artifacts deepseek-v4-flash-q4-mtp --from DIR" in lines[0]
 
 
-def test_stages_held_to_cpus_say_so_in_the_certificate(tmp_path: Path) -> None:
+def test_stages_held_to_cpus_say_so_in_the_certificate(tight_run: TightRun) -> None:
     """DGR_WORKER_CPUS and DGR_WORKER_LOAD reach every worker as --cpus and --load, and each stage's
     own Info puts them in the certificate's placement record and the report (worker/README.md, "CPU
-    affinity" and "Weights in memory")."""
-    cpu = str(min(os.sched_getaffinity(0)))
-    recipe = small_recipe(tmp_path, "tiny-llama-pinned")
-    done = run_dgr(dict(ENV, DGR_WORKER_CPUS=cpu, DGR_WORKER_LOAD="mmap"), "certify", "--recipe-file",
-                   str(recipe))
-    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: only a speed miss on a loaded box
+    affinity" and "Weights in memory").  Read from the tightened run, which was started with both."""
+    cpu, done = tight_run.cpu, tight_run.done
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: the tightened floor (and load)
     paths = paths_from(done.stdout)
     envelope = json.loads(paths["certificate"].read_text())
     placements = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["figures"]["placements"]

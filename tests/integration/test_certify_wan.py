@@ -23,15 +23,13 @@ import pytest
 
 from core.workspace import Workspace
 from manifests import recipe_model as recipes
-from tests.integration.conftest import live_workers, proc_alive
-from tests.integration.dgr_cli import certified, user_env, verified
+from tests.integration.conftest import WAN_RECIPE, live_workers, proc_alive, wan_env
+from tests.integration.dgr_cli import verified
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-RECIPE = "tiny-llama-wan"
-# One thread per worker: up to 12 workers share this machine's cores.
-ENV = user_env("DGR_SEAMS")
-ENV["DGR_WORKER_THREADS"] = "1"
+RECIPE = WAN_RECIPE
+ENV = wan_env()  # one thread per worker: up to 12 workers share this machine's cores
 
 
 def _netns() -> set[str]:
@@ -72,13 +70,13 @@ def _ours(names: set[str], prefixes: set[str]) -> set[str]:
     return {n for n in names if any(n.startswith(x) for x in prefixes)}
 
 
-def test_certify_over_shaped_seams(cpu_build, tiny_model) -> None:
+def test_certify_over_shaped_seams(cpu_build, tiny_model, request: pytest.FixtureRequest) -> None:
     from pipeline import seams
 
     support = seams.probe(ENV)
     if not support.available:
         pytest.skip(f"seam fabrics cannot be made here: {support.reason}")
-    run = certified(ENV, "--recipe", RECIPE)
+    run = request.getfixturevalue("wan_certification")  # started beside the tests before this one
     verified(ENV, run)  # PASS, or a FAIL only from speed checks a loaded machine missed
     cert, pred = run.certificate, run.predicate
     recipe = recipes.load(RECIPE, {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import our_workers
+from tests.integration.conftest import GEMMA_SET, GemmaStore, our_workers
 from tests.integration.dgr_cli import Certified, load_bound_misses, run_dgr, user_env
 from worker.launcher import WorkerCommand, launch
 
@@ -36,8 +37,8 @@ def _predicate(cert: Path) -> dict[str, Any]:
     return json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
 
 
-def _make(recipe: str, out: Path) -> Path:
-    done = run_dgr(ENV, "reference", "--recipe", recipe, "--lane", "cpu", "--out", str(out))
+def _make(recipe: str, out: Path, *extra: str) -> Path:
+    done = run_dgr(ENV, "reference", "--recipe", recipe, "--lane", "cpu", "--out", str(out), *extra)
     assert done.returncode == 0, done.stdout + done.stderr
     manifest = Path(_line(done.stdout, "manifest: "))
     assert manifest.is_file() and "MiB per 1k positions" in done.stdout
@@ -72,8 +73,15 @@ def _same_figures_as_live(recipe: str, manifest: Path, store: Path, live_run: Ce
     return pred
 
 
-def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_certification) -> None:
-    manifest = _make("tiny-llama", tmp_path / "ref")
+@pytest.fixture(scope="module")
+def tiny_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama's sealed reference, made once for this module's tests (each only reads it)."""
+    return _make("tiny-llama", tmp_path_factory.mktemp("tiny-ref") / "ref")
+
+
+def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_certification,
+                                                tiny_reference: Path) -> None:
+    manifest = tiny_reference
     # plain `dgr certify` is tiny-llama on the CPU lane: the run test_certify_e2e checks too
     pred = _same_figures_as_live("tiny-llama", manifest, tmp_path / "empty-store", live_certification())
     assert all(p["bitwise_logits"] for n, p in _parity(pred).items() if not n.endswith("-f16"))
@@ -123,9 +131,9 @@ def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_
 
 
 def test_attached_placement_file_against_a_sealed_reference(
-    tmp_path: Path, worker_command: WorkerCommand, stubs, cpu_build
+    tmp_path: Path, worker_command: WorkerCommand, stubs, cpu_build, tiny_reference: Path
 ) -> None:
-    manifest = _make("tiny-llama", tmp_path / "ref")
+    manifest = tiny_reference
     ident = tmp_path / "identity.json"
     done = run_dgr(ENV, "certify", "--recipe", "tiny-llama", "--write-identity", str(ident))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -156,9 +164,12 @@ def test_attached_placement_file_against_a_sealed_reference(
 
 
 def test_gemma3_sealed_reference_gives_the_live_figures(
-    tmp_path: Path, cpu_build, live_certification
+    tmp_path: Path, cpu_build, gemma_store: GemmaStore, gemma_live: Certified
 ) -> None:
-    manifest = _make("gemma3-270m-q4", tmp_path / "ref")
-    live = live_certification("--recipe", "gemma3-270m-q4", "--lane", "cpu")  # also test_certify_gemma's
-    pred = _same_figures_as_live("gemma3-270m-q4", manifest, tmp_path / "empty-store", live)
+    """Made from, and certified on, the session's gemma store (the model provisioned once); the
+    reference itself is provisioned from its sealed origin into that store, which lacks it."""
+    store = os.fspath(gemma_store.path)
+    manifest = _make(GEMMA_SET, tmp_path / "ref", "--store", store)
+    # gemma_live is test_certify_gemma's run
+    pred = _same_figures_as_live(GEMMA_SET, manifest, gemma_store.path, gemma_live)
     assert pred["gates"]["staging_parity"]["status"] == "PASS"
