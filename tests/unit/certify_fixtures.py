@@ -17,6 +17,7 @@ from certify.run import Prepared, Written, run_certification
 from core.context import Context
 from manifests import recipe_model as recipes
 from reports.render import render
+from tests.unit import fake_zygote
 from tests.unit.fake_stages import FAKE, TOY, load_stubs
 
 
@@ -47,6 +48,7 @@ def fake_context(root: Path, **extra: str) -> Context:
     env.update(DGR_WORK=str(root / "work"), DGR_CACHE=str(root / "cache"))
     stubs = load_stubs(root)
     env["DGR_STUBS_DIR"] = os.fspath(stubs.root)
+    env.update(fake_zygote.ensure())
     env.update(extra)
     return Context.from_env(env)
 

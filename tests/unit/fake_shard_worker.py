@@ -33,12 +33,18 @@ continuations mostly repeat a token, so some stand and some are rejected).  Draf
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # a stub for a forked worker when the test process runs a zygote
+    import fake_zygote
+
+    fake_zygote.run_forked_if_possible(__file__)
+
 import argparse
 import json
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from concurrent import futures

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from core.context import Context
+from tests.unit import fake_zygote
 from worker import stubs as stubs_mod
 from worker.launcher import WorkerCommand
 
@@ -30,6 +31,7 @@ def fake_command(tmp: Path, *, threads: int = 1, ctx_size: int = 256) -> WorkerC
 def fake_env(stubs: stubs_mod.Stubs, **faults: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DGR_FAKE_")}
     env["DGR_STUBS_DIR"] = os.fspath(stubs.root)
+    env.update(fake_zygote.ensure())
     env.update(faults)
     return env
 
