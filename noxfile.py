@@ -143,6 +143,9 @@ def tests(session: nox.Session) -> None:
     build, real workers; `-- --quick`: only its inner-loop subset); then each suite's time and the ten
     slowest tests (tests/durations.py)."""
     _install(session, "test")
+    # Each test starts `dgr` and fake workers as fresh interpreters; where the environment forbids
+    # writing bytecode, every one of them recompiled the project (a third of a fake certify's time).
+    session.env["PYTHONDONTWRITEBYTECODE"] = ""
     args = _posargs(session)
     results = Path(session.create_tmp())
     fast, slow = results / "fast.xml", results / "slow.xml"
