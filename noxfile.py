@@ -39,8 +39,9 @@ def deps(session: nox.Session) -> None:
     Runs before the project is installed (lanes.packages needs only the standard library). Without
     the rights it prints the exact `apt-get install` line and nox exits 4, as `dgr build` would.
     """
-    code = subprocess.run([sys.executable, "-m", "lanes.packages", "ensure", "cpu"],
-                          cwd=Path(__file__).parent, check=False).returncode
+    code = subprocess.run(
+        [sys.executable, "-m", "lanes.packages", "ensure", "cpu"], cwd=Path(__file__).parent, check=False
+    ).returncode
     if code:
         raise SystemExit(code)  # nox would say 1 for any failed session; 4 says "toolchain missing"
 

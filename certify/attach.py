@@ -53,7 +53,8 @@ def restrict(
                 f"{[list(w) for w in want]}"
             )
     needed = ([] if sealed else [recipe.monolithic.name]) + (
-        [recipe.route_change.placement] if recipe.route_change else [])
+        [recipe.route_change.placement] if recipe.route_change else []
+    )
     missing = [n for n in needed if n not in pf.placements]
     if missing:
         raise ConfigurationError(
@@ -70,8 +71,7 @@ def restrict(
             raise ConfigurationError(
                 f"{src}: at /reference: must own the monolithic range {list(recipe.monolithic.stages)}"
             )
-    kept = {n: p for n, p in recipe.placements.items()
-            if n in pf.placements or (sealed and p.is_monolithic)}
+    kept = {n: p for n, p in recipe.placements.items() if n in pf.placements or (sealed and p.is_monolithic)}
     skipped = [
         Result(
             name=f"placement/{n}",

@@ -111,8 +111,16 @@ class NotApplicable(Check):
         return None
 
     def row(self, current: Figures, reference: Figures | None) -> dict[str, Any]:
-        return {"check": self.name, "metric": self.metric, "value": None, "op": self.op, "limit": self.limit,
-                "ok": True, "status": "NOT_APPLICABLE", "message": f"NOT_APPLICABLE: {self.reason}"}
+        return {
+            "check": self.name,
+            "metric": self.metric,
+            "value": None,
+            "op": self.op,
+            "limit": self.limit,
+            "ok": True,
+            "status": "NOT_APPLICABLE",
+            "message": f"NOT_APPLICABLE: {self.reason}",
+        }
 
 
 STAGING_PARITY = "staging-parity"
@@ -144,15 +152,23 @@ def backend_agreement_checks(limits: BackendAgreement, cuts: Iterable[int]) -> l
     such row must exist: a gate that counted nothing would pass by default."""
     checks: list[Check] = [
         AtLeast(name="rows with a clear top-1 margin", metric="clear_rows", limit=1),
-        AtLeast(name="top-1 agreement (clear-margin rows)", metric="top1_agreement_clear",
-                limit=limits.top1_agreement_min),
+        AtLeast(
+            name="top-1 agreement (clear-margin rows)",
+            metric="top1_agreement_clear",
+            limit=limits.top1_agreement_min,
+        ),
         AtMost(name="KL mean", metric="kl_mean", limit=limits.kl_mean_max),
         AtMost(name="KL max", metric="kl_max", limit=limits.kl_max_max),
         AtMost(name="logits NMSE", metric="logits_nmse", limit=limits.logits_nmse_max),
     ]
     for cut in sorted(cuts):
-        checks.append(AtMost(name=f"boundary NMSE at layer {cut}", metric=f"boundary_nmse@{cut}",
-                             limit=limits.boundary_nmse_max))
+        checks.append(
+            AtMost(
+                name=f"boundary NMSE at layer {cut}",
+                metric=f"boundary_nmse@{cut}",
+                limit=limits.boundary_nmse_max,
+            )
+        )
     return checks
 
 
@@ -167,21 +183,34 @@ def divergence_start(figures: Figures, cuts: Iterable[int], limit: float) -> int
 
 
 def evaluate_agreement(
-    lane: str, limits: BackendAgreement, cuts: Iterable[int], figures: Figures, *, duration_s: float = 0.0,
+    lane: str,
+    limits: BackendAgreement,
+    cuts: Iterable[int],
+    figures: Figures,
+    *,
+    duration_s: float = 0.0,
     placement: str | None = None,
 ) -> Result:
     """The backend-agreement Result; a FAIL's reason says where the divergence starts.  ``placement``:
     a staged placement held to a sealed reference of another lane or build (else the lane's monolithic
     run against the CPU's, ``<lane>-vs-cpu``)."""
     cuts = sorted(cuts)
-    result = evaluate(BACKEND_AGREEMENT, placement or f"{lane}-vs-cpu",
-                      backend_agreement_checks(limits, cuts), figures, duration_s=duration_s)
+    result = evaluate(
+        BACKEND_AGREEMENT,
+        placement or f"{lane}-vs-cpu",
+        backend_agreement_checks(limits, cuts),
+        figures,
+        duration_s=duration_s,
+    )
     start = divergence_start(figures, cuts, limits.boundary_nmse_max)
     details = {**result.details, "divergence_starts_at": start}
     reason = result.reason
     if result.status is Status.FAIL:
-        where = (f"divergence starts before layer {start} (the first cut out of bounds)" if start is not None
-                 else "every cut is within bounds: the divergence starts after the last cut")
+        where = (
+            f"divergence starts before layer {start} (the first cut out of bounds)"
+            if start is not None
+            else "every cut is within bounds: the divergence starts after the last cut"
+        )
         reason = f"{reason}; {where}"
     return dataclasses.replace(result, reason=reason, details=details)
 
@@ -203,19 +232,30 @@ def sections(results: Iterable[Result], figures: Mapping[str, Any]) -> dict[str,
         },
     }
     if sealed:
-        out["sealed_reference"] = {"gate": sealed["gate"], "why": sealed["why"], "sha256": sealed["sha256"],
-                                   "set": sealed["set"], "lane": sealed["lane"]}
+        out["sealed_reference"] = {
+            "gate": sealed["gate"],
+            "why": sealed["why"],
+            "sha256": sealed["sha256"],
+            "set": sealed["set"],
+            "lane": sealed["lane"],
+        }
         if sealed["gate"] != STAGING_PARITY:
             out["staging_parity"]["reason"] = sealed["why"]
     if not agreement.get("applies"):
-        out["backend_agreement"] = {"applies": False, "status": "NOT_APPLICABLE",
-                                    "reason": agreement.get("reason", "not measured")}
+        out["backend_agreement"] = {
+            "applies": False,
+            "status": "NOT_APPLICABLE",
+            "reason": agreement.get("reason", "not measured"),
+        }
         return out
     out["backend_agreement"] = {
         "applies": True,
         "status": _reduce(agreeing),
-        "reference": {"lane": agreement.get("reference_lane", ""),
-                      "placement": agreement.get("placement", ""), **where},
+        "reference": {
+            "lane": agreement.get("reference_lane", ""),
+            "placement": agreement.get("placement", ""),
+            **where,
+        },
         "teacher_forced": bool(agreement.get("teacher_forced")),
         "divergence_starts_at": agreement.get("divergence_starts_at"),
         "results": [r.name for r in agreeing],
@@ -242,8 +282,9 @@ def speed_checks(
     ``concurrency``: the recipe decodes several sessions at once; none may differ from one alone."""
     checks = _speed_limits(speed, placement, ratio_not_applicable)
     if concurrency:
-        checks.append(AtMost(name="concurrent sessions unlike one alone", metric="concurrency_diverging",
-                             limit=0.0))
+        checks.append(
+            AtMost(name="concurrent sessions unlike one alone", metric="concurrency_diverging", limit=0.0)
+        )
     return checks
 
 
@@ -253,12 +294,21 @@ def _speed_limits(speed: Speed, placement: Placement, ratio_not_applicable: str)
         # it says nothing; what the links allow (pipeline.physics) is the reference instead.
         assert speed.seam_bound_factor_max is not None and speed.bound_efficiency_min is not None
         return [
-            AtMost(name="slowest seam / its physical bound", metric="seam_ratio_max",
-                   limit=speed.seam_bound_factor_max),
-            AtLeast(name="fastest seam / its physical bound (shaping applied)", metric="seam_ratio_min",
-                    limit=SEAM_BOUND_FLOOR),
-            AtLeast(name="decode: physical bound / measured time", metric="bound_efficiency",
-                    limit=speed.bound_efficiency_min),
+            AtMost(
+                name="slowest seam / its physical bound",
+                metric="seam_ratio_max",
+                limit=speed.seam_bound_factor_max,
+            ),
+            AtLeast(
+                name="fastest seam / its physical bound (shaping applied)",
+                metric="seam_ratio_min",
+                limit=SEAM_BOUND_FLOOR,
+            ),
+            AtLeast(
+                name="decode: physical bound / measured time",
+                metric="bound_efficiency",
+                limit=speed.bound_efficiency_min,
+            ),
         ]
     checks: list[Check] = [
         AtLeast(name="decode tok/s (median)", metric="decode_tok_s", limit=speed.decode_tok_s_min)
@@ -268,8 +318,14 @@ def _speed_limits(speed: Speed, placement: Placement, ratio_not_applicable: str)
             AtLeast(name="prefill tok/s (median)", metric="prefill_tok_s", limit=speed.prefill_tok_s_min)
         )
     if not placement.is_monolithic and ratio_not_applicable:
-        checks.append(NotApplicable(name="staged/monolithic decode", metric="decode_tok_s",
-                                    limit=speed.ratio_min(placement.n_stages), reason=ratio_not_applicable))
+        checks.append(
+            NotApplicable(
+                name="staged/monolithic decode",
+                metric="decode_tok_s",
+                limit=speed.ratio_min(placement.n_stages),
+                reason=ratio_not_applicable,
+            )
+        )
     elif not placement.is_monolithic:
         checks.append(
             RatioAtLeast(

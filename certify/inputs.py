@@ -93,19 +93,28 @@ def _verified_set(ctx: Context, set_name: str, variant: str | None, *, store: Pa
         # Provisioning checked every file's blake3 against the manifest: no need to hash again.  Its
         # sha256 is the manifest's, never computed here, and the subject says so.
         name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
-        subjects.append(cert.subject(name, {"sha256": entry.sha256, "blake3": entry.blake3},
-                                     established={"blake3": cert.PROVISIONING_BLAKE3,
-                                                  "sha256": cert.MANIFEST_SHA256}))
+        subjects.append(
+            cert.subject(
+                name,
+                {"sha256": entry.sha256, "blake3": entry.blake3},
+                established={"blake3": cert.PROVISIONING_BLAKE3, "sha256": cert.MANIFEST_SHA256},
+            )
+        )
         paths[name] = str(Path(path).resolve())
-    identity = {"set": set_name, "variant": provisioned.variant,
-                "manifest_digest": provisioned.manifest_digest, **dict(provisioned.provenance)}
+    identity = {
+        "set": set_name,
+        "variant": provisioned.variant,
+        "manifest_digest": provisioned.manifest_digest,
+        **dict(provisioned.provenance),
+    }
     line = (
         f"artifacts: {len(provisioned.files)} files of set {set_name} ({provisioned.variant}) verified "
         f"against manifest {provisioned.manifest_digest[:16]}… by provisioning (blake3; the sha256 stated "
         "is the manifest's)"
     )
-    return _Artifacts(first=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity,
-                      line=line)
+    return _Artifacts(
+        first=Path(provisioned.files[0]), subjects=subjects, paths=paths, identity=identity, line=line
+    )
 
 
 def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Verified:
@@ -212,7 +221,6 @@ def worker_threads(env: Mapping[str, str], cores: int, stages: int = 1) -> int:
     return int(raw)
 
 
-
 def prepare_attached(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None) -> Prepared:
     """The identity chain and subjects without a local build: the workers' binaries live on their hosts.
 
@@ -253,8 +261,11 @@ class WorkerLines:
 def mtp_options(recipe: Recipe, mtp_model: Path | None) -> dict[str, Any]:
     """The WorkerCommand fields MTP sets: with it on, every stage can take back a pass's rejected
     drafts and the last stage drafts (from the main file, or from the block's own)."""
-    return {"max_rewind": recipe.mtp.draft_tokens if recipe.mtp else None, "mtp": bool(recipe.mtp),
-            "mtp_model": mtp_model}
+    return {
+        "max_rewind": recipe.mtp.draft_tokens if recipe.mtp else None,
+        "mtp": bool(recipe.mtp),
+        "mtp_model": mtp_model,
+    }
 
 
 def worker_lines(recipe: Recipe, lane: str, prepared: Prepared, identity: Path) -> WorkerLines:
@@ -263,9 +274,22 @@ def worker_lines(recipe: Recipe, lane: str, prepared: Prepared, identity: Path) 
     from worker.launcher import WorkerCommand
 
     flags = WorkerCommand(program=(), model=prepared.model, **mtp_options(recipe, prepared.mtp_model))
-    every = [*prepared.worker, "--model", str(prepared.model), "--layers", "BEGIN:END",
-             "--listen", "HOST:PORT", "--ctx", str(ctx_size(recipe)),
-             "--identity", str(Path(identity).resolve()), "--lane", lane, *flags.rewind_args()]
+    every = [
+        *prepared.worker,
+        "--model",
+        str(prepared.model),
+        "--layers",
+        "BEGIN:END",
+        "--listen",
+        "HOST:PORT",
+        "--ctx",
+        str(ctx_size(recipe)),
+        "--identity",
+        str(Path(identity).resolve()),
+        "--lane",
+        lane,
+        *flags.rewind_args(),
+    ]
     return WorkerLines(every_stage=every, last_stage_also=flags.drafting_args())
 
 

@@ -94,8 +94,13 @@ class Plan:
     def where(self) -> Pipelines:
         if self.pipelines is not None:
             return self.pipelines
-        return LocalPipelines(stubs=self.stubs, evidence=self.evidence, env=self.env,
-                              start_timeout=self.start_timeout, call_deadline=self.call_deadline)
+        return LocalPipelines(
+            stubs=self.stubs,
+            evidence=self.evidence,
+            env=self.env,
+            start_timeout=self.start_timeout,
+            call_deadline=self.call_deadline,
+        )
 
 
 @dataclass(kw_only=True)
@@ -160,7 +165,11 @@ def staging_parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]
 
 
 def agreement_figures(
-    ref: drive.Trace, forced: drive.Trace, free: drive.Trace, *, margin: float,
+    ref: drive.Trace,
+    forced: drive.Trace,
+    free: drive.Trace,
+    *,
+    margin: float,
     cuts: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """A lane's monolithic run against the CPU reference.  ``forced`` was fed the reference's own
@@ -241,8 +250,11 @@ def gate_figures(
 ) -> dict[str, float]:
     flat: dict[str, float] = {}
     if seam_model:
-        for key, metric in (("seam_ratio_max", "seam_ratio_max"), ("seam_ratio_min", "seam_ratio_min"),
-                            ("efficiency", "bound_efficiency")):
+        for key, metric in (
+            ("seam_ratio_max", "seam_ratio_max"),
+            ("seam_ratio_min", "seam_ratio_min"),
+            ("efficiency", "bound_efficiency"),
+        ):
             if seam_model.get(key) is not None:
                 flat[metric] = float(seam_model[key])
     if parity:
@@ -319,13 +331,18 @@ def route_change_not_run(results: Sequence[Result], rc_placement: str) -> Result
     """The route change's result when it did not run: SKIPPED with its placement's reason where that
     placement was SKIPPED (shaped seams this machine cannot make), otherwise FAIL (it should have run)."""
     name = f"route-change/{rc_placement}"
-    skip = next((r for r in results if r.name == f"placement/{rc_placement}" and r.status is Status.SKIPPED),
-                None)
+    skip = next(
+        (r for r in results if r.name == f"placement/{rc_placement}" and r.status is Status.SKIPPED), None
+    )
     if skip is not None:
-        return Result(name=name, status=Status.SKIPPED,
-                      reason=f"placement {rc_placement} was SKIPPED ({skip.reason})")
-    return Result(name=name, status=Status.FAIL,
-                  reason=f"the route-change check did not run (placement {rc_placement} was not run)")
+        return Result(
+            name=name, status=Status.SKIPPED, reason=f"placement {rc_placement} was SKIPPED ({skip.reason})"
+        )
+    return Result(
+        name=name,
+        status=Status.FAIL,
+        reason=f"the route-change check did not run (placement {rc_placement} was not run)",
+    )
 
 
 @dataclass(kw_only=True)
@@ -350,7 +367,10 @@ def _cpu_reference(plan: Plan, cuts: Sequence[int], out: Outcome) -> _CpuReferen
 
 
 def lane_monolithic(
-    plan: Plan, cuts: Sequence[int], *, prompts: Sequence[Sequence[int]] | None = None,
+    plan: Plan,
+    cuts: Sequence[int],
+    *,
+    prompts: Sequence[Sequence[int]] | None = None,
     continuations: Sequence[Sequence[int]] | None = None,
 ) -> tuple[Reference, dict[str, Any]]:
     """The lane's monolithic worker: free-running with every cut captured (the staging-parity
@@ -362,13 +382,17 @@ def lane_monolithic(
     _, rc_after = route_change_at(recipe)
     capture = cuts if plan.lane in CAPTURING_LANES else ()
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
-        prompts = [list(p) for p in prompts] if prompts is not None else [
-            pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
+        prompts = (
+            [list(p) for p in prompts]
+            if prompts is not None
+            else [pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
+        )
         forced, forced_seconds = None, 0.0
         if continuations is not None:
             t1 = time.perf_counter()
-            forced = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture,
-                                         forced=continuations)
+            forced = drive.run_placement(
+                pipe.clients, prompts, recipe.n_decode, capture=capture, forced=continuations
+            )
             forced_seconds = time.perf_counter() - t1
         trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture)
         speed = _speed(pipe.clients, prompts, recipe, "f32", mono.n_stages)
@@ -379,14 +403,22 @@ def lane_monolithic(
         route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
         record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
         if recipe.mtp:
-            record["mtp"] = mtp.mtp_figures(pipe.clients, prompts, trace, recipe.mtp.draft_tokens,
-                                            recipe.n_decode, boundary_dtype="f32", forwarding=mono.forwarding)
+            record["mtp"] = mtp.mtp_figures(
+                pipe.clients,
+                prompts,
+                trace,
+                recipe.mtp.draft_tokens,
+                recipe.n_decode,
+                boundary_dtype="f32",
+                forwarding=mono.forwarding,
+            )
     record["speed"] = speed
     if cuts and not capture:
         trace, forced = _residuals_from_seams(plan, cuts, prompts, trace, forced, continuations)
         record["residuals_from"] = "the lane's run with a seam at every cut (layer captures are CPU-only)"
-    ref = Reference(trace=trace, prompts=prompts, speed=speed, route=route, forced=forced,
-                    forced_seconds=forced_seconds)
+    ref = Reference(
+        trace=trace, prompts=prompts, speed=speed, route=route, forced=forced, forced_seconds=forced_seconds
+    )
     return ref, record
 
 
@@ -398,18 +430,28 @@ def _lane_reference(
     hc, mono = plan.hardware_class, plan.recipe.monolithic
     t0 = time.perf_counter()
     continuations = [list(p.tokens) for p in cpu_ref.trace.prompts] if cpu_ref else None
-    ref, record = lane_monolithic(plan, cuts, prompts=cpu_ref.prompts if cpu_ref else None,
-                                  continuations=continuations)
+    ref, record = lane_monolithic(
+        plan, cuts, prompts=cpu_ref.prompts if cpu_ref else None, continuations=continuations
+    )
     reference_figures(plan, ref, out)
     out.figures.setdefault("placements", []).append(record)
-    out.results.append(Result(name=f"reference/{mono.name}", status=Status.PASS,
-                              duration_s=time.perf_counter() - t0, details={"lane": plan.lane}))
+    out.results.append(
+        Result(
+            name=f"reference/{mono.name}",
+            status=Status.PASS,
+            duration_s=time.perf_counter() - t0,
+            details={"lane": plan.lane},
+        )
+    )
     if "mtp" in record:
         out.results.append(mtp.mtp_result(mono.name, record["mtp"]))
     out.results.append(
-        gates.evaluate("speed", mono.name,
-                       gates.speed_checks(hc.speed, mono, concurrency=bool(plan.recipe.measure.concurrency)),
-                       gate_figures(None, ref.speed))
+        gates.evaluate(
+            "speed",
+            mono.name,
+            gates.speed_checks(hc.speed, mono, concurrency=bool(plan.recipe.measure.concurrency)),
+            gate_figures(None, ref.speed),
+        )
     )
     return ref
 
@@ -436,8 +478,12 @@ CAPTURING_LANES = ("cpu",)
 
 
 def _residuals_from_seams(
-    plan: Plan, cuts: Sequence[int], prompts: Sequence[Sequence[int]], trace: drive.Trace,
-    forced: drive.Trace | None, continuations: Sequence[Sequence[int]] | None,
+    plan: Plan,
+    cuts: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    trace: drive.Trace,
+    forced: drive.Trace | None,
+    continuations: Sequence[Sequence[int]] | None,
 ) -> tuple[drive.Trace, drive.Trace | None]:
     """``trace`` and ``forced`` with the residual at every cut, taken from a relayed run of the lane with
     a seam at every cut (same prompts, same forcing).  Staging parity holds that run's logits to the
@@ -463,14 +509,19 @@ def _with_captures(trace: drive.Trace, seams: drive.Trace, width: int) -> drive.
 
 
 def _backend_agreement(
-    plan: Plan, cuts: Sequence[int], limits: BackendAgreement, cpu_ref: _CpuReference, ref: Reference,
+    plan: Plan,
+    cuts: Sequence[int],
+    limits: BackendAgreement,
+    cpu_ref: _CpuReference,
+    ref: Reference,
     out: Outcome,
 ) -> None:
     """The lane's teacher-forced monolithic run scored against the CPU reference."""
     assert ref.forced is not None
     figures = agreement_figures(cpu_ref.trace, ref.forced, ref.trace, margin=limits.top1_margin_min)
-    result = gates.evaluate_agreement(plan.lane, limits, cuts, gate_figures(figures, None),
-                                      duration_s=cpu_ref.seconds + ref.forced_seconds)
+    result = gates.evaluate_agreement(
+        plan.lane, limits, cuts, gate_figures(figures, None), duration_s=cpu_ref.seconds + ref.forced_seconds
+    )
     out.figures["backend_agreement"] = {
         "applies": True,
         "lane": plan.lane,
@@ -485,7 +536,11 @@ def _backend_agreement(
 
 
 def staged_placements(
-    plan: Plan, ref: Reference, out: Outcome, *, mode: Mode | None = None,
+    plan: Plan,
+    ref: Reference,
+    out: Outcome,
+    *,
+    mode: Mode | None = None,
     agreement: BackendAgreement | None = None,
 ) -> None:
     """Each staged placement on the lane against the lane's monolithic run (shaped ones in their
@@ -503,7 +558,13 @@ def staged_placements(
 
 
 def _staged_placement(
-    plan: Plan, p: Placement, where: Pipelines, ref: Reference, out: Outcome, *, mode: Mode | None = None,
+    plan: Plan,
+    p: Placement,
+    where: Pipelines,
+    ref: Reference,
+    out: Outcome,
+    *,
+    mode: Mode | None = None,
     agreement: BackendAgreement | None = None,
 ) -> None:
     recipe, hc = plan.recipe, plan.hardware_class
@@ -518,24 +579,39 @@ def _staged_placement(
             addresses=getattr(pipe, "addresses", None),
             sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
         )
-        trace = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
-                                    **routing)
+        trace = drive.run_placement(
+            pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype, **routing
+        )
         forced = None
         if agreement is not None:
             # Teacher forcing feeds the reference's tokens, which a ring cannot (its last stage picks
             # them): a ring placement is forced through the same stages chained.
             forcing = {**routing, "forwarding": "chained" if p.forwarding == "ring" else p.forwarding}
-            forced = drive.run_placement(pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype,
-                                         forced=[list(t.tokens) for t in ref.trace.prompts], **forcing)
+            forced = drive.run_placement(
+                pipe.clients,
+                ref.prompts,
+                recipe.n_decode,
+                boundary_dtype=dtype,
+                forced=[list(t.tokens) for t in ref.trace.prompts],
+                **forcing,
+            )
         speed = _speed(pipe.clients, ref.prompts, recipe, dtype, p.n_stages, **routing)
         route = None
         if p.name == rc_placement:
-            route = drive.route_change(pipe.clients, ref.prompts[0], recipe.n_decode, rc_after,
-                                       boundary_dtype=dtype)
+            route = drive.route_change(
+                pipe.clients, ref.prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
+            )
         record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
         if recipe.mtp:
-            record["mtp"] = mtp.mtp_figures(pipe.clients, ref.prompts, trace, recipe.mtp.draft_tokens,
-                                            recipe.n_decode, boundary_dtype=dtype, **routing)
+            record["mtp"] = mtp.mtp_figures(
+                pipe.clients,
+                ref.prompts,
+                trace,
+                recipe.mtp.draft_tokens,
+                recipe.n_decode,
+                boundary_dtype=dtype,
+                **routing,
+            )
         shaping = describe_shaping(pipe)
         fabric = describe_fabric(pipe)
     record.update(speed=speed, forwarding=p.forwarding)
@@ -544,17 +620,33 @@ def _staged_placement(
     if fabric is not None:
         record["fabric"] = fabric
     record["seam_model"] = physics.model(
-        p, p.forwarding, speed, n_vocab=trace.infos[-1].n_vocab,
-        sideband_stages=record["token_sideband_stages"], backend=shaping,
+        p,
+        p.forwarding,
+        speed,
+        n_vocab=trace.infos[-1].n_vocab,
+        sideband_stages=record["token_sideband_stages"],
+        backend=shaping,
     )
     if agreement is not None and forced is not None:
         width = trace.infos[0].n_embd
-        figures = agreement_figures(ref.trace, _with_captures(forced, forced, width), trace,
-                                    margin=agreement.top1_margin_min, cuts=p.cuts)
+        figures = agreement_figures(
+            ref.trace,
+            _with_captures(forced, forced, width),
+            trace,
+            margin=agreement.top1_margin_min,
+            cuts=p.cuts,
+        )
         record["agreement"] = figures
-        out.results.append(gates.evaluate_agreement(
-            plan.lane, agreement, p.cuts, gate_figures(figures, None), duration_s=time.perf_counter() - t0,
-            placement=p.name))
+        out.results.append(
+            gates.evaluate_agreement(
+                plan.lane,
+                agreement,
+                p.cuts,
+                gate_figures(figures, None),
+                duration_s=time.perf_counter() - t0,
+                placement=p.name,
+            )
+        )
     else:
         parity = staging_parity_figures(ref.trace, trace)
         record["parity"] = parity
@@ -573,8 +665,9 @@ def _staged_placement(
         gates.evaluate(
             "speed",
             p.name,
-            gates.speed_checks(hc.speed, p, ratio_not_applicable=not_applicable,
-                              concurrency=bool(recipe.measure.concurrency)),
+            gates.speed_checks(
+                hc.speed, p, ratio_not_applicable=not_applicable, concurrency=bool(recipe.measure.concurrency)
+            ),
             gate_figures(None, speed, record.get("seam_model")),
             gate_figures(None, ref.speed) if ref.speed is not None else None,
         )
@@ -601,9 +694,13 @@ def route_change_gate(
         "reference": list(route.reference),
         "switched": list(route.switched),
         "expected": list(expected),
-        "expected_from": ("uninterrupted" if ref_route is None
-                          else "sealed reference's monolithic, same switch" if sealed
-                          else "monolithic, same switch"),
+        "expected_from": (
+            "uninterrupted"
+            if ref_route is None
+            else "sealed reference's monolithic, same switch"
+            if sealed
+            else "monolithic, same switch"
+        ),
         "switched_equals_uninterrupted": route.identical,
     }
     checks = [
@@ -622,19 +719,31 @@ def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
     link (pipeline.seams), or None and why they cannot run here.  Probed once per run: the probe makes
     and removes a namespace."""
     if plan.pipelines is not None:
-        return None, ("shaped seams are simulated on one machine (network namespaces); these workers run "
-                      "elsewhere and cross real links, so the placement is not run")
+        return None, (
+            "shaped seams are simulated on one machine (network namespaces); these workers run "
+            "elsewhere and cross real links, so the placement is not run"
+        )
     from pipeline import seams
 
     support = seams.probe(plan.env)
     if not support.available:
         return None, f"shaped seams need network namespaces: {support.reason}; not run"
-    return seams.NetnsPipelines(stubs=plan.stubs, evidence=plan.evidence, env=plan.env, support=support,
-                                start_timeout=plan.start_timeout, call_deadline=plan.call_deadline), ""
+    return seams.NetnsPipelines(
+        stubs=plan.stubs,
+        evidence=plan.evidence,
+        env=plan.env,
+        support=support,
+        start_timeout=plan.start_timeout,
+        call_deadline=plan.call_deadline,
+    ), ""
 
 
 def _speed(
-    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str, n_stages: int,
+    clients: Sequence[Any],
+    prompts: Sequence[Sequence[int]],
+    recipe: Recipe,
+    dtype: str,
+    n_stages: int,
     **routing: Any,
 ) -> dict[str, Any]:
     """Single-stream speed figures, and the throughput of several sessions at once where the recipe
@@ -643,8 +752,14 @@ def _speed(
     m = recipe.measure
     if m.concurrency:
         speed["concurrency"] = throughput.concurrency_figures(
-            clients, _speed_prompt(prompts, m.prompt_tokens), m.decode_tokens, m.concurrency_levels(n_stages),
-            rounds=m.concurrency_rounds, boundary_dtype=dtype, **routing)
+            clients,
+            _speed_prompt(prompts, m.prompt_tokens),
+            m.decode_tokens,
+            m.concurrency_levels(n_stages),
+            rounds=m.concurrency_rounds,
+            boundary_dtype=dtype,
+            **routing,
+        )
     return speed
 
 

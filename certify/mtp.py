@@ -30,12 +30,23 @@ ROLLBACK_ACCEPTANCE = 0.4  # known drafts that miss often enough for every pass 
 ROLLBACK_SEED = 5
 
 
-def mtp_figures(clients: Sequence[Any], prompts: Sequence[Sequence[int]], plain: drive.Trace, k: int,
-                n_decode: int, *, boundary_dtype: str, forwarding: str, **routing: Any) -> dict[str, Any]:
+def mtp_figures(
+    clients: Sequence[Any],
+    prompts: Sequence[Sequence[int]],
+    plain: drive.Trace,
+    k: int,
+    n_decode: int,
+    *,
+    boundary_dtype: str,
+    forwarding: str,
+    **routing: Any,
+) -> dict[str, Any]:
     """What the MTP gate and the report read, for one placement."""
     routing = {**routing, "forwarding": forwarding, "boundary_dtype": boundary_dtype}
-    runs = [speculative.run(clients, prompt, n_decode, k=k, drafter=speculative.NextnDrafter(), **routing)
-            for prompt in prompts]
+    runs = [
+        speculative.run(clients, prompt, n_decode, k=k, drafter=speculative.NextnDrafter(), **routing)
+        for prompt in prompts
+    ]
     known = {**routing, "forwarding": "chained" if forwarding == "ring" else forwarding}
     same = sum(r.tokens == p.tokens for r, p in zip(runs, plain.prompts, strict=True))
     passes = [q for r in runs for q in r.passes]
@@ -45,8 +56,9 @@ def mtp_figures(clients: Sequence[Any], prompts: Sequence[Sequence[int]], plain:
         "prompts": len(runs),
         "prompts_identical": same,
         "identical_fraction": same / len(runs),
-        "rollback_identical": 1.0 if _rollback_leaves_no_trace(clients, prompts[0], plain.prompts[0].tokens,
-                                                               k, n_decode, known) else 0.0,
+        "rollback_identical": 1.0
+        if _rollback_leaves_no_trace(clients, prompts[0], plain.prompts[0].tokens, k, n_decode, known)
+        else 0.0,
         "acceptance_rate": sum(q.accepted for q in passes) / max(1, sum(q.drafted for q in passes)),
         "tokens_per_pass": decoded / len(passes) if passes else 0.0,
         "crossings_per_token": sum(q.step.crossings for q in passes) / decoded if decoded else 0.0,
@@ -55,13 +67,20 @@ def mtp_figures(clients: Sequence[Any], prompts: Sequence[Sequence[int]], plain:
     }
 
 
-def _rollback_leaves_no_trace(clients: Sequence[Any], prompt: Sequence[int], truth: Sequence[int], k: int,
-                              n_decode: int, routing: dict[str, Any]) -> bool:
+def _rollback_leaves_no_trace(
+    clients: Sequence[Any],
+    prompt: Sequence[int],
+    truth: Sequence[int],
+    k: int,
+    n_decode: int,
+    routing: dict[str, Any],
+) -> bool:
     n_vocab = drive.describe(clients)[-1].n_vocab
 
     def known(by: int) -> speculative.KnownDrafter:
-        return speculative.KnownDrafter(truth, acceptance=ROLLBACK_ACCEPTANCE, n_vocab=n_vocab,
-                                        seed=ROLLBACK_SEED, wrong_by=by)
+        return speculative.KnownDrafter(
+            truth, acceptance=ROLLBACK_ACCEPTANCE, n_vocab=n_vocab, seed=ROLLBACK_SEED, wrong_by=by
+        )
 
     a, b = (speculative.run(clients, prompt, n_decode, k=k, drafter=known(by), **routing) for by in (1, 2))
     rewound = any(q.rewound for q in a.passes)
@@ -70,14 +89,16 @@ def _rollback_leaves_no_trace(clients: Sequence[Any], prompt: Sequence[int], tru
 
 def mtp_checks() -> list[Check]:
     return [
-        AtLeast(name="MTP on == MTP off (greedy tokens, every prompt)", metric="identical_fraction",
-                limit=1.0),
+        AtLeast(
+            name="MTP on == MTP off (greedy tokens, every prompt)", metric="identical_fraction", limit=1.0
+        ),
         AtLeast(name="rejected drafts leave no trace (bitwise)", metric="rollback_identical", limit=1.0),
     ]
 
 
 def mtp_result(placement: str, figures: dict[str, Any]) -> Result:
     """The MTP gate of one placement (gate "mtp")."""
-    numeric = {k: float(v) for k, v in figures.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numeric = {
+        k: float(v) for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     return gates.evaluate("mtp", placement, mtp_checks(), numeric)

@@ -64,15 +64,23 @@ def make(
         base = sealed_ref.load(ctx, against, store=store)
         sealed_ref.check_recipe(base, recipe)
         if base.lane != "cpu":
-            raise ConfigurationError(f"--against {against}: a reference of lane {base.lane}; teacher forcing "
-                                     "is on the CPU reference's tokens")
+            raise ConfigurationError(
+                f"--against {against}: a reference of lane {base.lane}; teacher forcing "
+                "is on the CPU reference's tokens"
+            )
     prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=False)
     return make_from(ctx, recipe, lane, prepared, out=out, base=base)
 
 
 def make_from(
-    ctx: Context, recipe: Recipe, lane: str, prepared: Prepared, *, out: Path | None = None,
-    base: sealed_ref.Sealed | None = None, fingerprint: Mapping[str, Any] | None = None,
+    ctx: Context,
+    recipe: Recipe,
+    lane: str,
+    prepared: Prepared,
+    *,
+    out: Path | None = None,
+    base: sealed_ref.Sealed | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
     start_timeout: float = PLAN_TIMEOUT_S,
 ) -> Made:
     """``make`` on inputs already prepared (verified artifacts, the lane's build)."""
@@ -82,18 +90,33 @@ def make_from(
     if base is not None:
         sealed_ref.check(base, recipe, prepared.identity, cuts)
     run_id = new_run_id()
-    run = Run(recipe=recipe, lane=lane, run_id=run_id, started=time.time(),
-              evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
+    run = Run(
+        recipe=recipe,
+        lane=lane,
+        run_id=run_id,
+        started=time.time(),
+        evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id),
+    )
     write_run_identity(run, prepared)
-    plan = make_plan(ctx, run, hc, prepared, context=ctx_size(recipe),
-                     threads=worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages),
-                     start_timeout=start_timeout, call_deadline=PLAN_TIMEOUT_S)
+    plan = make_plan(
+        ctx,
+        run,
+        hc,
+        prepared,
+        context=ctx_size(recipe),
+        threads=worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages),
+        start_timeout=start_timeout,
+        call_deadline=PLAN_TIMEOUT_S,
+    )
     from certify import measure
 
     t0 = time.perf_counter()
     ref, record = measure.lane_monolithic(
-        plan, cuts, prompts=base.prompts if base else None,
-        continuations=[list(p.tokens) for p in base.trace.prompts] if base else None)
+        plan,
+        cuts,
+        prompts=base.prompts if base else None,
+        continuations=[list(p.tokens) for p in base.trace.prompts] if base else None,
+    )
     seconds = time.perf_counter() - t0
     set_name = f"ref-{recipe.name}-{lane}-{run_id.lower()}"
     if out is None:
@@ -108,17 +131,40 @@ def make_from(
     t1 = time.perf_counter()
     file, manifest = write_sealed(folder, set_name, header, tensors)
     size = file.stat().st_size
-    write_json(run.evidence / "run.json", {"run_id": run_id, "status": "REFERENCE", "recipe": recipe.name,
-                                          "lane": lane, "reference": str(manifest),
-                                          "seconds": round(seconds, 3)})
-    return Made(set_name=set_name, file=file, manifest=manifest, size=size,
-                positions=sum(len(p["logit_positions"]) for p in header["free"]["prompts"]),
-                seconds=seconds, seal_seconds=time.perf_counter() - t1, evidence=run.evidence)
+    write_json(
+        run.evidence / "run.json",
+        {
+            "run_id": run_id,
+            "status": "REFERENCE",
+            "recipe": recipe.name,
+            "lane": lane,
+            "reference": str(manifest),
+            "seconds": round(seconds, 3),
+        },
+    )
+    return Made(
+        set_name=set_name,
+        file=file,
+        manifest=manifest,
+        size=size,
+        positions=sum(len(p["logit_positions"]) for p in header["free"]["prompts"]),
+        seconds=seconds,
+        seal_seconds=time.perf_counter() - t1,
+        evidence=run.evidence,
+    )
 
 
 def _header(
-    recipe: Recipe, lane: str, prepared: Prepared, fp: Mapping[str, Any], run_id: str, cuts: list[int],
-    ref: Any, record: Mapping[str, Any], seconds: float, base: sealed_ref.Sealed | None,
+    recipe: Recipe,
+    lane: str,
+    prepared: Prepared,
+    fp: Mapping[str, Any],
+    run_id: str,
+    cuts: list[int],
+    ref: Any,
+    record: Mapping[str, Any],
+    seconds: float,
+    base: sealed_ref.Sealed | None,
 ) -> dict[str, Any]:
     ident = prepared.identity
     art = ident["artifacts"]
@@ -146,12 +192,20 @@ def _header(
         "backend_devices": record.get("backend_devices"),
         "threads": record.get("threads"),
         "free": {"prompts": [_prompt(p) for p in ref.trace.prompts]},
-        "forced": ({"from_sha256": base.record["sha256"], "prompts": [_prompt(p) for p in ref.forced.prompts]}
-                   if ref.forced is not None and base is not None else None),
+        "forced": (
+            {"from_sha256": base.record["sha256"], "prompts": [_prompt(p) for p in ref.forced.prompts]}
+            if ref.forced is not None and base is not None
+            else None
+        ),
         "speed": ref.speed,
-        "route_change": {"placement": recipe.monolithic.name, "switch_at": ref.route.switch_at,
-                         "reprefill_tokens": ref.route.reprefill_tokens, "cache_miss": ref.route.cache_miss,
-                         "reference": list(ref.route.reference), "switched": list(ref.route.switched)},
+        "route_change": {
+            "placement": recipe.monolithic.name,
+            "switch_at": ref.route.switch_at,
+            "reprefill_tokens": ref.route.reprefill_tokens,
+            "cache_miss": ref.route.cache_miss,
+            "reference": list(ref.route.reference),
+            "switched": list(ref.route.switched),
+        },
     }
 
 
@@ -171,8 +225,12 @@ def _pinned_kv(header: Mapping[str, Any]) -> dict[str, str]:
     """Identity strings beside the header, pinned by the manifest (``gguf.kv``): provisioning holds the
     file to them whatever origin it came from."""
     ident = header["identity"]
-    return {"recipe_digest": header["recipe"]["digest"], "patch_digest": ident["patches"]["digest"],
-            "lane": header["lane"], "build_key": ident["build"]["key"]}
+    return {
+        "recipe_digest": header["recipe"]["digest"],
+        "patch_digest": ident["patches"]["digest"],
+        "lane": header["lane"],
+        "build_key": ident["build"]["key"],
+    }
 
 
 def write_sealed(
@@ -190,25 +248,35 @@ def _seal(set_name: str, folder: Path, file: Path, header: Mapping[str, Any]) ->
 
     arch = reference_file.ARCH
     manifest = folder / f"{set_name}.json"
-    write_json(manifest, {
-        "schema_version": 1,
-        "name": set_name,
-        "description": (f"sealed reference: recipe {header['recipe']['name']} "
-                        f"({header['recipe']['digest'][:16]}…), placement {header['placement']} on lane "
-                        f"{header['lane']}, run {header['run_id']} "
-                        f"({header['made']}); certify/reference_file.py describes the format"),
-        "model": f"dgr reference of {header['recipe']['name']}",
-        "storage": "any",
-        "origins": [{"kind": "local", "path": str(folder.resolve())}],
-        "default_variant": "f32",
-        "variants": {"f32": {
-            "chunk_size": CHUNK_SIZE,
-            "chunk_digest": "blake3",
-            "gguf": {"architecture": arch, "block_count": int(header["n_layer"]),
-                     "kv": {f"{arch}.{k}": v for k, v in _pinned_kv(header).items()}},
-            "files": [{"name": file.name}],
-        }},
-    })
+    write_json(
+        manifest,
+        {
+            "schema_version": 1,
+            "name": set_name,
+            "description": (
+                f"sealed reference: recipe {header['recipe']['name']} "
+                f"({header['recipe']['digest'][:16]}…), placement {header['placement']} on lane "
+                f"{header['lane']}, run {header['run_id']} "
+                f"({header['made']}); certify/reference_file.py describes the format"
+            ),
+            "model": f"dgr reference of {header['recipe']['name']}",
+            "storage": "any",
+            "origins": [{"kind": "local", "path": str(folder.resolve())}],
+            "default_variant": "f32",
+            "variants": {
+                "f32": {
+                    "chunk_size": CHUNK_SIZE,
+                    "chunk_digest": "blake3",
+                    "gguf": {
+                        "architecture": arch,
+                        "block_count": int(header["n_layer"]),
+                        "kv": {f"{arch}.{k}": v for k, v in _pinned_kv(header).items()},
+                    },
+                    "files": [{"name": file.name}],
+                }
+            },
+        },
+    )
     return seal(set_name, folder, root=folder)
 
 
@@ -227,24 +295,40 @@ def compare(ctx: Context, recipe: Recipe, cpu: Path, other: Path, *, store: Path
     if b.forced is None or b.header["forced"].get("from_sha256") != a.record["sha256"]:
         raise ConfigurationError(
             f"{other} was not teacher-forced on {cpu} (sha256 {a.record['sha256'][:16]}…)",
-            hint=f"make it with `dgr reference --recipe {recipe.name} --lane {b.lane} --against {cpu}`")
-    for what, theirs, ours in (("patch digest", b.header["identity"]["patches"]["digest"],
-                                a.header["identity"]["patches"]["digest"]),
-                               ("artifacts", b.header["identity"]["artifacts"]["manifest_digest"],
-                                a.header["identity"]["artifacts"]["manifest_digest"])):
+            hint=f"make it with `dgr reference --recipe {recipe.name} --lane {b.lane} --against {cpu}`",
+        )
+    for what, theirs, ours in (
+        (
+            "patch digest",
+            b.header["identity"]["patches"]["digest"],
+            a.header["identity"]["patches"]["digest"],
+        ),
+        (
+            "artifacts",
+            b.header["identity"]["artifacts"]["manifest_digest"],
+            a.header["identity"]["artifacts"]["manifest_digest"],
+        ),
+    ):
         if theirs != ours:
-            raise ConfigurationError(f"the two references were made with another {what}: {theirs[:16]}… vs "
-                                     f"{ours[:16]}…")
+            raise ConfigurationError(
+                f"the two references were made with another {what}: {theirs[:16]}… vs {ours[:16]}…"
+            )
     fp = b.header.get("hardware") or {}
     hc = recipe.hardware_class(b.lane, int(fp.get("cpu_cores", 1)), hardware.gpu_names(fp))
     limits = hc.agreement_for(b.lane)
     if limits is None:
         raise ConfigurationError(
-            f"recipe {recipe.name}: class {hc.name} holds lane {b.lane} to no CPU reference")
+            f"recipe {recipe.name}: class {hc.name} holds lane {b.lane} to no CPU reference"
+        )
     cuts = [int(c) for c in a.header["cuts"]]
     figures = measure.agreement_figures(a.trace, b.forced, b.trace, margin=limits.top1_margin_min, cuts=cuts)
     flat = {k: v for k, v in figures.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     result = gates.evaluate_agreement(b.lane, limits, cuts, flat)
-    details = {**result.details, "figures": figures, "cpu": a.record["sha256"], "other": b.record["sha256"],
-               "hardware_class": hc.name}
+    details = {
+        **result.details,
+        "figures": figures,
+        "cpu": a.record["sha256"],
+        "other": b.record["sha256"],
+        "hardware_class": hc.name,
+    }
     return Result(name=result.name, status=result.status, reason=result.reason, details=details)

@@ -150,8 +150,10 @@ def read(path: Path) -> Contents:
             if info is None:
                 raise IntegrityError(f"{name}: tensor {tname} is missing")
             if info.ggml_type != _F32 or info.shape != (shape[1], shape[0]):
-                raise IntegrityError(f"{name}: tensor {tname} is type {info.ggml_type} shape "
-                                     f"{info.shape}, the header says f32 {shape[1]}x{shape[0]}")
+                raise IntegrityError(
+                    f"{name}: tensor {tname} is type {info.ggml_type} shape "
+                    f"{info.shape}, the header says f32 {shape[1]}x{shape[0]}"
+                )
             fh.seek(h.data_offset + info.offset)
             buf = fh.read(info.nbytes)
             if len(buf) != info.nbytes:

@@ -89,13 +89,26 @@ def run_certification(
     started = time.time()
     fp = dict(fingerprint) if fingerprint is not None else hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
-    run = Run(recipe=recipe, lane=lane, run_id=run_id, started=started,
-              evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id))
+    run = Run(
+        recipe=recipe,
+        lane=lane,
+        run_id=run_id,
+        started=started,
+        evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id),
+    )
     write_run_identity(run, prepared)
     context = ctx_size(recipe)
     threads = worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages)
-    plan = make_plan(ctx, run, hc, prepared, context=context, threads=threads, start_timeout=start_timeout,
-                     call_deadline=call_deadline)
+    plan = make_plan(
+        ctx,
+        run,
+        hc,
+        prepared,
+        context=context,
+        threads=threads,
+        start_timeout=start_timeout,
+        call_deadline=call_deadline,
+    )
     if sealed is not None:
         build = prepared.identity.get("build") or {}
         plan = dataclasses.replace(plan, sealed=sealed, build_key=build.get("key"), fingerprint=fp)
@@ -265,8 +278,14 @@ def _decide_and_publish(
         _unfinished(run, exc, unsigned_verdict=verdict.status.value)
         raise
     sealed = (outcome.figures.get("sealed_reference") or {}).get("sha256")
-    _run_record(run, verdict.status, certificate=str(written.certificate), html=str(written.html),
-                seconds=written.seconds, sealed_reference=sealed)
+    _run_record(
+        run,
+        verdict.status,
+        certificate=str(written.certificate),
+        html=str(written.html),
+        seconds=written.seconds,
+        sealed_reference=sealed,
+    )
     return written
 
 
@@ -281,14 +300,18 @@ def _unfinished(run: Run, exc: BaseException, **more: Any) -> None:
         error = "interrupted (SIGINT) before the run finished"
     else:
         error = f"unexpected {type(exc).__name__}: {exc}"
-    _run_record(run, Status.ERROR, error=error, started=_utc(run.started), finished=_utc(time.time()),
-                **more)
+    _run_record(run, Status.ERROR, error=error, started=_utc(run.started), finished=_utc(time.time()), **more)
 
 
 def _run_record(run: Run, status: Status, **more: Any) -> None:
     """``run.json`` in the evidence folder: how the run ended, signed or not."""
-    record = {"run_id": run.run_id, "status": status.value, "recipe": run.recipe.name, "lane": run.lane,
-              **workers_started(run.evidence, run.recipe.n_layer)}
+    record = {
+        "run_id": run.run_id,
+        "status": status.value,
+        "recipe": run.recipe.name,
+        "lane": run.lane,
+        **workers_started(run.evidence, run.recipe.n_layer),
+    }
     write_json(run.evidence / "run.json", {**record, **more})
 
 
@@ -302,8 +325,10 @@ def workers_started(evidence: Path, n_layer: int) -> dict[str, Any]:
         if stages:
             launches.append({"launch": folder.name, "stages": stages})
     mono = f"stage-0-layers-0-{n_layer}"
-    return {"workers_started": launches,
-            "monolithic_worker_started": any(mono in item["stages"] for item in launches)}
+    return {
+        "workers_started": launches,
+        "monolithic_worker_started": any(mono in item["stages"] for item in launches),
+    }
 
 
 def attached_build_key(attached: AttachedPipelines) -> str | None:
@@ -340,8 +365,18 @@ def publish(
         "public_key_path": str(key.public_path) if key.public_path else None,
     }
     predicate = _predicate(
-        run_id=run_id, started=started, finished=finished, lane=lane, recipe=recipe, hc=hc, prepared=prepared,
-        fingerprint=fingerprint, results=results, figures=figures, verdict=verdict, signer=signer,
+        run_id=run_id,
+        started=started,
+        finished=finished,
+        lane=lane,
+        recipe=recipe,
+        hc=hc,
+        prepared=prepared,
+        fingerprint=fingerprint,
+        results=results,
+        figures=figures,
+        verdict=verdict,
+        signer=signer,
         evidence=evidence,
     )
     stmt = cert.statement(prepared.subjects, predicate)
@@ -454,8 +489,9 @@ def certify(
         from manifests.placement_file import load_file
 
         pf = load_file(placement_file)
-        attach.restrict(pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None,
-                        sealed=sealed is not None)
+        attach.restrict(
+            pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None, sealed=sealed is not None
+        )
         prepared = prepare_attached(ctx, recipe, lane, store=store)
     else:
         need_cpu = hc.agreement_for(lane) is not None and sealed is None
@@ -463,8 +499,9 @@ def certify(
         pf = None
     if sealed is not None:
         prepared = _with_sealed(prepared, sealed, recipe)
-    return run_certification(ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp,
-                             render=render, sealed=sealed)
+    return run_certification(
+        ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp, render=render, sealed=sealed
+    )
 
 
 def _with_sealed(prepared: Prepared, sealed: Sealed, recipe: Recipe) -> Prepared:
@@ -477,13 +514,17 @@ def _with_sealed(prepared: Prepared, sealed: Sealed, recipe: Recipe) -> Prepared
     rec = dict(sealed.record)
     name = f"artifacts/{rec['set']}/{Path(rec['store_path']).parent.name}/{rec['file']}"
     subject = cert.subject(name, {"sha256": rec["sha256"], "blake3": rec["blake3"]})  # hashed by sealed.load
-    line = (f"sealed reference: {rec['file']} of set {rec['set']} provisioned and hashed (sha256 + blake3) "
-            f"against manifest {rec['manifest_digest'][:16]}…; made on lane {rec['lane']} "
-            f"({rec['made']}, run {rec['made_run_id']}); recipe, patch, source and artifact digests match")
+    line = (
+        f"sealed reference: {rec['file']} of set {rec['set']} provisioned and hashed (sha256 + blake3) "
+        f"against manifest {rec['manifest_digest'][:16]}…; made on lane {rec['lane']} "
+        f"({rec['made']}, run {rec['made_run_id']}); recipe, patch, source and artifact digests match"
+    )
     return dataclasses.replace(
         prepared,
-        identity={**prepared.identity,
-                  "sealed_reference": {k: v for k, v in rec.items() if k != "store_path"}},
+        identity={
+            **prepared.identity,
+            "sealed_reference": {k: v for k, v in rec.items() if k != "store_path"},
+        },
         subjects=[*prepared.subjects, subject],
         local_paths={**prepared.local_paths, name: rec["store_path"]},
         verified=[*prepared.verified, line],

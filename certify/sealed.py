@@ -79,17 +79,22 @@ class Sealed:
         rc = self.header.get("route_change")
         if not rc:
             return None
-        return drive.RouteChange(reference=tuple(rc["reference"]), switched=tuple(rc["switched"]),
-                                 switch_at=int(rc["switch_at"]), reprefill_tokens=int(rc["reprefill_tokens"]),
-                                 cache_miss=str(rc["cache_miss"]))
+        return drive.RouteChange(
+            reference=tuple(rc["reference"]),
+            switched=tuple(rc["switched"]),
+            switch_at=int(rc["switch_at"]),
+            reprefill_tokens=int(rc["reprefill_tokens"]),
+            cache_miss=str(rc["cache_miss"]),
+        )
 
     @property
     def threads(self) -> list[int]:
         """The thread counts its workers ran at (their Info's; one count for a reference dgr made)."""
         return [int(t) for t in self.header.get("threads") or []]
 
-    def mode_for(self, lane: str, build_key: str | None, fingerprint: Mapping[str, Any],
-                 threads: int | None = None) -> Mode:
+    def mode_for(
+        self, lane: str, build_key: str | None, fingerprint: Mapping[str, Any], threads: int | None = None
+    ) -> Mode:
         """``threads``: this run's workers' count, named in ``why`` where it differs from the reference's."""
         made = f"made on lane {self.lane} by build {str(self.build_key)[:16]}…"
         if lane == self.lane and build_key is not None and build_key == self.build_key:
@@ -97,17 +102,20 @@ class Sealed:
             return Mode(
                 gate=STAGING_PARITY,
                 why=f"the sealed reference was {made}, as this run: staging parity, the recipe's thresholds"
-                    + self._other_threads(threads),
+                + self._other_threads(threads),
                 speed_carried=same_hw and self.speed is not None,
-                speed_reason="" if same_hw else (
+                speed_reason=""
+                if same_hw
+                else (
                     f"the sealed reference's monolithic speed was measured on other hardware ({differs}); "
-                    "a ratio to it says nothing about this machine"),
+                    "a ratio to it says nothing about this machine"
+                ),
             )
         this = f"lane {lane}, build " + (f"{build_key[:16]}…" if build_key else "not known here")
         return Mode(
             gate=BACKEND_AGREEMENT,
             why=f"the sealed reference was {made}; this run is {this}: the backend-agreement gate applies "
-                "(each placement teacher-forced on the reference's tokens)",
+            "(each placement teacher-forced on the reference's tokens)",
             speed_carried=False,
             speed_reason=f"the sealed reference's monolithic speed is another lane's or build's ({made})",
         )
@@ -118,9 +126,11 @@ class Sealed:
         if threads is None or not self.threads or self.threads == [threads]:
             return ""
         theirs = ", ".join(map(str, self.threads))
-        return (f"; its workers ran at {theirs} threads and this run's at {threads}: where ggml's results "
-                f"depend on the count, parity can miss (DGR_WORKER_THREADS={self.threads[0]} runs at the "
-                "reference's)")
+        return (
+            f"; its workers ran at {theirs} threads and this run's at {threads}: where ggml's results "
+            f"depend on the count, parity can miss (DGR_WORKER_THREADS={self.threads[0]} runs at the "
+            "reference's)"
+        )
 
 
 def same_hardware(made: Mapping[str, Any], here: Mapping[str, Any]) -> tuple[bool, str]:
@@ -141,8 +151,10 @@ def load(ctx: Context, manifest: Path, *, store: Path | None) -> Sealed:
 
     manifest = Path(manifest)
     if not manifest.is_file():
-        raise ConfigurationError(f"sealed reference manifest {manifest} does not exist",
-                                 hint="make one with `dgr reference --recipe R --lane L`")
+        raise ConfigurationError(
+            f"sealed reference manifest {manifest} does not exist",
+            hint="make one with `dgr reference --recipe R --lane L`",
+        )
     name, root = manifest.stem, manifest.parent
     aset = load_set(name, root=root)
     provisioned = provision(ctx, name, store=store, manifests=root)
@@ -176,32 +188,39 @@ def load(ctx: Context, manifest: Path, *, store: Path | None) -> Sealed:
         "hardware": header.get("hardware"),
         "format": f"{reference_file.ARCH} v{reference_file.FORMAT_VERSION}",
     }
-    return Sealed(header=header, trace=_trace(header, contents.tensors, "free"),
-                  forced=_trace(header, contents.tensors, "forced") if header.get("forced") else None,
-                  record=record)
+    return Sealed(
+        header=header,
+        trace=_trace(header, contents.tensors, "free"),
+        forced=_trace(header, contents.tensors, "forced") if header.get("forced") else None,
+        record=record,
+    )
 
 
 def _trace(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray], prefix: str) -> drive.Trace:
     """A stored trace as the driver's Trace: logits, captures and tokens; the timings are not stored
     (NaN: a sealed reference's speed lives in its speed figures, measured where it was made)."""
     cuts = [int(c) for c in header["cuts"]]
-    untimed = drive.Step(n_tokens=0, wall_seconds=math.nan, stage_wall=(), stage_compute=(), seam_bytes=(),
-                         seam_seconds=())
+    untimed = drive.Step(
+        n_tokens=0, wall_seconds=math.nan, stage_wall=(), stage_compute=(), seam_bytes=(), seam_seconds=()
+    )
     prompts = []
     for i, p in enumerate(header[prefix]["prompts"]):
-        prompts.append(drive.PromptTrace(
-            prompt=tuple(int(t) for t in p["prompt"]),
-            tokens=tuple(int(t) for t in p["tokens"]),
-            logit_positions=tuple(int(t) for t in p["logit_positions"]),
-            logits=tensors[f"{prefix}.p{i}.logits"],
-            boundaries={},
-            captures={c: tensors[f"{prefix}.p{i}.capture.{c}"] for c in cuts},
-            prefill=untimed,
-            decode=(),
-        ))
+        prompts.append(
+            drive.PromptTrace(
+                prompt=tuple(int(t) for t in p["prompt"]),
+                tokens=tuple(int(t) for t in p["tokens"]),
+                logit_positions=tuple(int(t) for t in p["logit_positions"]),
+                logits=tensors[f"{prefix}.p{i}.logits"],
+                boundaries={},
+                captures={c: tensors[f"{prefix}.p{i}.capture.{c}"] for c in cuts},
+                prefill=untimed,
+                decode=(),
+            )
+        )
     n_layer = int(header["n_layer"])
-    return drive.Trace(placement=((0, n_layer),), cuts=(), boundary_dtype="f32", infos=(),
-                       prompts=tuple(prompts))
+    return drive.Trace(
+        placement=((0, n_layer),), cuts=(), boundary_dtype="f32", infos=(), prompts=tuple(prompts)
+    )
 
 
 def _refuse(ref: Sealed, recipe: Recipe, what: str, theirs: Any, ours: Any) -> ConfigurationError:
@@ -217,8 +236,9 @@ def check_recipe(ref: Sealed, recipe: Recipe) -> None:
     placements and thresholds); cheap, so it runs before anything is provisioned or built."""
     h = ref.header
     if h["recipe"]["digest"] != recipe.digest:
-        raise _refuse(ref, recipe, f"recipe digest (recipe {h['recipe']['name']})", h["recipe"]["digest"],
-                      recipe.digest)
+        raise _refuse(
+            ref, recipe, f"recipe digest (recipe {h['recipe']['name']})", h["recipe"]["digest"], recipe.digest
+        )
 
 
 def check(ref: Sealed, recipe: Recipe, identity: Mapping[str, Any], cuts: Sequence[int]) -> None:

@@ -36,8 +36,9 @@ def concurrency_figures(
         rates, differing = [], 0
         try:
             for _ in range(rounds):
-                together = decode_together(clients, prompt, n_decode, sessions, boundary_dtype=boundary_dtype,
-                                           **routing)
+                together = decode_together(
+                    clients, prompt, n_decode, sessions, boundary_dtype=boundary_dtype, **routing
+                )
                 differing += len(diverging(together, lone))
                 rates.append(together.aggregate_tok_s)
         except StageFailed as exc:
@@ -45,8 +46,14 @@ def concurrency_figures(
                 raise
             rows.append({"sessions": sessions, "skipped": f"the workers hold fewer sessions: {exc}"})
             continue
-        rows.append({"sessions": sessions, "aggregate_tok_s": metrics.median_iqr(rates).as_dict(),
-                     "diverging_sessions": differing, "rounds": rounds})
+        rows.append(
+            {
+                "sessions": sessions,
+                "aggregate_tok_s": metrics.median_iqr(rates).as_dict(),
+                "diverging_sessions": differing,
+                "rounds": rounds,
+            }
+        )
     return {
         "decode_tokens": n_decode,
         "levels": rows,

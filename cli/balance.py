@@ -12,8 +12,17 @@ import re
 from core.context import Context
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?$", re.IGNORECASE)
-_UNIT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNIT = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def positive(text: str) -> int:
@@ -44,8 +53,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=positive, required=True, metavar="N", help="how many stages")
     parser.add_argument("--recipe", metavar="NAME", help="whose model to cut (default: tiny-llama)")
     parser.add_argument("--store", metavar="DIR", help="artifact store (default: DGR_STORE, or .work/store)")
-    parser.add_argument("--fit", type=size, metavar="SIZE",
-                        help="each stage holds at most SIZE of weights (96GiB, 500MB): what its host has")
+    parser.add_argument(
+        "--fit",
+        type=size,
+        metavar="SIZE",
+        help="each stage holds at most SIZE of weights (96GiB, 500MB): what its host has",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -61,17 +74,25 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     total = cost.total
     stages = f"{args.stages} stage{'s' if args.stages > 1 else ''}"
     fit = f", each holding at most {megabytes(args.fit)}" if args.fit else ""
-    print(f"balance: {recipe.name} ({recipe.variant}), {len(cost.layers)} layers into {stages} by "
-          f"the bytes of weights a token reads ({megabytes(total)} in all){fit}")
+    print(
+        f"balance: {recipe.name} ({recipe.variant}), {len(cost.layers)} layers into {stages} by "
+        f"the bytes of weights a token reads ({megabytes(total)} in all){fit}"
+    )
     for k, (start, end) in enumerate(cut):
-        print(f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}, "
-              f"holds {megabytes(held.stage(start, end))}")
+        print(
+            f"  stage {k}: layers [{start}, {end}), {_share(cost.stage(start, end), total)}, "
+            f"holds {megabytes(held.stage(start, end))}"
+        )
     even = even_stages(len(cost.layers), args.stages)
-    print(f"costliest stage: {_share(max(cost.stage(*s) for s in cut), total)} "
-          f"(the even cut {json.dumps(even)}: {_share(max(cost.stage(*s) for s in even), total)})")
+    print(
+        f"costliest stage: {_share(max(cost.stage(*s) for s in cut), total)} "
+        f"(the even cut {json.dumps(even)}: {_share(max(cost.stage(*s) for s in even), total)})"
+    )
     most_held = max(held.stage(*s) for s in cut)
-    print(f"most held by a stage: {megabytes(most_held)} of weights, before its KV cache "
-          f"(the even cut: {megabytes(max(held.stage(*s) for s in even))})")
+    print(
+        f"most held by a stage: {megabytes(most_held)} of weights, before its KV cache "
+        f"(the even cut: {megabytes(max(held.stage(*s) for s in even))})"
+    )
     print(f'"stages": {json.dumps([list(s) for s in cut])}')
     return 0
 

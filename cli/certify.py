@@ -73,8 +73,15 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if lines.last_stage_also:
             print(f"and the last stage also with: {shlex.join(lines.last_stage_also)}")
         return 0
-    written = certify(ctx, recipe, args.lane, render=render, store=store, placement_file=args.placement_file,
-                      reference=args.reference)
+    written = certify(
+        ctx,
+        recipe,
+        args.lane,
+        render=render,
+        store=store,
+        placement_file=args.placement_file,
+        reference=args.reference,
+    )
     print(
         f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "
         f"{written.seconds:.1f} s)"

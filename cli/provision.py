@@ -60,7 +60,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise ConfigurationError("--variant goes with --artifacts; a recipe names its own variant")
     set_name, variant = target(args, ctx)
     done = provision(
-        ctx, set_name, variant=variant, store=args.store, reverify=args.reverify, lock_wait_s=args.lock_wait,
+        ctx,
+        set_name,
+        variant=variant,
+        store=args.store,
+        reverify=args.reverify,
+        lock_wait_s=args.lock_wait,
         tools=fetch_tools(ctx),
     )
     print(

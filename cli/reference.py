@@ -14,13 +14,25 @@ from core.context import Context
 
 def configure(parser: argparse.ArgumentParser) -> None:
     recipe_arguments(parser, "lane whose monolithic run is stored (default: cpu)")
-    parser.add_argument("--out", type=Path, help="folder for the reference and its manifest "
-                        "(default: .work/references/<set>/)")
-    parser.add_argument("--against", type=Path, metavar="CPU_REF",
-                        help="a sealed CPU reference's manifest: also teacher-force on its tokens, so "
-                        "--compare can hold this lane to it later")
-    parser.add_argument("--compare", type=Path, nargs=2, metavar=("CPU_REF", "OTHER_REF"),
-                        help="score OTHER_REF against CPU_REF (backend agreement); runs no worker")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the reference and its manifest (default: .work/references/<set>/)",
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="CPU_REF",
+        help="a sealed CPU reference's manifest: also teacher-force on its tokens, so "
+        "--compare can hold this lane to it later",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs=2,
+        metavar=("CPU_REF", "OTHER_REF"),
+        help="score OTHER_REF against CPU_REF (backend agreement); runs no worker",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -37,10 +49,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     made = reference.make(ctx, recipe, args.lane, store=store, out=args.out, against=args.against)
     per_k = made.size / made.positions * 1000
-    print(f"reference: {made.file} ({made.size} bytes, {made.positions} positions, "
-          f"{per_k / 2**20:.1f} MiB per 1k positions; monolithic run {made.seconds:.1f} s, "
-          f"write + seal {made.seal_seconds:.1f} s)")
+    print(
+        f"reference: {made.file} ({made.size} bytes, {made.positions} positions, "
+        f"{per_k / 2**20:.1f} MiB per 1k positions; monolithic run {made.seconds:.1f} s, "
+        f"write + seal {made.seal_seconds:.1f} s)"
+    )
     print(f"manifest: {made.manifest}")
-    print(f"certify against it: dgr certify --recipe {recipe.name} --lane {args.lane} "
-          f"--reference {made.manifest}")
+    print(
+        f"certify against it: dgr certify --recipe {recipe.name} --lane {args.lane} "
+        f"--reference {made.manifest}"
+    )
     return 0

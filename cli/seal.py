@@ -45,16 +45,27 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if source is not None and source.startswith("hub:"):
         from fetch.seal import seal_hub
 
-        path, commit = seal_hub(args.artifacts, source[len("hub:"):], include=args.include,
-                                variant=args.variant, allow_hosts=args.allow_host, ctx=ctx)
-        print(f"sealed {args.artifacts} -> {path} ({source[len('hub:'):].partition('@')[0]} at {commit})")
+        path, commit = seal_hub(
+            args.artifacts,
+            source[len("hub:") :],
+            include=args.include,
+            variant=args.variant,
+            allow_hosts=args.allow_host,
+            ctx=ctx,
+        )
+        print(f"sealed {args.artifacts} -> {path} ({source[len('hub:') :].partition('@')[0]} at {commit})")
         return 0
     if args.include or args.allow_host:
         raise ConfigurationError("--include and --allow-host go with --from hub:OWNER/REPO@REVISION")
     from fetch.seal import seal
     from lanes.build import fetch_tools
 
-    path = seal(args.artifacts, Path(source) if source is not None else None, variant=args.variant, ctx=ctx,
-                tools=fetch_tools(ctx))
+    path = seal(
+        args.artifacts,
+        Path(source) if source is not None else None,
+        variant=args.variant,
+        ctx=ctx,
+        tools=fetch_tools(ctx),
+    )
     print(f"sealed {args.artifacts} -> {path}")
     return 0

@@ -11,17 +11,27 @@ from core.context import Context
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="where the mails go (default: the workspace's upstream/)")
-    parser.add_argument("--author", metavar='"NAME <EMAIL>"',
-                        help="author and committer of every patch (default: a placeholder to replace)")
-    parser.add_argument("--date", metavar="ISO",
-                        help="date of every patch (default: SOURCE_DATE_EPOCH if set, else a fixed date, "
-                        "so the mails are reproducible)")
-    parser.add_argument("--suites", action="store_true",
-                        help="also build upstream's own tests from the pristine and the patched tree and run "
-                        "them side by side on the CPU (suites.md beside the mails; tens of minutes on 2 "
-                        "cores); exit 5 when one fails only on the patched tree")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="where the mails go (default: the workspace's upstream/)"
+    )
+    parser.add_argument(
+        "--author",
+        metavar='"NAME <EMAIL>"',
+        help="author and committer of every patch (default: a placeholder to replace)",
+    )
+    parser.add_argument(
+        "--date",
+        metavar="ISO",
+        help="date of every patch (default: SOURCE_DATE_EPOCH if set, else a fixed date, "
+        "so the mails are reproducible)",
+    )
+    parser.add_argument(
+        "--suites",
+        action="store_true",
+        help="also build upstream's own tests from the pristine and the patched tree and run "
+        "them side by side on the CPU (suites.md beside the mails; tens of minutes on 2 "
+        "cores); exit 5 when one fails only on the patched tree",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -33,8 +43,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     for stat in series.stats:
         print(f"{stat.name}: {stat.files} files, +{stat.insertions} -{stat.deletions}  {stat.subject}")
     total = sum(s.insertions + s.deletions for s in series.stats)
-    print(f"upstream: {len(series.stats)} patches ({total} changed lines) in {out}; "
-          f"git am onto {series.pin[:12]} gives the patched tree {series.tree[:12]}")
+    print(
+        f"upstream: {len(series.stats)} patches ({total} changed lines) in {out}; "
+        f"git am onto {series.pin[:12]} gives the patched tree {series.tree[:12]}"
+    )
     return _suites(ctx, out) if args.suites else 0
 
 
@@ -51,9 +63,11 @@ def _suites(ctx: Context, out: Path) -> int:
     report = upstream_suites.run_suites(ctx, out=out, progress=say)
     print(f"upstream suites: {report.markdown_path}")
     if not report.ok:
-        raise GateFailed(f"{len(report.regressions)} upstream test(s) fail only on the patched tree: "
-                         f"{', '.join(report.regressions)}",
-                         hint=f"see {report.markdown_path} and logs/ beside it")
+        raise GateFailed(
+            f"{len(report.regressions)} upstream test(s) fail only on the patched tree: "
+            f"{', '.join(report.regressions)}",
+            hint=f"see {report.markdown_path} and logs/ beside it",
+        )
     return 0
 
 

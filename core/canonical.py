@@ -113,16 +113,23 @@ def _finite(text: str) -> float:
     return value
 
 
-def parse_json(data: bytes | str, *, source: str, signed: bool = False, max_bytes: int = MAX_JSON_BYTES,
-               max_depth: int = MAX_JSON_DEPTH) -> Any:
+def parse_json(
+    data: bytes | str,
+    *,
+    source: str,
+    signed: bool = False,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
     """The bounded reader over bytes already in memory; raises BadJson (BadSignedJson if ``signed``)."""
     error = BadSignedJson if signed else BadJson
     if len(data) > max_bytes:
         raise error(f"{source} is larger than {max_bytes} bytes; refusing to read it as JSON")
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                           parse_float=_finite)
+        value = json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite
+        )
     except RecursionError:
         raise error(f"{source} is not valid JSON: nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -23,8 +23,9 @@ def _choice(env: Mapping[str, str], name: str) -> str:
     """The value of a CHOICES variable ("" when unset), refused when it is not one of them."""
     value, allowed = env.get(name, "").strip(), CHOICES[name]
     if value and value not in allowed:
-        raise ConfigurationError(f"{name}={value!r} is not one of {', '.join(allowed)}",
-                                 hint=f"unset {name} for the default")
+        raise ConfigurationError(
+            f"{name}={value!r} is not one of {', '.join(allowed)}", hint=f"unset {name} for the default"
+        )
     return value
 
 
@@ -33,13 +34,16 @@ def check(env: Mapping[str, str]) -> None:
         _choice(env, name)
     threads = env.get("DGR_WORKER_THREADS", "").strip()
     if threads and not (threads.isdigit() and int(threads) >= 1):
-        raise ConfigurationError(f"DGR_WORKER_THREADS={threads!r} is not a positive integer",
-                                 hint="unset it to use every core")
+        raise ConfigurationError(
+            f"DGR_WORKER_THREADS={threads!r} is not a positive integer", hint="unset it to use every core"
+        )
     worker_cpus(env)
     recipes = env.get("DGR_RECIPES_DIR", "")
     if recipes and not Path(recipes).is_dir():
-        raise ConfigurationError(f"DGR_RECIPES_DIR={recipes!r} is not a directory",
-                                 hint="name a folder of recipe files, or unset it")
+        raise ConfigurationError(
+            f"DGR_RECIPES_DIR={recipes!r} is not a directory",
+            hint="name a folder of recipe files, or unset it",
+        )
 
 
 def worker_load(env: Mapping[str, str]) -> str | None:
@@ -57,6 +61,8 @@ def worker_cpus(env: Mapping[str, str]) -> tuple[str, ...]:
     lists = tuple(env.get("DGR_WORKER_CPUS", "").split())
     bad = [c for c in lists if not _CPU_LIST.fullmatch(c)]
     if bad:
-        raise ConfigurationError(f"DGR_WORKER_CPUS: {bad[0]!r} is not a CPU list such as 0-3,8",
-                                 hint="give one list per stage, separated by spaces, or unset it")
+        raise ConfigurationError(
+            f"DGR_WORKER_CPUS: {bad[0]!r} is not a CPU list such as 0-3,8",
+            hint="give one list per stage, separated by spaces, or unset it",
+        )
     return lists

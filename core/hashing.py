@@ -98,12 +98,26 @@ def digest_fd(
     chunks: list[str] | None = [] if chunk_size is not None else None
     step = SLICE if chunk_size is None else max(1, SLICE // chunk_size) * chunk_size
     # sha256 on a helper thread only when there is blake3 work to overlap it with.
-    helper = (ThreadPoolExecutor(1, thread_name_prefix="dgr-sha256")
-              if sha is not None and (whole is not None or chunks is not None) else None)
+    helper = (
+        ThreadPoolExecutor(1, thread_name_prefix="dgr-sha256")
+        if sha is not None and (whole is not None or chunks is not None)
+        else None
+    )
     try:
         if size:
-            _hash_mapped(fd, size, step, _Sinks(sha=sha, whole=whole, chunks=chunks, chunk_size=chunk_size,
-                                                helper=helper, on_bytes=on_bytes))
+            _hash_mapped(
+                fd,
+                size,
+                step,
+                _Sinks(
+                    sha=sha,
+                    whole=whole,
+                    chunks=chunks,
+                    chunk_size=chunk_size,
+                    helper=helper,
+                    on_bytes=on_bytes,
+                ),
+            )
     finally:
         if helper is not None:
             helper.shutdown()

@@ -39,7 +39,7 @@ def _start_time(pid: int) -> str | None:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2:].split()
+    fields = raw[raw.rfind(b")") + 2 :].split()
     return fields[19].decode() if len(fields) > 19 else None
 
 
@@ -76,8 +76,10 @@ class Holder:
 
 def _record(token: str) -> bytes:
     started = _start_time(os.getpid()) or "-"
-    text = (f"pid {os.getpid()} started {started} host {socket.gethostname()} since {time.time():.0f} "
-            f"token {token}")
+    text = (
+        f"pid {os.getpid()} started {started} host {socket.gethostname()} since {time.time():.0f} "
+        f"token {token}"
+    )
     return text.encode()[:RECORD_BYTES].ljust(RECORD_BYTES) + b"\n"
 
 
@@ -90,8 +92,9 @@ def parse_holder(raw: bytes) -> Holder | None:
         pid, since = int(parts[1]), float(parts[7])
     except ValueError:
         return None
-    return Holder(pid=pid, started=None if parts[3] == "-" else parts[3], host=parts[5], since=since,
-                  token=parts[9])
+    return Holder(
+        pid=pid, started=None if parts[3] == "-" else parts[3], host=parts[5], since=since, token=parts[9]
+    )
 
 
 def _open(path: Path) -> int:
@@ -99,14 +102,19 @@ def _open(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise IntegrityError(f"lock file {path} is a symbolic link; refusing to write through it",
-                                 hint="remove the link and retry") from None
+            raise IntegrityError(
+                f"lock file {path} is a symbolic link; refusing to write through it",
+                hint="remove the link and retry",
+            ) from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        raise IntegrityError(f"lock file {path} is not a plain file of its own (a hard link or a device); "
-                             "refusing to write into it", hint="remove it and retry")
+        raise IntegrityError(
+            f"lock file {path} is not a plain file of its own (a hard link or a device); "
+            "refusing to write into it",
+            hint="remove it and retry",
+        )
     return fd
 
 
@@ -166,8 +174,9 @@ def hold(
                 fcntl.flock(fd, fcntl.LOCK_UN)
             named = holder.text() if holder else "another process"
             if deadline is not None and time.monotonic() >= deadline:
-                raise RuntimeFailure(f"{what} {held_by} {named}",
-                                     hint="wait for it to finish, or stop it and run again")
+                raise RuntimeFailure(
+                    f"{what} {held_by} {named}", hint="wait for it to finish, or stop it and run again"
+                )
             if not told and say is not None:
                 say(f"waiting for {what}, held by {named}")
                 told = True
@@ -185,4 +194,3 @@ def lock_file(path: Path) -> AbstractContextManager[Path]:
     """One writer per target at a time (a second run waits, saying for whom, on stderr); correctness
     still comes from verify + atomic rename. The source and patched trees are taken this way."""
     return hold(path, what=path.name, say=lambda text: print(f"dgr: {text}", file=sys.stderr))
-

@@ -30,7 +30,8 @@ def package_dir(package: str) -> Path:
     except TypeError:
         raise ConfigurationError(
             f"the {package} package is not a plain folder ({found}): dgr-certify runs from a "
-            "checkout or an unpacked install", hint="pip install the wheel (it installs unzipped)"
+            "checkout or an unpacked install",
+            hint="pip install the wheel (it installs unzipped)",
         ) from None
 
 
@@ -113,8 +114,9 @@ class Workspace:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             name = "DGR_WORK" if base == self.root else "DGR_CACHE"
-            raise ConfigurationError(f"cannot create {path}: {exc.strerror}",
-                                     hint=f"set {name} to a writable folder") from None
+            raise ConfigurationError(
+                f"cannot create {path}: {exc.strerror}", hint=f"set {name} to a writable folder"
+            ) from None
         return path
 
 
@@ -139,8 +141,9 @@ def refuse_links_below(base: Path, path: Path) -> None:
     for part in rel.parts:
         probe = probe / part
         if probe.is_symlink():
-            raise IntegrityError(f"{probe} is a symbolic link; refusing to write through it",
-                                 hint="remove the link and retry")
+            raise IntegrityError(
+                f"{probe} is a symbolic link; refusing to write through it", hint="remove the link and retry"
+            )
 
 
 def env_store(env: Mapping[str, str], explicit: str | None, ws: Workspace) -> Path:
@@ -151,8 +154,9 @@ def env_store(env: Mapping[str, str], explicit: str | None, ws: Workspace) -> Pa
         raise ConfigurationError("the artifact store path is empty", hint="pass --store DIR or set DGR_STORE")
     store = Path(os.path.abspath(raw))
     if store.exists() and not store.is_dir():
-        raise ConfigurationError(f"store {store} is not a writable directory (not a directory)",
-                                 hint="pass --store DIR")
+        raise ConfigurationError(
+            f"store {store} is not a writable directory (not a directory)", hint="pass --store DIR"
+        )
     return store
 
 
@@ -161,4 +165,3 @@ def sweep_leftovers(parent: Path, pattern: str) -> None:
     for old in parent.glob(pattern):
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
-

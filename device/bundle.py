@@ -88,16 +88,20 @@ def build(ctx: Context, options: Options, *, log: Callable[[str], None] = print)
 
 
 def _assemble(ctx: Context, options: Options, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    snap = snapshot.export(options.repo, root / "project", ctx.env, allow_dirty=options.allow_dirty,
-                           warn=log)
+    snap = snapshot.export(options.repo, root / "project", ctx.env, allow_dirty=options.allow_dirty, warn=log)
     log(f"device bundle: project at commit {snap.commit}")
     if not (root / "project" / SCRIPT).is_file():
-        raise ConfigurationError(f"commit {snap.commit[:12]} has no {SCRIPT}: the device would have no "
-                                 "script to run", hint=f"commit {SCRIPT} first")
+        raise ConfigurationError(
+            f"commit {snap.commit[:12]} has no {SCRIPT}: the device would have no script to run",
+            hint=f"commit {SCRIPT} first",
+        )
     return {
         "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "made_on": {"system": platform.system(), "machine": platform.machine(),
-                    "python": platform.python_version()},
+        "made_on": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
         "project": {"commit": snap.commit, "dirty": list(snap.dirty), "dir": "project"},
         "script": f"project/{SCRIPT}",
         "llama": _tree(ctx, root, log),
@@ -119,8 +123,13 @@ def _tree(ctx: Context, root: Path, log: Callable[[str], None]) -> dict[str, Any
     shutil.copytree(pristine.path, src / pristine.path.name, symlinks=True)
     shutil.copy2(pristine.provenance_path, src / pristine.provenance_path.name)
     prov = pristine.provenance
-    return {"commit": prov["commit"], "tree": prov["tree"], "source": prov.get("source"),
-            "dir": f"src/{pristine.path.name}", "provenance": f"src/{pristine.provenance_path.name}"}
+    return {
+        "commit": prov["commit"],
+        "tree": prov["tree"],
+        "source": prov.get("source"),
+        "dir": f"src/{pristine.path.name}",
+        "provenance": f"src/{pristine.provenance_path.name}",
+    }
 
 
 def _artifacts(
@@ -138,21 +147,31 @@ def _artifacts(
     recipe = recipes.load_file(recipe_file)
     aset = load_set(recipe.artifacts, root=manifests / "artifacts")
     kinds = sorted({o.kind for o in aset.origins})
-    entry: dict[str, Any] = {"recipe": recipe.name, "set": aset.name, "variant": recipe.variant,
-                             "origins": kinds}
+    entry: dict[str, Any] = {
+        "recipe": recipe.name,
+        "set": aset.name,
+        "variant": recipe.variant,
+        "origins": kinds,
+    }
     if kinds == ["generated"] and aset.name not in options.carry_generated:
         log(f"device bundle: {aset.name}/{recipe.variant} is regenerated on the device from the carried tree")
         return {**entry, "carried": False}
-    done = provision(ctx, aset.name, variant=recipe.variant, manifests=manifests / "artifacts",
-                     tools=fetch_tools(ctx))
+    done = provision(
+        ctx, aset.name, variant=recipe.variant, manifests=manifests / "artifacts", tools=fetch_tools(ctx)
+    )
     dest = root / "store" / aset.name / recipe.variant
     dest.mkdir(parents=True)
     for f in (*done.files, done.provenance_path):
         _link_or_copy(Path(f), dest / Path(f).name)
     size = sum(Path(f).stat().st_size for f in done.files)
     log(f"device bundle: {aset.name}/{recipe.variant} carried ({len(done.files)} files, {size >> 20} MiB)")
-    return {**entry, "carried": True, "dir": f"store/{aset.name}/{recipe.variant}",
-            "files": [Path(f).name for f in done.files], "bytes": size}
+    return {
+        **entry,
+        "carried": True,
+        "dir": f"store/{aset.name}/{recipe.variant}",
+        "files": [Path(f).name for f in done.files],
+        "bytes": size,
+    }
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
@@ -173,12 +192,17 @@ def _wheels(ctx: Context, root: Path, options: Options, log: Callable[[str], Non
         cache = wheels.cached(ctx.workspace.cache, ctx.env, version, reqs, log=log)
         carried = wheels.carry(cache, top / wheels.tag(version), omit=options.omit_wheels)
         if not any(w["name"] == "pip" for w in carried):
-            raise ConfigurationError("the wheels carry no pip: the device could not install them",
-                                     hint="do not omit pip")
+            raise ConfigurationError(
+                "the wheels carry no pip: the device could not install them", hint="do not omit pip"
+            )
         sets[wheels.tag(version)] = {"python": version, "wheels": carried}
         log(f"device bundle: {len(carried)} wheels for CPython {version}")
-    return {"requirements": list(reqs), "omitted": list(options.omit_wheels), "platforms":
-            list(wheels.PLATFORMS), "sets": sets}
+    return {
+        "requirements": list(reqs),
+        "omitted": list(options.omit_wheels),
+        "platforms": list(wheels.PLATFORMS),
+        "sets": sets,
+    }
 
 
 def _sysroot(ctx: Context, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
@@ -188,11 +212,20 @@ def _sysroot(ctx: Context, root: Path, log: Callable[[str], None]) -> dict[str, 
     usr = sysroot.provision(ctx, log=log)
     fixed = sysroot.carry(usr, root / "sysroot")
     found = sysroot.check(root / "sysroot", ctx.env)
-    log(f"device bundle: gRPC/protobuf sysroot {dict(found.versions)} (Debian {tc.suite}); "
-        f"libdir fixed in {len(fixed)} .pc files")
-    return {"dir": "sysroot", "toolchain": tc.name, "version": tc.version, "suite": tc.suite,
-            "manifest_digest": tc.digest, "packages": [f"{f.package}={f.version}" for f in tc.files],
-            "pc_libdir_fixed": fixed, "pkg_config": dict(found.versions)}
+    log(
+        f"device bundle: gRPC/protobuf sysroot {dict(found.versions)} (Debian {tc.suite}); "
+        f"libdir fixed in {len(fixed)} .pc files"
+    )
+    return {
+        "dir": "sysroot",
+        "toolchain": tc.name,
+        "version": tc.version,
+        "suite": tc.suite,
+        "manifest_digest": tc.digest,
+        "packages": [f"{f.package}={f.version}" for f in tc.files],
+        "pc_libdir_fixed": fixed,
+        "pkg_config": dict(found.versions),
+    }
 
 
 def _archive(out: Path, options: Options, log: Callable[[str], None]) -> tuple[Path, ...]:
@@ -228,8 +261,10 @@ def split(path: Path, part_bytes: int) -> tuple[Path, ...]:
 
 def describe(bundle: Bundle) -> Sequence[str]:
     doc = bundle.manifest
-    lines = [f"device bundle: {bundle.path} ({doc['total_bytes'] >> 20} MiB, {len(doc['files'])} files, "
-             f"{bundle.seconds:.1f} s)"]
+    lines = [
+        f"device bundle: {bundle.path} ({doc['total_bytes'] >> 20} MiB, {len(doc['files'])} files, "
+        f"{bundle.seconds:.1f} s)"
+    ]
     lines += [f"device bundle: archive {p} ({p.stat().st_size >> 20} MiB)" for p in bundle.archive]
     lines.append(f"device bundle: on the device: bash {bundle.path.name}/{doc['script']} --out OUT")
     return lines

@@ -33,25 +33,56 @@ def _parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("bundle", help="make the offline bundle for a GPU box")
-    b.add_argument("--out", type=Path,
-                   help="bundle folder to create (default: .work/device/bundle-<commit>-<time>)")
-    b.add_argument("--python", dest="pythons", action="append", metavar="X.Y",
-                   help="CPython version to carry wheels for (repeatable; default 3.11, 3.12 and 3.13)")
-    b.add_argument("--recipe", dest="recipes", action="append", metavar="NAME",
-                   help="recipe whose artifacts to carry (repeatable; default: tiny-llama, tiny-v4 and "
-                   "gemma3-270m-q4)")
-    b.add_argument("--allow-dirty", action="store_true",
-                   help="bundle HEAD although tracked files have uncommitted changes (they are named)")
-    b.add_argument("--carry-generated", action="append", default=[], metavar="SET",
-                   help="carry this generated set's files instead of regenerating them on the device "
-                   "(repeatable)")
-    b.add_argument("--omit-wheel", dest="omit_wheels", action="append", default=[], metavar="NAME",
-                   help="leave this wheel out (the device's own Python must have it; repeatable)")
+    b.add_argument(
+        "--out", type=Path, help="bundle folder to create (default: .work/device/bundle-<commit>-<time>)"
+    )
+    b.add_argument(
+        "--python",
+        dest="pythons",
+        action="append",
+        metavar="X.Y",
+        help="CPython version to carry wheels for (repeatable; default 3.11, 3.12 and 3.13)",
+    )
+    b.add_argument(
+        "--recipe",
+        dest="recipes",
+        action="append",
+        metavar="NAME",
+        help="recipe whose artifacts to carry (repeatable; default: tiny-llama, tiny-v4 and gemma3-270m-q4)",
+    )
+    b.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="bundle HEAD although tracked files have uncommitted changes (they are named)",
+    )
+    b.add_argument(
+        "--carry-generated",
+        action="append",
+        default=[],
+        metavar="SET",
+        help="carry this generated set's files instead of regenerating them on the device (repeatable)",
+    )
+    b.add_argument(
+        "--omit-wheel",
+        dest="omit_wheels",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this wheel out (the device's own Python must have it; repeatable)",
+    )
     b.add_argument("--no-sysroot", action="store_true", help="carry no gRPC/protobuf sysroot")
-    b.add_argument("--archive", choices=("none", "tar", "xz"), default="none",
-                   help="also pack the folder into <out>.tar or <out>.tar.xz (default: none)")
-    b.add_argument("--split-mib", type=int, metavar="N",
-                   help="cut the archive into parts of at most N MiB (<archive>.partNNN, joined by cat)")
+    b.add_argument(
+        "--archive",
+        choices=("none", "tar", "xz"),
+        default="none",
+        help="also pack the folder into <out>.tar or <out>.tar.xz (default: none)",
+    )
+    b.add_argument(
+        "--split-mib",
+        type=int,
+        metavar="N",
+        help="cut the archive into parts of at most N MiB (<archive>.partNNN, joined by cat)",
+    )
 
     v = sub.add_parser("verify", help="check a bundle against its manifest")
     v.add_argument("bundle", type=Path)
@@ -100,8 +131,10 @@ def _verify(args: argparse.Namespace) -> int:
     started = time.monotonic()
     doc = manifest.verify(args.bundle)
     took = time.monotonic() - started
-    print(f"bundle {args.bundle}: {len(doc['files'])} files, {doc['total_bytes']} bytes match BUNDLE.json "
-          f"(project {doc['project']['commit'][:12]}, made {doc['created_at']}) [{took:.1f} s]")
+    print(
+        f"bundle {args.bundle}: {len(doc['files'])} files, {doc['total_bytes']} bytes match BUNDLE.json "
+        f"(project {doc['project']['commit'][:12]}, made {doc['created_at']}) [{took:.1f} s]"
+    )
     return 0
 
 
@@ -114,8 +147,10 @@ def _python_check(args: argparse.Namespace) -> int:
         missing.insert(0, f"Python {v.major}.{v.minor} at {sys.executable}: the project needs >= 3.11")
     for line in missing:
         print(f"python-check: {line}")
-    print(f"python-check: {sys.executable} ({v.major}.{v.minor}.{v.micro}) "
-          + ("lacks what the project needs" if missing else "has everything the project needs"))
+    print(
+        f"python-check: {sys.executable} ({v.major}.{v.minor}.{v.micro}) "
+        + ("lacks what the project needs" if missing else "has everything the project needs")
+    )
     return 4 if missing else 0
 
 
@@ -129,8 +164,10 @@ def _build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     build = ensure_build(ctx, args.lane, options=options, targets=WORKER_TARGETS)
     state = "unchanged (no-op)" if build.reused else "built"
-    print(f"build: {build.lane} lane ({' '.join(WORKER_TARGETS)}) {state} in "
-          f"{time.monotonic() - started:.1f} s: {build.dir}")
+    print(
+        f"build: {build.lane} lane ({' '.join(WORKER_TARGETS)}) {state} in "
+        f"{time.monotonic() - started:.1f} s: {build.dir}"
+    )
     print(f"build: key {build.key}")
     return 0
 

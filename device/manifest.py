@@ -64,8 +64,10 @@ def write(root: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
 def load(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.is_file():
-        raise ConfigurationError(f"{root} has no {MANIFEST}: it is not a device bundle",
-                                 hint="make one with `nox -s device-bundle` (docs/device.md)")
+        raise ConfigurationError(
+            f"{root} has no {MANIFEST}: it is not a device bundle",
+            hint="make one with `nox -s device-bundle` (docs/device.md)",
+        )
     doc = read_json(path)
     if doc.get("kind") != KIND or doc.get("schema_version") != SCHEMA_VERSION:
         raise ConfigurationError(
@@ -103,6 +105,8 @@ def verify(root: Path) -> dict[str, Any]:
     found = problems(root, doc)
     if found:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-        raise IntegrityError(f"the bundle at {root} does not match its manifest: {shown}",
-                             hint="copy the bundle again (a transfer may have been cut short)")
+        raise IntegrityError(
+            f"the bundle at {root} does not match its manifest: {shown}",
+            hint="copy the bundle again (a transfer may have been cut short)",
+        )
     return doc

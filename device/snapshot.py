@@ -56,8 +56,10 @@ def export(
                 f"commit {commit[:12]} only",
                 hint="commit (or set aside) the changes, or pass --allow-dirty to bundle HEAD anyway",
             )
-        warn(f"device bundle: WARNING: {len(dirty)} uncommitted change(s) are NOT in the bundle, "
-             f"which carries commit {commit[:12]}: {listed}")
+        warn(
+            f"device bundle: WARNING: {len(dirty)} uncommitted change(s) are NOT in the bundle, "
+            f"which carries commit {commit[:12]}: {listed}"
+        )
     dest.mkdir(parents=True)
     tarball = dest.parent / f".{dest.name}.tar"
     try:

@@ -88,8 +88,10 @@ def _deb(ctx: Context, tc: Any, pinned: Any, log: Callable[[str], None]) -> Path
             fresh = into / pinned.filename
             size = fresh.stat().st_size if fresh.is_file() else None
             if size != pinned.size or sha256_file(fresh) != pinned.sha256:
-                raise IntegrityError(f"{pinned.filename} from Debian {tc.suite} does not match the pin in "
-                                     f"manifests/toolchains/{tc.name}.json; it was discarded")
+                raise IntegrityError(
+                    f"{pinned.filename} from Debian {tc.suite} does not match the pin in "
+                    f"manifests/toolchains/{tc.name}.json; it was discarded"
+                )
             os.replace(fresh, got)
     return got
 
@@ -107,14 +109,15 @@ def merge_usr(tree: Path) -> None:
     for link in sorted(p for p in tree.rglob("*") if p.is_symlink()):
         target = os.readlink(link)
         if os.path.isabs(target):
-            inside = target[len("/usr/"):] if target.startswith("/usr/") else target.lstrip("/")
+            inside = target[len("/usr/") :] if target.startswith("/usr/") else target.lstrip("/")
             target = os.path.relpath(tree / "usr" / inside, link.parent)
             link.unlink()
             link.symlink_to(target)
         resolved = Path(os.path.normpath(link.parent / target))
         if not resolved.is_relative_to(tree) or not resolved.exists():
-            raise IntegrityError(f"sysroot link {link.relative_to(tree)} -> {target} leaves the tree "
-                                 "or names nothing in it")
+            raise IntegrityError(
+                f"sysroot link {link.relative_to(tree)} -> {target} leaves the tree or names nothing in it"
+            )
 
 
 def _skip(directory: str, names: list[str]) -> set[str]:
@@ -180,8 +183,11 @@ def check(root: Path, env: Mapping[str, str]) -> Found:
     inc = tuple(dict.fromkeys(f[2:] for f in flags if f.startswith("-I")))
     lib_dirs = tuple(dict.fromkeys(f[2:] for f in flags if f.startswith("-L")))
     libs = tuple(dict.fromkeys(f[2:] for f in flags if f.startswith("-l")))
-    problems = [f"{d} is outside the sysroot or missing" for d in (*inc, *lib_dirs)
-                if not (Path(d).is_dir() and Path(d).resolve().is_relative_to(root.resolve()))]
+    problems = [
+        f"{d} is outside the sysroot or missing"
+        for d in (*inc, *lib_dirs)
+        if not (Path(d).is_dir() and Path(d).resolve().is_relative_to(root.resolve()))
+    ]
     if not lib_dirs:
         problems.append("pkg-config printed no -L for the sysroot's libraries")
     for name in libs:
@@ -190,7 +196,9 @@ def check(root: Path, env: Mapping[str, str]) -> Found:
         if not any((Path(d) / f"lib{name}.so").exists() for d in lib_dirs):
             problems.append(f"-l{name}: no lib{name}.so (or its target) in {', '.join(lib_dirs) or 'no -L'}")
     if problems:
-        raise IntegrityError(f"the sysroot at {root} does not resolve {' '.join(MODULES)}: "
-                             + "; ".join(problems[:6]))
-    return Found(versions=dict(zip(MODULES, versions, strict=False)), include_dirs=inc,
-                 lib_dirs=lib_dirs, libs=libs)
+        raise IntegrityError(
+            f"the sysroot at {root} does not resolve {' '.join(MODULES)}: " + "; ".join(problems[:6])
+        )
+    return Found(
+        versions=dict(zip(MODULES, versions, strict=False)), include_dirs=inc, lib_dirs=lib_dirs, libs=libs
+    )

@@ -45,7 +45,7 @@ def requirements(pyproject: Path) -> tuple[str, ...]:
 
 
 def tag(version: str) -> str:
-    """"3.12" -> "cp312"."""
+    """ "3.12" -> "cp312"."""
     m = re.fullmatch(r"3\.(\d+)", version.strip())
     if not m:
         raise ConfigurationError(f"not a CPython 3.x version: {version!r}", hint="give versions like 3.12")
@@ -103,9 +103,7 @@ def matches(installed: str, spec: str) -> bool:
     return c >= 0 and have[: len(base) - 1] == base[:-1]
 
 
-def unmet(
-    reqs: Sequence[str], version_of: Callable[[str], str] | None = None
-) -> list[str]:
+def unmet(reqs: Sequence[str], version_of: Callable[[str], str] | None = None) -> list[str]:
     """One line per requirement this interpreter does not satisfy (missing or wrong version)."""
     lookup = version_of or importlib.metadata.version
     out = []
@@ -131,8 +129,20 @@ def unmet(
 def _pip_argv(env: Mapping[str, str], version: str, reqs_file: Path, into: Path) -> list[str]:
     from lanes.toolchains import pip_command
 
-    argv = [*pip_command(env), "download", "--only-binary", ":all:", "--implementation", "cp",
-            "--python-version", version, "--dest", str(into), "-r", str(reqs_file)]
+    argv = [
+        *pip_command(env),
+        "download",
+        "--only-binary",
+        ":all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        version,
+        "--dest",
+        str(into),
+        "-r",
+        str(reqs_file),
+    ]
     for platform in PLATFORMS:
         argv += ["--platform", platform]
     return argv
@@ -187,9 +197,7 @@ def _stamp_ok(where: Path, key: str) -> bool:
     return bool(files) and present == set(files)
 
 
-def carry(
-    cache_dir: Path, dest: Path, *, omit: Sequence[str] = ()
-) -> list[dict[str, str]]:
+def carry(cache_dir: Path, dest: Path, *, omit: Sequence[str] = ()) -> list[dict[str, str]]:
     """Copy a cached set into ``dest`` (checked against the stamp's sha256), leaving out ``omit``."""
     stamp = read_json(cache_dir / STAMP)
     dest.mkdir(parents=True)
@@ -201,8 +209,10 @@ def carry(
             continue
         if sha256_file(cache_dir / name) != digest:
             shutil.rmtree(cache_dir)
-            raise ConfigurationError(f"the cached wheel {cache_dir / name} changed; the cache was dropped",
-                                     hint="run the bundle again to download it afresh")
+            raise ConfigurationError(
+                f"the cached wheel {cache_dir / name} changed; the cache was dropped",
+                hint="run the bundle again to download it afresh",
+            )
         shutil.copy2(cache_dir / name, dest / name)
         carried.append({"name": _norm(dist), "version": version, "file": name, "sha256": digest})
     return carried

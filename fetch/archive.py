@@ -68,11 +68,13 @@ def _judge(member: tarfile.TarInfo, prefix: str, where: str) -> None:
     if member.ischr() or member.isblk() or member.isfifo():
         raise IntegrityError(f"{where}: special member {name!r} (device node or fifo); nothing was extracted")
     if not (member.type in _REGULAR or member.isdir()):
-        raise IntegrityError(f"{where}: member {name!r} has unsupported type {member.type!r}; "
-                             "nothing was extracted")
+        raise IntegrityError(
+            f"{where}: member {name!r} has unsupported type {member.type!r}; nothing was extracted"
+        )
     if member.mode & (stat.S_ISUID | stat.S_ISGID):
-        raise IntegrityError(f"{where}: member {name!r} has setuid/setgid mode {member.mode:o}; "
-                             "nothing was extracted")
+        raise IntegrityError(
+            f"{where}: member {name!r} has setuid/setgid mode {member.mode:o}; nothing was extracted"
+        )
     if member.size < 0:
         raise IntegrityError(f"{where}: member {name!r} has a negative size")
 
@@ -106,13 +108,14 @@ def plan_subtree(tar: tarfile.TarFile, prefix: str, caps: Caps, *, where: str) -
         if count > caps.max_members:
             raise IntegrityError(f"{where}: more than {caps.max_members} members; nothing was extracted")
         if total > caps.max_bytes:
-            raise IntegrityError(f"{where}: members total more than {caps.max_bytes} bytes; "
-                                 "nothing was extracted")
+            raise IntegrityError(
+                f"{where}: members total more than {caps.max_bytes} bytes; nothing was extracted"
+            )
         _judge(member, prefix, where)
         name = member.name.rstrip("/")
         if name != prefix and not name.startswith(prefix + "/"):
             continue
-        rel = name[len(prefix) + 1:]
+        rel = name[len(prefix) + 1 :]
         if not rel:
             continue  # the subtree's own directory entry
         if rel in seen:
@@ -125,8 +128,16 @@ def plan_subtree(tar: tarfile.TarFile, prefix: str, caps: Caps, *, where: str) -
     return Plan(members=tuple(chosen), files=files)
 
 
-def extract_subtree(archive: Path, prefix: str, dest: Path, caps: Caps, *, where: str,
-                    drop: tuple[str, ...] = (), fileobj: BinaryIO | None = None) -> Plan:
+def extract_subtree(
+    archive: Path,
+    prefix: str,
+    dest: Path,
+    caps: Caps,
+    *,
+    where: str,
+    drop: tuple[str, ...] = (),
+    fileobj: BinaryIO | None = None,
+) -> Plan:
     """Extract only ``prefix/`` of ``archive`` into the empty directory ``dest``.
 
     ``drop`` names top-level entries of the subtree to leave out (the sdist's `.git` pointer file);

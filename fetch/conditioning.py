@@ -67,12 +67,26 @@ def measure_conditioning(
     n_ctx = max(256, -(-(longest + n_decode) // 256) * 256)
     with tempfile.TemporaryDirectory(prefix="dgr-topk-probe-") as tmp:
         prompts = Path(tmp) / "prompts.json"
-        prompts.write_text(json.dumps([p if isinstance(p, str) else [int(t) for t in p]
-                                       for p in prompts_token_ids]))
+        prompts.write_text(
+            json.dumps([p if isinstance(p, str) else [int(t) for t in p] for p in prompts_token_ids])
+        )
         out = Path(tmp) / "report.json"
         proc.run(
-            [binary, "--model", model_path, "--threads", str(threads), "--n-decode", str(n_decode),
-             "--prompts-file", prompts, "--ctx", str(n_ctx), "--out", out],
+            [
+                binary,
+                "--model",
+                model_path,
+                "--threads",
+                str(threads),
+                "--n-decode",
+                str(n_decode),
+                "--prompts-file",
+                prompts,
+                "--ctx",
+                str(n_ctx),
+                "--out",
+                out,
+            ],
             no_output_timeout=NO_OUTPUT_TIMEOUT_S,
         )
         return parse_report(out.read_text())
@@ -102,8 +116,18 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     occurred in; what a manifest records and ``dgr seal`` prints."""
     kinds: dict[str, dict[str, Any]] = {}
     for sel in report.get("selections", []):
-        k = kinds.setdefault(sel["kind"], {"ops": 0, "rows": 0, "contested_rows": 0, "exact_ties": 0,
-                                           "near_ties": 0, "min_abs_margin": None, "min_rel_margin": None})
+        k = kinds.setdefault(
+            sel["kind"],
+            {
+                "ops": 0,
+                "rows": 0,
+                "contested_rows": 0,
+                "exact_ties": 0,
+                "near_ties": 0,
+                "min_abs_margin": None,
+                "min_rel_margin": None,
+            },
+        )
         k["ops"] += 1
         for key in ("rows", "contested_rows", "exact_ties", "near_ties"):
             k[key] += int(sel[key])
@@ -116,20 +140,26 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
 
 def tied(report: dict[str, Any]) -> list[str]:
     """The selections with an exact tie at their boundary, as "INPUT (KIND): N of M contested rows"."""
-    return [f"{s['input']} ({s['kind']}): {s['exact_ties']} of {s['contested_rows']} contested rows"
-            for s in report.get("selections", []) if int(s["exact_ties"]) > 0]
+    return [
+        f"{s['input']} ({s['kind']}): {s['exact_ties']} of {s['contested_rows']} contested rows"
+        for s in report.get("selections", [])
+        if int(s["exact_ties"]) > 0
+    ]
 
 
 def describe(summ: dict[str, Any]) -> list[str]:
     """One line per kind, for the terminal."""
     lines = []
     for kind, k in sorted(summ["kinds"].items()):
-        rel = ("n/a" if k["min_rel_margin"] is None
-               else f"{k['min_rel_margin']:.3g} ({k['min_rel_margin_in']})")
+        rel = (
+            "n/a" if k["min_rel_margin"] is None else f"{k['min_rel_margin']:.3g} ({k['min_rel_margin_in']})"
+        )
         absm = "n/a" if k["min_abs_margin"] is None else f"{k['min_abs_margin']:.3g}"
-        lines.append(f"{kind}: {k['ops']} selections, {k['contested_rows']} of {k['rows']} rows contested, "
-                     f"{k['exact_ties']} exact ties, {k['near_ties']} near ties; smallest margin {absm} "
-                     f"absolute, {rel} relative")
+        lines.append(
+            f"{kind}: {k['ops']} selections, {k['contested_rows']} of {k['rows']} rows contested, "
+            f"{k['exact_ties']} exact ties, {k['near_ties']} near ties; smallest margin {absm} "
+            f"absolute, {rel} relative"
+        )
     return lines
 
 
@@ -143,23 +173,33 @@ def check_generated(
     manifest records."""
     from manifests import recipe_model as recipes
 
-    users = [r for r in (recipes.load(n, ctx.env) for n in recipes.available(ctx.env))
-             if r.artifacts == set_name and r.variant == vname]
+    users = [
+        r
+        for r in (recipes.load(n, ctx.env) for n in recipes.available(ctx.env))
+        if r.artifacts == set_name and r.variant == vname
+    ]
     if not users:
         return {"measured": False, "reason": f"no recipe certifies {set_name}/{vname}"}
     texts = list(dict.fromkeys(t for r in users for t in r.prompts.texts))
     n_decode = max(r.n_decode for r in users)
     report = measure_conditioning(probe_build(), model, texts, n_decode, threads=2)
-    summ = {"measured": True, "recipes": sorted(r.name for r in users), "prompts": len(texts),
-            "n_decode": n_decode, "probe": PROBE, **summary(report)}
+    summ = {
+        "measured": True,
+        "recipes": sorted(r.name for r in users),
+        "prompts": len(texts),
+        "n_decode": n_decode,
+        "probe": PROBE,
+        **summary(report),
+    }
     for line in describe(summ):
         print(f"conditioning {set_name}/{vname}: {line}", flush=True)
     ties = tied(report)
     if ties:
         raise ConfigurationError(
             f"{set_name}/{vname}: exact ties at a top-k selection boundary on the recipes' prompts: "
-            + "; ".join(ties[:3]) + (f" (+{len(ties) - 3} more)" if len(ties) > 3 else ""),
+            + "; ".join(ties[:3])
+            + (f" (+{len(ties) - 3} more)" if len(ties) > 3 else ""),
             hint="the generator's parameters give a model whose selections a backend's tie rule decides; "
-                 "change them (seed, indexer shape) and seal again",
+            "change them (seed, indexer shape) and seal again",
         )
     return summ

@@ -437,8 +437,15 @@ def fetch_http(
 ) -> None:
     """Fill every missing chunk of ``partial`` from ``origin`` or raise a typed error."""
     assert origin.base_url is not None
-    fetch_url(file_url(origin.base_url, partial.entry.name), origin, partial, policy=policy, stats=stats,
-              on_bytes=on_bytes, sleep=sleep)
+    fetch_url(
+        file_url(origin.base_url, partial.entry.name),
+        origin,
+        partial,
+        policy=policy,
+        stats=stats,
+        on_bytes=on_bytes,
+        sleep=sleep,
+    )
 
 
 def fetch_url(
@@ -537,8 +544,11 @@ def check_status(resp: requests.Response, url: str, credential: Credential | Non
     """A transient status (urllib3 already retried it), or a refusal, as the error it is."""
     status = resp.status_code
     if status in _TRANSIENT_STATUS:
-        raise Transient(f"{url}: HTTP {status} {resp.reason}",
-                        retry_after=retry_after(resp.headers.get("Retry-After")), exhausted=True)
+        raise Transient(
+            f"{url}: HTTP {status} {resp.reason}",
+            retry_after=retry_after(resp.headers.get("Retry-After")),
+            exhausted=True,
+        )
     if status in _ACCESS_STATUS:
         if credential is not None and credential.refused is not None:
             raise credential.refused(status)
@@ -561,8 +571,9 @@ def _fetch_span(span: _Span, feed: _ChunkFeed, first: int, last: int) -> None:
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     if partial.validator and (partial.verified or start > 0):
         headers["If-Range"] = partial.validator.get("etag") or partial.validator.get("last_modified", "")
-    resp = open_url(url, span.origin, headers, feed.policy, stats, session=span.session,
-                    credential=span.credential)
+    resp = open_url(
+        url, span.origin, headers, feed.policy, stats, session=span.session, credential=span.credential
+    )
     try:
         check_status(resp, url, span.credential)
         if resp.status_code == 200:

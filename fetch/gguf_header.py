@@ -87,8 +87,10 @@ T_STRING, T_ARRAY = 8, 9
 class MalformedGGUF(IntegrityError):
     """Every message says what to do: the usual causes are a truncated copy or a file that is no GGUF."""
 
-    HINT = ("the file is not a usable GGUF model: if it is in the store, run `dgr provision --reverify` "
-            "to fetch it again; if you named it (dgr seal --from DIR), give the complete .gguf files")
+    HINT = (
+        "the file is not a usable GGUF model: if it is in the store, run `dgr provision --reverify` "
+        "to fetch it again; if you named it (dgr seal --from DIR), give the complete .gguf files"
+    )
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint or self.HINT)

@@ -83,13 +83,16 @@ def tree_id(tree: Path, env: Mapping[str, str], *, scratch_parent: Path | None =
     tree = Path(os.path.abspath(tree))
     if (tree / ".git").exists():
         # A .git inside the tree would be taken as a submodule/gitlink and change the id.
-        raise IntegrityError(f"{tree} contains a .git entry; a verified tree never has one",
-                             hint=f"remove {tree} and rerun the command that made it")
+        raise IntegrityError(
+            f"{tree} contains a .git entry; a verified tree never has one",
+            hint=f"remove {tree} and rerun the command that made it",
+        )
     parent = scratch_parent or Path(tempfile.gettempdir())
     scratch = init_scratch(parent, env)
     try:
-        genv = git_env(env, GIT_DIR=str(scratch), GIT_WORK_TREE=str(tree),
-                       GIT_INDEX_FILE=str(scratch / "dgr-index"))
+        genv = git_env(
+            env, GIT_DIR=str(scratch), GIT_WORK_TREE=str(tree), GIT_INDEX_FILE=str(scratch / "dgr-index")
+        )
         git(["add", "-A", "-f", "."], env=genv, cwd=tree)
         return git(["write-tree"], env=genv, cwd=tree)
     finally:

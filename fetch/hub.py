@@ -262,8 +262,15 @@ class Hub:
         raise RuntimeFailure(f"{self.repo}: the tree listing does not end")
 
     def _api_url(self, url: str) -> requests.Response:
-        resp = open_url(url, self.origin, {"Accept": "application/json"}, self.policy, self.stats,
-                        session=self.session, credential=self.credential)
+        resp = open_url(
+            url,
+            self.origin,
+            {"Accept": "application/json"},
+            self.policy,
+            self.stats,
+            session=self.session,
+            credential=self.credential,
+        )
         try:
             if resp.status_code == 404:
                 raise ConfigurationError(
@@ -317,8 +324,16 @@ class Hub:
         if sink.have:
             headers["Range"] = f"bytes={sink.have}-{sink.size - 1}"
         hops: list[dict[str, str]] = []
-        resp = open_url(url, self.origin, headers, self.policy, self.stats, session=self.session,
-                        credential=self.credential, hops=hops)
+        resp = open_url(
+            url,
+            self.origin,
+            headers,
+            self.policy,
+            self.stats,
+            session=self.session,
+            credential=self.credential,
+            hops=hops,
+        )
         linked.extend(hops)
         try:
             check_status(resp, url, self.credential)
@@ -415,8 +430,12 @@ class _Sink:
 
     def finish(self) -> dict[str, Any]:
         os.fsync(self.fd)
-        return {"size": self.have, "sha256": self.sha.hexdigest(), "blake3": self.whole.hexdigest(),
-                "chunks": list(self.chunks)}
+        return {
+            "size": self.have,
+            "sha256": self.sha.hexdigest(),
+            "blake3": self.whole.hexdigest(),
+            "chunks": list(self.chunks),
+        }
 
     def close(self) -> None:
         os.close(self.fd)
@@ -432,5 +451,6 @@ def open_hub(
 ) -> Hub:
     eff = effective(origin, env)
     assert eff.base_url is not None
-    return Hub(origin=eff, repo=repo, session=session, credential=credential(eff.base_url, repo, env),
-               policy=policy)
+    return Hub(
+        origin=eff, repo=repo, session=session, credential=credential(eff.base_url, repo, env), policy=policy
+    )

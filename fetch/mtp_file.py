@@ -32,9 +32,12 @@ def mtp_tensor_names(names: Sequence[str], n_layer_main: int) -> list[str]:
     (embedding, output norm and head, their hyper-connection tensors), the nextn block
     (``blk.<n_layer_main>.*``), and the hash-routing tables of the main layers."""
     block = f"blk.{n_layer_main}."
-    return [n for n in names
-            if (not n.startswith("blk.") or n.startswith(block) or HASH_TABLE.fullmatch(n))
-            and not n.endswith(NOT_IN_MTP_FILE)]
+    return [
+        n
+        for n in names
+        if (not n.startswith("blk.") or n.startswith(block) or HASH_TABLE.fullmatch(n))
+        and not n.endswith(NOT_IN_MTP_FILE)
+    ]
 
 
 def write_mtp_only(gguf: Any, sources: Sequence[Path], out: Path) -> Path:
@@ -44,8 +47,10 @@ def write_mtp_only(gguf: Any, sources: Sequence[Path], out: Path) -> Path:
     arch = _field(readers[0], "general.architecture")
     n_nextn = _field(readers[0], f"{arch}.nextn_predict_layers", required=False)
     if not n_nextn:
-        raise ConfigurationError(f"{sources[0].name}: no {arch}.nextn_predict_layers: the model holds no "
-                                 f"nextn block to write as an MTP-only file")
+        raise ConfigurationError(
+            f"{sources[0].name}: no {arch}.nextn_predict_layers: the model holds no "
+            f"nextn block to write as an MTP-only file"
+        )
     n_layer_main = int(_field(readers[0], f"{arch}.block_count")) - int(n_nextn)
     tensors = {t.name: t for r in readers for t in r.tensors}
     kept = [tensors[name] for name in mtp_tensor_names(list(tensors), n_layer_main)]

@@ -95,8 +95,15 @@ class Progress:
     def _tqdm(self, before: int) -> tqdm:
         if self._bar is None:
             self._bar = tqdm(
-                desc=self.label, total=self.total, initial=before, file=self.stream, unit="B",
-                unit_scale=True, unit_divisor=1024, mininterval=self.interval_s, leave=True,
+                desc=self.label,
+                total=self.total,
+                initial=before,
+                file=self.stream,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                mininterval=self.interval_s,
+                leave=True,
                 dynamic_ncols=True,
             )
             # The bar starts when the work did (a hash reports its first slice only once it is done).

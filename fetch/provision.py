@@ -221,8 +221,11 @@ class _Run:
                 log.warning("%s does not match the manifest; fetching it again", dest)
                 # The preflight counted a right-size file as present; it stays until the new one is
                 # published, so the whole file must fit beside it.
-                preflight(dest.parent, _remaining(entry, dest, existing=False) + self.later.get(index, 0),
-                          free=self.free)
+                preflight(
+                    dest.parent,
+                    _remaining(entry, dest, existing=False) + self.later.get(index, 0),
+                    free=self.free,
+                )
             self._fill(index, entry, dest)
             return ledger.sidecar_record(dest, entry, self.spec.chunk_size)
 
@@ -276,8 +279,11 @@ class _Run:
             partial.maybe_sync(force=True)
             size = os.fstat(partial.fd).st_size
             if size != entry.size:  # the stream digest covers entry.size bytes only: never publish a tail
-                raise IntegrityError(f"{entry.name}: the partial holds {size} bytes, the manifest says "
-                                     f"{entry.size}; not published", hint="run again to refit the partial")
+                raise IntegrityError(
+                    f"{entry.name}: the partial holds {size} bytes, the manifest says "
+                    f"{entry.size}; not published",
+                    hint="run again to refit the partial",
+                )
             actual = partial.whole_digest()
             if actual is None:  # chunks came out of order (resume, refetch): read the file once more
                 with self.make_bar(f"verify {entry.name}", entry.size) as bar:
@@ -319,8 +325,9 @@ class _Run:
         elif origin.kind == "hub":
             from fetch import hub
 
-            hub.fetch_hub(origin, partial, env=self.ctx.env, policy=self.policy, stats=stats,
-                          on_bytes=on_bytes)
+            hub.fetch_hub(
+                origin, partial, env=self.ctx.env, policy=self.policy, stats=stats, on_bytes=on_bytes
+            )
         else:  # pragma: no cover - the schema admits no other kind
             raise RuntimeFailure(f"unknown origin kind {origin.kind!r}")
 
@@ -347,8 +354,9 @@ class _Run:
 
             out = self._staging_dir()
             try:
-                origin_index.produce(origin, out / "split", out / "scratch", self.ctx.env,
-                                     split_tool=self.tools.split)
+                origin_index.produce(
+                    origin, out / "split", out / "scratch", self.ctx.env, split_tool=self.tools.split
+                )
             except BaseException:
                 shutil.rmtree(out, ignore_errors=True)
                 raise

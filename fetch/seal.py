@@ -237,8 +237,10 @@ def _hub_names(
     (name order is split order for llama-gguf-split names)."""
     listed = [f["name"] for f in vdata["files"]]
     patterns = include or ["*.gguf"]
-    names = listed if listed and not include else sorted(
-        p for p in tree if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)
+    names = (
+        listed
+        if listed and not include
+        else sorted(p for p in tree if any(fnmatch.fnmatchcase(p, pat) for pat in patterns))
     )
     if not names:
         raise ConfigurationError(

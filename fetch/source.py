@@ -126,8 +126,10 @@ def source_order(pin: Pin, env: Mapping[str, str]) -> tuple[str, ...]:
     order = tuple(s.strip() for s in raw.split(",") if s.strip())
     unknown = [s for s in order if s not in SOURCES]
     if unknown or not order:
-        raise ConfigurationError(f"DGR_FETCH_SOURCES={raw!r}: unknown source {unknown}",
-                                 hint=f"use a comma list of {', '.join(SOURCES)}")
+        raise ConfigurationError(
+            f"DGR_FETCH_SOURCES={raw!r}: unknown source {unknown}",
+            hint=f"use a comma list of {', '.join(SOURCES)}",
+        )
     return order
 
 
@@ -160,13 +162,18 @@ def _existing(ctx: Context, pin: Pin, final: Path, record: Path, *, reverify: bo
         )
     try:
         prov = read_json(record)
-        ok = (prov.get("schema_version") == PROVENANCE_VERSION and prov.get("commit") == pin.commit
-              and prov.get("tree") == pin.tree)
+        ok = (
+            prov.get("schema_version") == PROVENANCE_VERSION
+            and prov.get("commit") == pin.commit
+            and prov.get("tree") == pin.tree
+        )
     except (OSError, ValueError, AttributeError):
         ok = False
     if not ok:
-        raise IntegrityError(f"{record} does not describe the pinned tree {pin.tree}",
-                             hint=f"remove {final} and its record, then rerun `dgr fetch`")
+        raise IntegrityError(
+            f"{record} does not describe the pinned tree {pin.tree}",
+            hint=f"remove {final} and its record, then rerun `dgr fetch`",
+        )
     stamp = gittree.tree_stamp(final)
     if stamp == prov.get("stamp") and not reverify:
         return Pristine(path=final, provenance=prov, provenance_path=record)
@@ -191,7 +198,8 @@ def _fetch(ctx: Context, pin: Pin, final: Path, record: Path) -> Pristine:
             actual = gittree.tree_id(tmp, ctx.env, scratch_parent=final.parent)
             if actual != pin.tree:
                 raise IntegrityError(
-                    f"{name} source gave tree {actual}, the pin says {pin.tree}; nothing was installed")
+                    f"{name} source gave tree {actual}, the pin says {pin.tree}; nothing was installed"
+                )
             prov = {
                 "schema_version": PROVENANCE_VERSION,
                 "kind": "dgr.source",
@@ -218,9 +226,10 @@ def _fetch(ctx: Context, pin: Pin, final: Path, record: Path) -> Pristine:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     tried = "; ".join(f"{a['source']}: {a.get('error', '')}" for a in attempts) or "none"
-    raise RuntimeFailure(f"no source could provide llama.cpp {pin.commit} ({tried})",
-                         hint="check network access to the package index, "
-                         "or set DGR_LLAMA_GIT_URL to a mirror")
+    raise RuntimeFailure(
+        f"no source could provide llama.cpp {pin.commit} ({tried})",
+        hint="check network access to the package index, or set DGR_LLAMA_GIT_URL to a mirror",
+    )
 
 
 # --- git -----------------------------------------------------------------------------------------
@@ -246,9 +255,25 @@ def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
     env = gittree.git_env(ctx.env, GIT_DIR=str(scratch))
     try:
         try:
-            gittree.git(["-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=30",
-                         "-c", "protocol.version=2", "fetch", "--progress", "--no-tags", "--depth", "1",
-                         url, pin.commit], env=env, no_output_timeout=GIT_NO_OUTPUT_S)
+            gittree.git(
+                [
+                    "-c",
+                    "http.lowSpeedLimit=1000",
+                    "-c",
+                    "http.lowSpeedTime=30",
+                    "-c",
+                    "protocol.version=2",
+                    "fetch",
+                    "--progress",
+                    "--no-tags",
+                    "--depth",
+                    "1",
+                    url,
+                    pin.commit,
+                ],
+                env=env,
+                no_output_timeout=GIT_NO_OUTPUT_S,
+            )
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
             raise SourceUnavailable(f"{where}: could not fetch {pin.commit}: {_why(exc)}") from None
         try:
@@ -275,9 +300,23 @@ def pip_download(ctx: Context, pin: Pin, into: Path) -> None:
     """The sdist from the package index, by the running interpreter's pip (no wheels, no deps)."""
     sd = pin.sources.sdist
     env = dict(ctx.env, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-              "--no-build-isolation", f"{sd.package}=={sd.version}", "-d", str(into)],
-             env=env, no_output_timeout=PIP_NO_OUTPUT_S)
+    proc.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            f"{sd.package}=={sd.version}",
+            "-d",
+            str(into),
+        ],
+        env=env,
+        no_output_timeout=PIP_NO_OUTPUT_S,
+    )
 
 
 def obtain_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tuple[Path, bool]:
@@ -305,8 +344,10 @@ def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tup
         if actual == sd.sha256:
             return fh, cached, False
         fh.close()
-        print(f"dgr fetch: cached {cached} has sha256 {actual}, expected {sd.sha256}; deleting it",
-              file=sys.stderr)
+        print(
+            f"dgr fetch: cached {cached} has sha256 {actual}, expected {sd.sha256}; deleting it",
+            file=sys.stderr,
+        )
         cached.unlink()
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cached.parent))
     try:
@@ -314,18 +355,22 @@ def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tup
             download(ctx, pin, tmp)
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
             raise SourceUnavailable(
-                f"sdist {sd.package}=={sd.version}: download failed: {_why(exc)}") from None
+                f"sdist {sd.package}=={sd.version}: download failed: {_why(exc)}"
+            ) from None
         got = tmp / sd.filename
         if not got.is_file() or got.is_symlink():
             names = sorted(p.name for p in tmp.iterdir())
-            raise SourceUnavailable(f"sdist {sd.package}=={sd.version}: download gave {names}, "
-                                    f"not {sd.filename}")
+            raise SourceUnavailable(
+                f"sdist {sd.package}=={sd.version}: download gave {names}, not {sd.filename}"
+            )
         fh = open(got, "rb")  # handed to the caller, who closes it
         try:
             actual = _sha256_open(fh)
             if actual != sd.sha256:
-                raise IntegrityError(f"sdist {sd.package}=={sd.version} from the package index: sha256 "
-                                     f"{actual}, expected {sd.sha256}; the file was discarded")
+                raise IntegrityError(
+                    f"sdist {sd.package}=={sd.version} from the package index: sha256 "
+                    f"{actual}, expected {sd.sha256}; the file was discarded"
+                )
             os.replace(got, cached)
         except BaseException:
             fh.close()
@@ -350,14 +395,25 @@ def fetch_sdist(ctx: Context, pin: Pin, dest: Path, *, download: Any = pip_downl
     top = sd.filename[: -len(".tar.gz")]
     with fh:  # hashed by open_archive: extract from this very file, not from the path again
         plan = archive.extract_subtree(
-            path, f"{top}/{sd.subtree}", dest,
+            path,
+            f"{top}/{sd.subtree}",
+            dest,
             archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
-            where=f"sdist {sd.filename}", drop=(".git",), fileobj=fh,
+            where=f"sdist {sd.filename}",
+            drop=(".git",),
+            fileobj=fh,
         )
     return {
-        "archive": {"kind": "sdist", "package": sd.package, "version": sd.version, "filename": sd.filename,
-                    "sha256": sd.sha256, "subtree": sd.subtree, "downloaded": downloaded,
-                    "members_extracted": plan.files},
+        "archive": {
+            "kind": "sdist",
+            "package": sd.package,
+            "version": sd.version,
+            "filename": sd.filename,
+            "sha256": sd.sha256,
+            "subtree": sd.subtree,
+            "downloaded": downloaded,
+            "members_extracted": plan.files,
+        },
         "git_url": None,
     }
 
@@ -370,6 +426,3 @@ def _why(exc: DgrError) -> str:
     """The tool's own last words, not our long command line."""
     tail = getattr(exc, "tail", "").strip()
     return tail.splitlines()[-1] if tail else exc.message
-
-
-

@@ -90,8 +90,9 @@ def ensure_store(store: Path) -> Path:
     except OSError as exc:
         why = exc.strerror or str(exc)
     if why:
-        raise ConfigurationError(f"store {store} is not a writable directory ({why})",
-                                 hint="pass --store DIR")
+        raise ConfigurationError(
+            f"store {store} is not a writable directory ({why})", hint="pass --store DIR"
+        )
     return store
 
 
@@ -103,8 +104,10 @@ def prepare_dir(store: Path, directory: Path) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigurationError(f"cannot create {directory} in store {store}: {exc.strerror}",
-                                 hint="pass --store DIR on a writable volume") from None
+        raise ConfigurationError(
+            f"cannot create {directory} in store {store}: {exc.strerror}",
+            hint="pass --store DIR on a writable volume",
+        ) from None
     refuse_links_below(store, directory)  # again: a link may have been planted while we created it
     return directory
 
@@ -114,8 +117,14 @@ def file_lock(dest: Path, *, wait_s: float = 0.0, poll_s: float = 0.2):
 
     Two runs may share a partial safely (``fetch.ledger``), so where flock does nothing the holder
     record does not exclude: both go on and the ledger keeps the result correct."""
-    return hold(dest.with_name(f".{dest.name}.lock"), what=dest.name, wait_s=wait_s, poll_s=poll_s,
-                held_by="is being provisioned by", record_excludes=False)
+    return hold(
+        dest.with_name(f".{dest.name}.lock"),
+        what=dest.name,
+        wait_s=wait_s,
+        poll_s=poll_s,
+        held_by="is being provisioned by",
+        record_excludes=False,
+    )
 
 
 def publish(partial: Path, dest: Path, fd: int) -> bool:
@@ -143,4 +152,3 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-

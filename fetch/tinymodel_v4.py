@@ -116,8 +116,9 @@ def _check(p: Mapping[str, Any]) -> None:
         raise ConfigurationError(f"tinymodel_v4: ftype {p['ftype']!r} is not one of {', '.join(FTYPES)}")
     n_layer, mtp = int(p["n_layer"]), int(p["mtp"])
     if mtp not in (0, 1):
-        raise ConfigurationError(f"tinymodel_v4: mtp is 0 or 1 (one nextn block, as the pinned loader "
-                                 f"reads it), not {p['mtp']!r}")
+        raise ConfigurationError(
+            f"tinymodel_v4: mtp is 0 or 1 (one nextn block, as the pinned loader reads it), not {p['mtp']!r}"
+        )
     ratios = [int(r) for r in p["compress_ratios"]]
     if len(ratios) != n_layer + mtp or any(r not in (0, 4, 128) for r in ratios):
         raise ConfigurationError(
@@ -210,8 +211,25 @@ def _dims(p: Mapping[str, Any]) -> _Dims:
     ix_heads, ix_dim = int(p["indexer_n_head"]), int(p["indexer_head_dim"])
     hash_layers = int(p["hash_layer_count"])
     ratios = [int(r) for r in p["compress_ratios"]]
-    return _Dims(n_layer, n_embd, n_head, hd, n_rot, n_expert, n_used, n_shared, n_ff, q_rank, o_groups,
-                 o_rank, ix_heads, ix_dim, hash_layers, ratios, n_layer + int(p["mtp"]))
+    return _Dims(
+        n_layer,
+        n_embd,
+        n_head,
+        hd,
+        n_rot,
+        n_expert,
+        n_used,
+        n_shared,
+        n_ff,
+        q_rank,
+        o_groups,
+        o_rank,
+        ix_heads,
+        ix_dim,
+        hash_layers,
+        ratios,
+        n_layer + int(p["mtp"]),
+    )
 
 
 def _add_metadata(gguf: Any, w: Any, p: Mapping[str, Any], d: _Dims, tree: Path) -> int:

@@ -24,8 +24,10 @@ class Tools:
 
 def _missing(program: str) -> Callable[[], Path]:
     def refuse() -> Path:
-        raise ToolchainMissing(f"this artifact set needs the pinned {program}, and no build was given",
-                               hint="run it through `dgr provision` / `dgr seal`, which build the CPU lane")
+        raise ToolchainMissing(
+            f"this artifact set needs the pinned {program}, and no build was given",
+            hint="run it through `dgr provision` / `dgr seal`, which build the CPU lane",
+        )
 
     return refuse
 

@@ -40,8 +40,15 @@ TOPK_TIES_TARGET = "dgr-topk-ties"
 ARGMAX_PROBE_TARGET = "dgr-argmax-probe"
 RING_FLOOR_TARGET = "dgr-ring-floor"  # a ring of stage processes with nothing of ours in the way
 TARGETS: tuple[str, ...] = (
-    "llama", "llama-bench", "llama-gguf-split", "llama-quantize",
-    WORKER_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET, ARGMAX_PROBE_TARGET, RING_FLOOR_TARGET,
+    "llama",
+    "llama-bench",
+    "llama-gguf-split",
+    "llama-quantize",
+    WORKER_TARGET,
+    TOPK_PROBE_TARGET,
+    TOPK_TIES_TARGET,
+    ARGMAX_PROBE_TARGET,
+    RING_FLOOR_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes
@@ -177,13 +184,29 @@ def build_tree(
         env = build_environment(ctx, lane, probe, tree)
         located = _located_args(lane, probe, host, args, source=source_link(where, tree.path))
         seconds = _configure_and_build(
-            host, project=project, where=where, located=located, targets=all_targets, jobs=options.parallel,
+            host,
+            project=project,
+            where=where,
+            located=located,
+            targets=all_targets,
+            jobs=options.parallel,
             env=env,
         )
         binaries = _collect(where, all_targets)
         prov = _provenance(
-            lane, probe, host, tree, key=key, inputs=inputs, project=project, located=located,
-            targets=all_targets, jobs=options.parallel, seconds=seconds, started=started, binaries=binaries,
+            lane,
+            probe,
+            host,
+            tree,
+            key=key,
+            inputs=inputs,
+            project=project,
+            located=located,
+            targets=all_targets,
+            jobs=options.parallel,
+            seconds=seconds,
+            started=started,
+            binaries=binaries,
         )
         write_json(where / RECORD, prov)
     return _as_build(where, prov, reused=False)

@@ -155,8 +155,13 @@ def probe_host(env: Mapping[str, str], *, cmake_minimum: tuple[int, ...] = CMAKE
         problems.append(packages.describe(lacking))
         ages.append(False)
     if problems:
-        return HostTools(cmake=cmake, generator=generator, problem="; ".join(problems),
-                         problem_is_age=all(ages), worker=worker)
+        return HostTools(
+            cmake=cmake,
+            generator=generator,
+            problem="; ".join(problems),
+            problem_is_age=all(ages),
+            worker=worker,
+        )
     return HostTools(
         cmake=cmake,
         generator=generator,
@@ -272,8 +277,10 @@ def configure(
         # probe_host looks first; should CMake still find less than it did, that is a toolchain too
         if WORKER_DEPS_MISSING in exc.tail:
             lacking = [packages.part(k) for k in WORKER_PARTS]
-            raise ToolchainMissing(f"CMake found no usable gRPC/protobuf: {packages.describe(lacking)}",
-                                   hint=f"see {build_dir}/CMakeFiles/CMakeOutput.log") from None
+            raise ToolchainMissing(
+                f"CMake found no usable gRPC/protobuf: {packages.describe(lacking)}",
+                hint=f"see {build_dir}/CMakeFiles/CMakeOutput.log",
+            ) from None
         raise
 
 

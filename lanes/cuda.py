@@ -112,7 +112,9 @@ def probe(env: Mapping[str, str]) -> ToolchainProbe:
         pin = _cublas_pin(version)
         offer = (
             f"`dgr build --lane cuda` provisions the pinned {pin.files[0].package}=={pin.version} into "
-            "the workspace; or " if pin is not None else ""
+            "the workspace; or "
+            if pin is not None
+            else ""
         )
         return ToolchainProbe(
             lane=name,

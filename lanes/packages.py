@@ -48,22 +48,52 @@ def _parts(*parts: Part) -> dict[str, Part]:
 
 # The CPU lane (and the worker every lane builds): compiler, CMake, ninja, gRPC C++ and protobuf.
 CPU = _parts(
-    Part(key="c++", what="a C++17 compiler (c++, g++ or clang++)", apt="g++",
-         programs=("c++", "g++", "clang++")),
+    Part(
+        key="c++",
+        what="a C++17 compiler (c++, g++ or clang++)",
+        apt="g++",
+        programs=("c++", "g++", "clang++"),
+    ),
     Part(key="cmake", what="cmake", apt="cmake", brew="cmake", programs=("cmake",)),
     Part(key="ninja", what="ninja", apt="ninja-build", brew="ninja", programs=("ninja",)),
     Part(key="pkg-config", what="pkg-config", apt="pkg-config", brew="pkgconf", programs=("pkg-config",)),
-    Part(key="grpc++", what="gRPC C++ development files (pkg-config grpc++)", apt="libgrpc++-dev",
-         brew="grpc", module="grpc++"),
-    Part(key="protobuf", what="protobuf development files (pkg-config protobuf)", apt="libprotobuf-dev",
-         brew="protobuf", module="protobuf"),
+    Part(
+        key="grpc++",
+        what="gRPC C++ development files (pkg-config grpc++)",
+        apt="libgrpc++-dev",
+        brew="grpc",
+        module="grpc++",
+    ),
+    Part(
+        key="protobuf",
+        what="protobuf development files (pkg-config protobuf)",
+        apt="libprotobuf-dev",
+        brew="protobuf",
+        module="protobuf",
+    ),
     Part(key="protoc", what="protoc", apt="protobuf-compiler", brew="protobuf", programs=("protoc",)),
-    Part(key="grpc_cpp_plugin", what="grpc_cpp_plugin", apt="protobuf-compiler-grpc", brew="grpc",
-         programs=("grpc_cpp_plugin",)),
-    Part(key="git", what="git (fetch; without it the sdist mirror is used)", apt="git", programs=("git",),
-         optional=True),
-    Part(key="ccache", what="ccache (fast rebuilds)", apt="ccache", brew="ccache", programs=("ccache",),
-         optional=True),
+    Part(
+        key="grpc_cpp_plugin",
+        what="grpc_cpp_plugin",
+        apt="protobuf-compiler-grpc",
+        brew="grpc",
+        programs=("grpc_cpp_plugin",),
+    ),
+    Part(
+        key="git",
+        what="git (fetch; without it the sdist mirror is used)",
+        apt="git",
+        programs=("git",),
+        optional=True,
+    ),
+    Part(
+        key="ccache",
+        what="ccache (fast rebuilds)",
+        apt="ccache",
+        brew="ccache",
+        programs=("ccache",),
+        optional=True,
+    ),
 )
 
 # Groups: a lane's own parts come on top of the CPU lane's (every lane builds the gRPC worker).
@@ -76,8 +106,12 @@ GROUPS: dict[str, dict[str, Part]] = {
     "vulkan": _parts(
         Part(key="glslc", what="glslc", apt="glslc", programs=("glslc",)),
         Part(key="libvulkan1", what="the Vulkan loader (libvulkan1)", apt="libvulkan1"),
-        Part(key="lavapipe", what="Mesa's lavapipe (a software Vulkan driver)", apt="mesa-vulkan-drivers",
-             optional=True),
+        Part(
+            key="lavapipe",
+            what="Mesa's lavapipe (a software Vulkan driver)",
+            apt="mesa-vulkan-drivers",
+            optional=True,
+        ),
     ),
     # ROCm comes from AMD's packages, Metal with Xcode: neither is an apt package here.
     "rocm": {},
@@ -89,8 +123,13 @@ GROUPS: dict[str, dict[str, Part]] = {
     ),
     # What the slow suite uses beyond the lanes: a real browser for the report test.
     "tests": _parts(
-        Part(key="chromium", what="chromium (report rendering test)", apt="chromium",
-             programs=("chromium", "chromium-browser"), optional=True),
+        Part(
+            key="chromium",
+            what="chromium (report rendering test)",
+            apt="chromium",
+            programs=("chromium", "chromium-browser"),
+            optional=True,
+        ),
     ),
 }
 LANES_ON_CPU = ("cuda", "rocm", "vulkan", "metal")  # groups that need the CPU lane's parts too
@@ -160,8 +199,14 @@ def module_version(module: str, env: Mapping[str, str]) -> str | None:
     answers = []
     for query in ("--exists", "--modversion"):  # --exists also resolves the module's Requires, as CMake does
         try:
-            done = subprocess.run([pkg_config, query, module], env=dict(env), capture_output=True,
-                                  text=True, timeout=PKG_CONFIG_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                [pkg_config, query, module],
+                env=dict(env),
+                capture_output=True,
+                text=True,
+                timeout=PKG_CONFIG_TIMEOUT_S,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if done.returncode != 0:
@@ -211,35 +256,53 @@ def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run)
     label = " and ".join(f"{g} lane" if g in LANES_ON_CPU or g == "cpu" else g for g in groups)
     if not required:
         if lacking:
-            print(f"deps: {label}: all required parts present; optional, not installed: "
-                  f"{', '.join(p.what for p in lacking)} ({apt_line(lacking)})", flush=True)
+            print(
+                f"deps: {label}: all required parts present; optional, not installed: "
+                f"{', '.join(p.what for p in lacking)} ({apt_line(lacking)})",
+                flush=True,
+            )
         return 0
     apt_get = _which("apt-get", env.get("PATH", os.defpath))
     prefix = _privilege(env) if apt_get else None
     if apt_get is None or prefix is None:
         why = "no apt-get on this machine" if apt_get is None else "not root and no passwordless sudo"
-        print(f"dgr: toolchain not found: {label}: {listed(required)}; {why}, so install them yourself: "
-              f"{apt_line(lacking)}", file=sys.stderr, flush=True)
+        print(
+            f"dgr: toolchain not found: {label}: {listed(required)}; {why}, so install them yourself: "
+            f"{apt_line(lacking)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_TOOLCHAIN
     packages = names(lacking)
-    print(f"deps: installing {' '.join(packages)} with apt-get (missing: "
-          f"{', '.join(p.what for p in lacking)})", flush=True)
+    print(
+        f"deps: installing {' '.join(packages)} with apt-get (missing: {', '.join(p.what for p in lacking)})",
+        flush=True,
+    )
     apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in ([*prefix, apt_get, "update", "-qq"],
-                 [*prefix, apt_get, "install", "-y", "-qq", "--no-install-recommends", *packages]):
+    for argv in (
+        [*prefix, apt_get, "update", "-qq"],
+        [*prefix, apt_get, "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ):
         # apt's and dpkg's own chatter is shown only when they fail: the line above says what happens
-        done = run(argv, env=apt_env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                   text=True)
+        done = run(
+            argv, env=apt_env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if done.returncode != 0:
             tail = "\n".join((done.stdout or "").splitlines()[-15:])
-            print(f"{tail}\ndgr: toolchain not found: {label}: `{shlex.join(argv)}` exited "
-                  f"{done.returncode}; install them yourself: {apt_line(lacking)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{tail}\ndgr: toolchain not found: {label}: `{shlex.join(argv)}` exited "
+                f"{done.returncode}; install them yourself: {apt_line(lacking)}",
+                file=sys.stderr,
+                flush=True,
+            )
             return EXIT_TOOLCHAIN
     still = [p for p in missing(wanted, env) if not p.optional]
     if still:
-        print(f"dgr: toolchain not found: {label}: installed, yet {describe(still)}", file=sys.stderr,
-              flush=True)
+        print(
+            f"dgr: toolchain not found: {label}: installed, yet {describe(still)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_TOOLCHAIN
     return 0
 

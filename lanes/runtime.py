@@ -40,9 +40,7 @@ def lane_device(lane: str, placements: Sequence[Mapping[str, Any]]) -> dict[str,
     prefix = DEVICE_PREFIX.get(lane)
     if prefix is None:
         return None
-    reported = sorted(
-        {d for p in placements if p.get("lane") == lane for d in p.get("backend_devices", [])}
-    )
+    reported = sorted({d for p in placements if p.get("lane") == lane for d in p.get("backend_devices", [])})
     if not reported:
         raise RuntimeFailure(f"no {lane} worker reported its backend devices; nothing was signed")
     devices = sorted({part for d in reported for part in _split(d) if part.startswith(prefix)})
@@ -61,7 +59,7 @@ def lane_device(lane: str, placements: Sequence[Mapping[str, Any]]) -> dict[str,
 
 
 def _split(listing: str) -> list[str]:
-    """"Vulkan0 (llvmpipe (LLVM 15, 256 bits)), CPU" -> its devices (commas inside parentheses stay)."""
+    """ "Vulkan0 (llvmpipe (LLVM 15, 256 bits)), CPU" -> its devices (commas inside parentheses stay)."""
     parts, depth, current = [], 0, ""
     for ch in listing:
         depth += {"(": 1, ")": -1}.get(ch, 0)

@@ -116,8 +116,18 @@ Download = Callable[[Mapping[str, str], Toolchain, PinnedFile, Path], None]
 def pip_download(env: Mapping[str, str], tc: Toolchain, pinned: PinnedFile, into: Path) -> None:
     """The exact wheel by the running interpreter's pip: no deps, binary only, the pin's platform."""
     tags = pinned.filename[: -len(".whl")].split("-")
-    argv = [*pip_command(env), "download", "--no-deps", "--only-binary", ":all:",
-            "--platform", tags[-1], f"{pinned.package}=={pinned.version}", "-d", str(into)]
+    argv = [
+        *pip_command(env),
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--platform",
+        tags[-1],
+        f"{pinned.package}=={pinned.version}",
+        "-d",
+        str(into),
+    ]
     run_env = dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     proc.run(argv, env=run_env, no_output_timeout=DOWNLOAD_NO_OUTPUT_S)
 
@@ -220,12 +230,18 @@ def _apt_options(state: Path, env: Mapping[str, str], tc: Toolchain) -> list[str
     )
     (state / "status").touch()
     return [
-        "-o", "Dir::Etc::SourceList=/dev/null",
-        "-o", f"Dir::Etc::SourceParts={state / 'sources.d'}",
-        "-o", f"Dir::State::Lists={state / 'lists'}",
-        "-o", f"Dir::Cache={state / 'cache'}",
-        "-o", f"Dir::State::status={state / 'status'}",
-        "-o", "Debug::NoLocking=1",
+        "-o",
+        "Dir::Etc::SourceList=/dev/null",
+        "-o",
+        f"Dir::Etc::SourceParts={state / 'sources.d'}",
+        "-o",
+        f"Dir::State::Lists={state / 'lists'}",
+        "-o",
+        f"Dir::Cache={state / 'cache'}",
+        "-o",
+        f"Dir::State::status={state / 'status'}",
+        "-o",
+        "Debug::NoLocking=1",
     ]
 
 
@@ -321,8 +337,7 @@ def ensure(
         return found
     if tc.machine and tc.machine != platform.machine():
         raise ToolchainMissing(
-            f"{tc.lane} lane: the pinned {tc.name} is for {tc.machine}, this machine is "
-            f"{platform.machine()}",
+            f"{tc.lane} lane: the pinned {tc.name} is for {tc.machine}, this machine is {platform.machine()}",
             hint=f"install {tc.description} by hand",
         )
     where = install_dir(workspace, tc)
@@ -382,8 +397,14 @@ def refresh(name: str, env: Mapping[str, str], *, directory: Path | None = None)
             into.mkdir()
             download(env, tc, pinned, into)
             (got,) = [p for p in into.iterdir() if p.suffix in (".whl", ".deb")]
-            files.append({**asdict(pinned), "filename": got.name, "size": got.stat().st_size,
-                          "sha256": sha256_file(got)})
+            files.append(
+                {
+                    **asdict(pinned),
+                    "filename": got.name,
+                    "size": got.stat().st_size,
+                    "sha256": sha256_file(got),
+                }
+            )
     data["files"] = files
     write_json(path, data)
     return data

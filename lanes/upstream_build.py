@@ -46,7 +46,6 @@ class TestBuild:
     error: str = ""  # the build's failure (its binaries are then missing: NOT_BUILT in the table)
     recorded: Mapping[str, Any] = field(default_factory=dict)  # the last call that compiled anything
 
-
     def binary(self, target: str) -> Path:
         return self.dir / "bin" / target
 
@@ -125,13 +124,34 @@ def ensure_test_build(
     where = root / f"build-{side}-{key[:16]}"
     ctx.workspace.ensure(where)
     with hold(root / f"{where.name}.lock", what=f"the test build {where}", wait_s=0):
-        return _configure_and_build(ctx, host, side=side, tree=tree, key=key, where=where, args=args,
-                                    root=root, targets=targets, jobs=jobs, say=say)
+        return _configure_and_build(
+            ctx,
+            host,
+            side=side,
+            tree=tree,
+            key=key,
+            where=where,
+            args=args,
+            root=root,
+            targets=targets,
+            jobs=jobs,
+            say=say,
+        )
 
 
 def _configure_and_build(
-    ctx: Context, host: cmake.HostTools, *, side: str, tree: Path, key: str, where: Path, args: list[str],
-    root: Path, targets: Sequence[str], jobs: int, say: Callable[[str], None],
+    ctx: Context,
+    host: cmake.HostTools,
+    *,
+    side: str,
+    tree: Path,
+    key: str,
+    where: Path,
+    args: list[str],
+    root: Path,
+    targets: Sequence[str],
+    jobs: int,
+    say: Callable[[str], None],
 ) -> TestBuild:
     env = environment(ctx, tree)
     located = [*args, *cmake.location_args(host, llama_source=source_link(where, tree))]
@@ -153,8 +173,27 @@ def _configure_and_build(
     build_s = round(time.monotonic() - t1, 3)
     record = where / RECORD
     if compiled:  # the seconds a real build took stay visible after later no-op calls
-        write_json(record, {"side": side, "key": key, "configure_s": configure_s, "build_s": build_s,
-                            "targets": list(targets), "jobs": jobs, "error": error, "created_at": utc_now()})
+        write_json(
+            record,
+            {
+                "side": side,
+                "key": key,
+                "configure_s": configure_s,
+                "build_s": build_s,
+                "targets": list(targets),
+                "jobs": jobs,
+                "error": error,
+                "created_at": utc_now(),
+            },
+        )
     recorded = read_json(record) if record.is_file() else {}
-    return TestBuild(side=side, dir=where, tree=tree, key=key, configure_s=configure_s, build_s=build_s,
-                     error=error, recorded=recorded)
+    return TestBuild(
+        side=side,
+        dir=where,
+        tree=tree,
+        key=key,
+        configure_s=configure_s,
+        build_s=build_s,
+        error=error,
+        recorded=recorded,
+    )

@@ -24,11 +24,18 @@ def generated(generator: Path, arch: str, out: Path) -> Path:
     if path.is_file():
         return path
     out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([str(generator), "-a", arch, "-s", GENERATOR_SEED, "-o", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [str(generator), "-a", arch, "-s", GENERATOR_SEED, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if done.returncode != 0 or not path.is_file():
-        raise RuntimeFailure(f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
-                             f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        raise RuntimeFailure(
+            f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
+            f"{done.stderr.strip().splitlines()[-1:] or done.returncode}"
+        )
     return path
 
 

@@ -88,63 +88,146 @@ class Row:
 
 
 # test-backend-sampler's cases (its BACKEND_TESTS), one row each: one that fails must not hide the rest.
-_SAMPLER_TESTS = ("greedy", "logit_bias", "penalties", "temp", "temp_ext", "top_k", "multi_sequence", "dist",
-                  "dist_and_cpu", "set_sampler", "multi_output_limit", "multi_sequence_multi_output_dist",
-                  "multi_output_dist_transaction", "multi_output_sampling_chain", "multi_output_cpu", "mixed",
-                  "min_p", "cpu_mixed", "top_p")
+_SAMPLER_TESTS = (
+    "greedy",
+    "logit_bias",
+    "penalties",
+    "temp",
+    "temp_ext",
+    "top_k",
+    "multi_sequence",
+    "dist",
+    "dist_and_cpu",
+    "set_sampler",
+    "multi_output_limit",
+    "multi_sequence_multi_output_dist",
+    "multi_output_dist_transaction",
+    "multi_output_sampling_chain",
+    "multi_output_cpu",
+    "mixed",
+    "min_p",
+    "cpu_mixed",
+    "top_p",
+)
 _TOKENIZER_VOCABS = ("llama-spm", "llama-bpe", "gpt-2", "qwen2", "deepseek-llm", "falcon", "phi-3", "mpt")
 
 # test-backend-ops and test-gguf are ggml's; the stack changes no file under ggml/ (the report
 # checks that), so they run to show the build is whole, not to test a patch.
 SUITES: tuple[Suite, ...] = (
-    Suite(name="test-llama-archs -s 1234", target="test-llama-archs", args=("-s", ARCHS_SEED),
-          timeout_s=2400.0, archs_table=True,
-          note="random tiny model of every architecture: logits NMSE vs CPU and a save/load roundtrip "
-          "(with only the CPU the NMSE is CPU against itself: what a row shows is that the model loads, "
-          "builds its graph and decodes, and that the roundtrip is bitwise)"),
+    Suite(
+        name="test-llama-archs -s 1234",
+        target="test-llama-archs",
+        args=("-s", ARCHS_SEED),
+        timeout_s=2400.0,
+        archs_table=True,
+        note="random tiny model of every architecture: logits NMSE vs CPU and a save/load roundtrip "
+        "(with only the CPU the NMSE is CPU against itself: what a row shows is that the model loads, "
+        "builds its graph and decodes, and that the roundtrip is bitwise)",
+    ),
     Suite(name="test-gguf", target="test-gguf", timeout_s=900.0, note="ggml's GGUF reader/writer"),
     Suite(name="test-batch-alloc", target="test-batch-alloc", note="llama_batch_allocr (src/)"),
     Suite(name="test-c", target="test-c", note="include/llama.h compiled as C; building it is the test"),
-    Suite(name="test-model-load-cancel", target="test-model-load-cancel", args=("{gen:llama}",),
-          note="on the generator's llama-dense.gguf"),
-    Suite(name="test-autorelease", target="test-autorelease", args=("{gen:llama}",),
-          note="on the generator's llama-dense.gguf"),
-    Suite(name="test-save-load-state (tiny-llama)", target="test-save-load-state",
-          args=("-m", "{tiny}", "-t", "2"), note="KV state save/load, seq_rm, seq_cp host/device"),
-    Suite(name="test-save-load-state (gemma3-270m)", target="test-save-load-state",
-          args=("-m", "{gemma3}", "-t", "2"),
-          note="same on the store's gemma-3-270m q4_k_m (sliding-window KV, 0005); upstream's generator "
-          "does not save gemma3"),
-    Suite(name="test-state-restore-fragmented (tiny-llama)", target="test-state-restore-fragmented",
-          args=("-m", "{tiny}", "-t", "2"), note="seq state restore into a fragmented KV cache"),
-    Suite(name="test-recurrent-state-rollback (qwen35)", target="test-recurrent-state-rollback",
-          args=("-m", "{gen:qwen35}", "-t", "2"),
-          note="upstream's ctest pairing; llama-memory-recurrent (0003)"),
-    Suite(name="test-recurrent-state-rollback (nemotron_h)", target="test-recurrent-state-rollback",
-          args=("-m", "{gen:nemotron_h}", "-t", "2"), note="upstream's ctest pairing (hybrid memory)"),
-    Suite(name="test-thread-safety (tiny-llama)", target="test-thread-safety",
-          args=("-m", "{tiny}", "-ngl", "99", "-p", "The meaning of life is", "-n", "128", "-c", "256",
-                "-ub", "32", "-np", "4", "-t", "2"),
-          note="upstream's ctest arguments on tiny-llama instead of the downloaded stories15M"),
+    Suite(
+        name="test-model-load-cancel",
+        target="test-model-load-cancel",
+        args=("{gen:llama}",),
+        note="on the generator's llama-dense.gguf",
+    ),
+    Suite(
+        name="test-autorelease",
+        target="test-autorelease",
+        args=("{gen:llama}",),
+        note="on the generator's llama-dense.gguf",
+    ),
+    Suite(
+        name="test-save-load-state (tiny-llama)",
+        target="test-save-load-state",
+        args=("-m", "{tiny}", "-t", "2"),
+        note="KV state save/load, seq_rm, seq_cp host/device",
+    ),
+    Suite(
+        name="test-save-load-state (gemma3-270m)",
+        target="test-save-load-state",
+        args=("-m", "{gemma3}", "-t", "2"),
+        note="same on the store's gemma-3-270m q4_k_m (sliding-window KV, 0005); upstream's generator "
+        "does not save gemma3",
+    ),
+    Suite(
+        name="test-state-restore-fragmented (tiny-llama)",
+        target="test-state-restore-fragmented",
+        args=("-m", "{tiny}", "-t", "2"),
+        note="seq state restore into a fragmented KV cache",
+    ),
+    Suite(
+        name="test-recurrent-state-rollback (qwen35)",
+        target="test-recurrent-state-rollback",
+        args=("-m", "{gen:qwen35}", "-t", "2"),
+        note="upstream's ctest pairing; llama-memory-recurrent (0003)",
+    ),
+    Suite(
+        name="test-recurrent-state-rollback (nemotron_h)",
+        target="test-recurrent-state-rollback",
+        args=("-m", "{gen:nemotron_h}", "-t", "2"),
+        note="upstream's ctest pairing (hybrid memory)",
+    ),
+    Suite(
+        name="test-thread-safety (tiny-llama)",
+        target="test-thread-safety",
+        args=(
+            "-m",
+            "{tiny}",
+            "-ngl",
+            "99",
+            "-p",
+            "The meaning of life is",
+            "-n",
+            "128",
+            "-c",
+            "256",
+            "-ub",
+            "32",
+            "-np",
+            "4",
+            "-t",
+            "2",
+        ),
+        note="upstream's ctest arguments on tiny-llama instead of the downloaded stories15M",
+    ),
     *(
-        Suite(name=f"test-backend-sampler --test {t} (tiny-llama)", target="test-backend-sampler",
-              args=("--model", "{tiny}", "--test", t), note="backend sampling on a loaded model"
-              + ("; asks a +10 logit bias to win over a random model's logits" if t == "logit_bias" else ""))
+        Suite(
+            name=f"test-backend-sampler --test {t} (tiny-llama)",
+            target="test-backend-sampler",
+            args=("--model", "{tiny}", "--test", t),
+            note="backend sampling on a loaded model"
+            + ("; asks a +10 logit bias to win over a random model's logits" if t == "logit_bias" else ""),
+        )
         for t in _SAMPLER_TESTS
     ),
     *(
-        Suite(name=f"test-tokenizer-0 ({v})", target="test-tokenizer-0",
-              args=(f"{{tree}}/models/ggml-vocab-{v}.gguf",), note="vocab-only model load (0001's loader)")
+        Suite(
+            name=f"test-tokenizer-0 ({v})",
+            target="test-tokenizer-0",
+            args=(f"{{tree}}/models/ggml-vocab-{v}.gguf",),
+            note="vocab-only model load (0001's loader)",
+        )
         for v in _TOKENIZER_VOCABS
     ),
-    Suite(name="test-backend-ops grad", target="test-backend-ops", args=("grad",), timeout_s=900.0,
-          note="ggml: gradients vs finite differences on the CPU; at the pin it aborts on both trees "
-          "(REGLU has no backward pass, ggml.c:7086; an op subset meets inplace asserts and SUM misses "
-          "its tolerance): upstream's own state"),
-    Suite(name="test-backend-ops test -b CPU", target="test-backend-ops",
-          args=("test", "-b", "CPU", "-o", "MUL_MAT,SOFT_MAX,ROPE,RMS_NORM,GET_ROWS,CPY,SET_ROWS,ADD,MUL"),
-          timeout_s=1800.0,
-          note="ggml: the CPU backend vs its reference implementation, on the ops a llama graph runs"),
+    Suite(
+        name="test-backend-ops grad",
+        target="test-backend-ops",
+        args=("grad",),
+        timeout_s=900.0,
+        note="ggml: gradients vs finite differences on the CPU; at the pin it aborts on both trees "
+        "(REGLU has no backward pass, ggml.c:7086; an op subset meets inplace asserts and SUM misses "
+        "its tolerance): upstream's own state",
+    ),
+    Suite(
+        name="test-backend-ops test -b CPU",
+        target="test-backend-ops",
+        args=("test", "-b", "CPU", "-o", "MUL_MAT,SOFT_MAX,ROPE,RMS_NORM,GET_ROWS,CPY,SET_ROWS,ADD,MUL"),
+        timeout_s=1800.0,
+        note="ggml: the CPU backend vs its reference implementation, on the ops a llama graph runs",
+    ),
 )
 
 # Upstream tests of the pin not run, and why (the table lists them so the choice is visible).
@@ -198,8 +281,11 @@ def row_counts(rows: Sequence[str]) -> dict[str, int]:
     ok_archs = set()
     for row in rows:
         cells = row.split("|")[3:]
-        worst = "FAIL" if any(c.startswith("FAIL") for c in cells) else (
-            "OK" if any(c.startswith("OK") for c in cells) else "SKIP")
+        worst = (
+            "FAIL"
+            if any(c.startswith("FAIL") for c in cells)
+            else ("OK" if any(c.startswith("OK") for c in cells) else "SKIP")
+        )
         counts[worst] += 1
         if worst == "OK":
             ok_archs.add(row.split("|")[0])
@@ -242,7 +328,12 @@ def expand(args: Sequence[str], *, tree: Path, models: Mapping[str, Path]) -> li
 
 
 def run_one(
-    suite: Suite, binary: Path, *, tree: Path, models: Mapping[str, Path], logs: Path,
+    suite: Suite,
+    binary: Path,
+    *,
+    tree: Path,
+    models: Mapping[str, Path],
+    logs: Path,
     env: Mapping[str, str],
 ) -> Outcome:
     if not binary.is_file():
@@ -258,9 +349,15 @@ def run_one(
     with open(log, "wb") as sink:
         try:
             # ggml's abort handler attaches gdb for a backtrace: slow, and the assert line says enough
-            done = subprocess.run([str(binary), *argv], cwd=scratch, env={**env, "GGML_NO_BACKTRACE": "1"},
-                                  stdout=sink,
-                                  stderr=subprocess.STDOUT, timeout=suite.timeout_s, check=False)
+            done = subprocess.run(
+                [str(binary), *argv],
+                cwd=scratch,
+                env={**env, "GGML_NO_BACKTRACE": "1"},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=suite.timeout_s,
+                check=False,
+            )
             code: int | None = done.returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -268,14 +365,25 @@ def run_one(
     output = log.read_text("utf-8", "replace")
     rows = archs_rows(output) if suite.archs_table else ()
     if code is None:
-        return Outcome(status=Status.TIMEOUT, seconds=seconds, detail=f"killed after {suite.timeout_s:.0f} s",
-                       log=str(log), rows=rows)
+        return Outcome(
+            status=Status.TIMEOUT,
+            seconds=seconds,
+            detail=f"killed after {suite.timeout_s:.0f} s",
+            log=str(log),
+            rows=rows,
+        )
     detail = "" if code == 0 else _tail(output)
     if rows:
         c = row_counts(rows)
         detail = f"{c['OK']} OK rows over {c['archs']} archs, {c['FAIL']} FAIL, {c['SKIP']} SKIP; " + detail
-    return Outcome(status=Status.PASS if code == 0 else Status.FAIL, seconds=seconds, returncode=code,
-                   detail=detail.strip("; "), log=str(log), rows=rows)
+    return Outcome(
+        status=Status.PASS if code == 0 else Status.FAIL,
+        seconds=seconds,
+        returncode=code,
+        detail=detail.strip("; "),
+        log=str(log),
+        rows=rows,
+    )
 
 
 def _tail(output: str, lines: int = 3) -> str:
@@ -293,12 +401,19 @@ def compare(
         notes = [suite.note] if suite.note else []
         if suite.archs_table:
             diff = worse_rows(a.rows, b.rows)
-            notes.append("rows identical pristine vs patched" if not diff and a.rows
-                         else f"rows differing: {', '.join(diff[:10])}" if diff else "no rows")
+            notes.append(
+                "rows identical pristine vs patched"
+                if not diff and a.rows
+                else f"rows differing: {', '.join(diff[:10])}"
+                if diff
+                else "no rows"
+            )
             staged = [r for r in b.rows if r.split("|")[0] in STAGED_ARCHS and r.split("|")[1] != "Meta"]
             if staged:
-                notes.append("the stack's architectures (patched; config, NMSE, roundtrip): "
-                             + ", ".join(f"{r.split('|')[0]} {' '.join(r.split('|')[2:])}" for r in staged))
+                notes.append(
+                    "the stack's architectures (patched; config, NMSE, roundtrip): "
+                    + ", ".join(f"{r.split('|')[0]} {' '.join(r.split('|')[2:])}" for r in staged)
+                )
         rows.append(Row(suite=suite, pristine=a, patched=b, notes=tuple(notes)))
     return rows
 
@@ -307,8 +422,11 @@ def compare(
 
 
 def _cell(o: Outcome) -> str:
-    return o.status.value if o.status is not Status.PASS or not o.rows else \
-        f"PASS ({row_counts(o.rows)['OK']} OK rows)"
+    return (
+        o.status.value
+        if o.status is not Status.PASS or not o.rows
+        else f"PASS ({row_counts(o.rows)['OK']} OK rows)"
+    )
 
 
 def render_markdown(rows: Sequence[Row], meta: Mapping[str, Any]) -> str:
@@ -328,22 +446,32 @@ def render_markdown(rows: Sequence[Row], meta: Mapping[str, Any]) -> str:
         notes = "; ".join((*r.notes, *details))
         if r.regression:
             notes = "**FAILS ONLY ON THE PATCHED TREE**; " + notes
-        lines.append(f"| {r.suite.name} | {_cell(r.pristine)} | {_cell(r.patched)} | "
-                     f"{r.pristine.seconds:.1f} / {r.patched.seconds:.1f} | {notes.replace('|', '/')} |")
+        lines.append(
+            f"| {r.suite.name} | {_cell(r.pristine)} | {_cell(r.patched)} | "
+            f"{r.pristine.seconds:.1f} / {r.patched.seconds:.1f} | {notes.replace('|', '/')} |"
+        )
     for name, why in NOT_RUN.items():
         lines.append(f"| {name} | not run | not run | - | {why} |")
     builds = meta.get("builds", {})
     if builds:
-        lines += ["", "| build | this run: configure / build s | last compile: configure / build s (UTC) "
-                  "| dir | error |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| build | this run: configure / build s | last compile: configure / build s (UTC) "
+            "| dir | error |",
+            "|---|---|---|---|---|",
+        ]
         for side, b in builds.items():
             error = b.get("error") or "-"
             last = b.get("last_compile") or {}
             when = f"{last['configure_s']} / {last['build_s']} ({last['created_at']})" if last else "-"
             lines.append(f"| {side} | {b['configure_s']} / {b['build_s']} | {when} | {b['dir']} | {error} |")
     regressions = [r.suite.name for r in rows if r.regression]
-    lines += ["", f"Tests failing only on the patched tree: {len(regressions)}"
-              + (f" ({', '.join(regressions)})" if regressions else ""), ""]
+    lines += [
+        "",
+        f"Tests failing only on the patched tree: {len(regressions)}"
+        + (f" ({', '.join(regressions)})" if regressions else ""),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -359,9 +487,15 @@ def as_json(rows: Sequence[Row], meta: Mapping[str, Any]) -> dict[str, Any]:
         "kind": "dgr.upstream-suites",
         **meta,
         "suites": [
-            {"name": r.suite.name, "target": r.suite.target, "args": list(r.suite.args),
-             "pristine": outcome(r.pristine), "patched": outcome(r.patched), "notes": list(r.notes),
-             "regression": r.regression}
+            {
+                "name": r.suite.name,
+                "target": r.suite.target,
+                "args": list(r.suite.args),
+                "pristine": outcome(r.pristine),
+                "patched": outcome(r.patched),
+                "notes": list(r.notes),
+                "regression": r.regression,
+            }
             for r in rows
         ],
         "not_run": dict(NOT_RUN),
@@ -384,14 +518,18 @@ def write_report(out: Path, rows: Sequence[Row], meta: Mapping[str, Any]) -> Sui
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "suites.json", as_json(rows, meta))
     (out / "suites.md").write_text(render_markdown(rows, meta), encoding="utf-8")
-    return SuitesReport(json_path=out / "suites.json", markdown_path=out / "suites.md",
-                        regressions=tuple(r.suite.name for r in rows if r.regression))
+    return SuitesReport(
+        json_path=out / "suites.json",
+        markdown_path=out / "suites.md",
+        regressions=tuple(r.suite.name for r in rows if r.regression),
+    )
 
 
 def changed_dirs(pristine: Path, patched: Path) -> list[str]:
     """Top-level directories holding a file that differs between the trees (e.g. include, src)."""
-    done = subprocess.run(["diff", "-rq", str(pristine), str(patched)], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        ["diff", "-rq", str(pristine), str(patched)], capture_output=True, text=True, check=False
+    )
     dirs = set()
     for line in done.stdout.splitlines():
         if line.startswith("Files "):  # "Files A and B differ"
@@ -428,10 +566,18 @@ def run_suites(
     out = out or root  # suites.json, suites.md, logs/
     wanted = placeholders(suites)
     trees = {"pristine": (pristine.path, pristine.tree), "patched": (patched.path, patched.digest)}
-    builds = _build_both(ctx, trees, commit=pristine.commit, root=root, jobs=jobs, progress=progress,
-                         targets=(*targets(suites), *(("test-llama-archs",) if wanted else ())))
-    models = upstream_models.models(ctx, builds["pristine"].binary("test-llama-archs"), root / "models",
-                                    wanted=wanted, say=progress)
+    builds = _build_both(
+        ctx,
+        trees,
+        commit=pristine.commit,
+        root=root,
+        jobs=jobs,
+        progress=progress,
+        targets=(*targets(suites), *(("test-llama-archs",) if wanted else ())),
+    )
+    models = upstream_models.models(
+        ctx, builds["pristine"].binary("test-llama-archs"), root / "models", wanted=wanted, say=progress
+    )
     results = _run_all(ctx, suites, builds, models=models, logs=out / "logs", progress=progress)
     dirs = changed_dirs(pristine.path, patched.path)
     meta = {
@@ -441,8 +587,16 @@ def run_suites(
         "changed_dirs": dirs,
         "ggml_unchanged": "ggml" not in dirs,
         "created_at": utc_now(),
-        "builds": {s: {"dir": str(b.dir), "configure_s": b.configure_s, "build_s": b.build_s,
-                       "error": b.error, "last_compile": dict(b.recorded)} for s, b in builds.items()},
+        "builds": {
+            s: {
+                "dir": str(b.dir),
+                "configure_s": b.configure_s,
+                "build_s": b.build_s,
+                "error": b.error,
+                "last_compile": dict(b.recorded),
+            }
+            for s, b in builds.items()
+        },
         "models": {k: str(v) for k, v in models.items()},
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -452,25 +606,47 @@ def run_suites(
 
 
 def _build_both(
-    ctx: Context, trees: Mapping[str, tuple[Path, str]], *, commit: str, root: Path, jobs: int,
-    targets: Sequence[str], progress: Callable[[str], None],
+    ctx: Context,
+    trees: Mapping[str, tuple[Path, str]],
+    *,
+    commit: str,
+    root: Path,
+    jobs: int,
+    targets: Sequence[str],
+    progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Each tree's test targets (the libraries' objects are the CPU lane build's compiles: ccache)."""
     from lanes.upstream_build import ensure_test_build
 
     builds = {}
     for side, (tree, digest) in trees.items():
-        b = ensure_test_build(ctx, side=side, tree=tree, tree_digest=digest, commit=commit,
-                              targets=tuple(dict.fromkeys(targets)), root=root, jobs=jobs, say=progress)
-        progress(f"{side} build: configure {b.configure_s} s, build {b.build_s} s"
-                 + (f"; FAILED: {b.error}" if b.error else ""))
+        b = ensure_test_build(
+            ctx,
+            side=side,
+            tree=tree,
+            tree_digest=digest,
+            commit=commit,
+            targets=tuple(dict.fromkeys(targets)),
+            root=root,
+            jobs=jobs,
+            say=progress,
+        )
+        progress(
+            f"{side} build: configure {b.configure_s} s, build {b.build_s} s"
+            + (f"; FAILED: {b.error}" if b.error else "")
+        )
         builds[side] = b
     return builds
 
 
 def _run_all(
-    ctx: Context, suites: Sequence[Suite], builds: Mapping[str, Any], *, models: Mapping[str, Path],
-    logs: Path, progress: Callable[[str], None],
+    ctx: Context,
+    suites: Sequence[Suite],
+    builds: Mapping[str, Any],
+    *,
+    models: Mapping[str, Path],
+    logs: Path,
+    progress: Callable[[str], None],
 ) -> dict[str, dict[str, Outcome]]:
     from lanes.upstream_build import environment
 
@@ -478,8 +654,14 @@ def _run_all(
     for suite in suites:
         for side in SIDES:
             b = builds[side]
-            o = run_one(suite, b.binary(suite.target), tree=b.tree, models=models, logs=logs / side,
-                        env=environment(ctx, b.tree))
+            o = run_one(
+                suite,
+                b.binary(suite.target),
+                tree=b.tree,
+                models=models,
+                logs=logs / side,
+                env=environment(ctx, b.tree),
+            )
             results[side][suite.name] = o
             progress(f"{suite.name} [{side}]: {o.status.value} in {o.seconds:.1f} s {o.detail[:120]}")
     return results

@@ -367,7 +367,7 @@ def _check_nextn(recipe: Recipe) -> None:
             f"{recipe.source}: at {where}: artifact set {name} ({variant_name or 'default variant'}) holds "
             f"no nextn block ({recipe.architecture}.nextn_predict_layers is not in its header expectations)",
             hint='set "mtp": false, or name a set with a nextn block (tiny-v4-mtp, or an MTP-only file\'s '
-                 'set in "mtp": {"artifacts": ...})',
+            'set in "mtp": {"artifacts": ...})',
         )
 
 

@@ -24,8 +24,17 @@ from fetch.source import Pin, ensure_pristine
 from patches.stack import NAME, load_stack, read_series, write_series
 
 # The flags patches are written with: the same bytes for the same commit on every machine.
-DIFF = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--full-index",
-        "--binary", "--src-prefix=a/", "--dst-prefix=b/"]
+DIFF = [
+    "diff",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--full-index",
+    "--binary",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+]
 
 
 def describe(data: bytes) -> str:
@@ -46,8 +55,10 @@ def slug_of(subject: str) -> str:
     raw = m[1] if m else subject
     slug = re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:60].strip("-")
     if not slug:
-        raise ConfigurationError(f"commit subject {subject!r} gives an empty patch name",
-                                 hint="give the commit a short descriptive subject")
+        raise ConfigurationError(
+            f"commit subject {subject!r} gives an empty patch name",
+            hint="give the commit a short descriptive subject",
+        )
     return slug
 
 
@@ -58,8 +69,13 @@ def dev_message(name: str, data: bytes) -> str:
 
 
 def make_dev_tree(
-    ctx: Context, dest: Path, *, pin: Pin | None = None, patches_dir: Path = PATCHES,
-    message: Callable[[str, bytes], str] = dev_message, identity: Mapping[str, str] | None = None,
+    ctx: Context,
+    dest: Path,
+    *,
+    pin: Pin | None = None,
+    patches_dir: Path = PATCHES,
+    message: Callable[[str, bytes], str] = dev_message,
+    identity: Mapping[str, str] | None = None,
 ) -> str:
     """Create the dev work tree at ``dest``; returns the base commit id.  ``message`` gives each
     patch's commit message and ``identity`` the GIT_AUTHOR_*/GIT_COMMITTER_* of its commits (the
@@ -79,18 +95,23 @@ def make_dev_tree(
         raise IntegrityError(f"dev tree {dest}: base commit does not reproduce the pristine tree id")
     for entry, data in zip(entries, contents, strict=True):
         try:
-            gittree.git(["apply", "--index", "--whitespace=nowarn", "-p1", "-"], env=env, cwd=dest,
-                        stdin_data=data)
+            gittree.git(
+                ["apply", "--index", "--whitespace=nowarn", "-p1", "-"], env=env, cwd=dest, stdin_data=data
+            )
         except CommandFailed as exc:
             raise IntegrityError(f"patch {entry.name} does not apply in {dest}: {exc.message}") from None
-        gittree.git(["commit", "-q", "--no-verify", "--allow-empty", "-F", "-"],
-                    env={**env, **(identity or {})}, cwd=dest,
-                    stdin_data=message(entry.name, data).encode("utf-8"))
+        gittree.git(
+            ["commit", "-q", "--no-verify", "--allow-empty", "-F", "-"],
+            env={**env, **(identity or {})},
+            cwd=dest,
+            stdin_data=message(entry.name, data).encode("utf-8"),
+        )
     return base
 
 
-def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None,
-            patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
+def refresh(
+    ctx: Context, dev: Path, *, pin: Pin | None = None, patches_dir: Path = PATCHES
+) -> list[tuple[str, str]]:
     """Regenerate the patch files and the series from the commits of ``dev``; returns (name, sha256)."""
     pristine = ensure_pristine(ctx, pin=pin)
     env = gittree.git_env(ctx.env)
@@ -98,15 +119,19 @@ def refresh(ctx: Context, dev: Path, *, pin: Pin | None = None,
         raise ConfigurationError(f"{dev} is not a `dgr patch --dev` tree (no .git)")
     dirty = gittree.git(["status", "--porcelain", "--untracked-files=normal"], env=env, cwd=dev)
     if dirty:
-        raise ConfigurationError(f"{dev} has uncommitted changes: {dirty.splitlines()[0]} ...",
-                                 hint="commit or remove them, then refresh")
+        raise ConfigurationError(
+            f"{dev} has uncommitted changes: {dirty.splitlines()[0]} ...",
+            hint="commit or remove them, then refresh",
+        )
     roots = gittree.git(["rev-list", "--max-parents=0", "HEAD"], env=env, cwd=dev).split()
     if len(roots) != 1:
         raise ConfigurationError(f"{dev}: expected one base commit, found {len(roots)}")
     base = roots[0]
     subject = gittree.git(["log", "-1", "--format=%s", base], env=env, cwd=dev)
-    if subject != f"pristine {pristine.commit}" or gittree.git(
-            ["rev-parse", f"{base}^{{tree}}"], env=env, cwd=dev) != pristine.tree:
+    if (
+        subject != f"pristine {pristine.commit}"
+        or gittree.git(["rev-parse", f"{base}^{{tree}}"], env=env, cwd=dev) != pristine.tree
+    ):
         raise ConfigurationError(f"{dev}: base commit is not the pristine tree of {pristine.commit}")
     if gittree.git(["rev-list", "--min-parents=2", f"{base}..HEAD"], env=env, cwd=dev):
         raise ConfigurationError(f"{dev}: merge commits cannot become patches", hint="rebase to a line")

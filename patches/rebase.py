@@ -100,9 +100,19 @@ class Rebase:
             "kind": "dgr.rebase",
             "pin": {"commit": self.pin.commit, "tree": self.pin.tree},
             "candidate": {"commit": self.candidate, "tree": self.candidate_tree, "source": self.source},
-            "patches": [{"name": o.name, "status": o.status, "files": list(o.files),
-                         "conflicts": list(o.conflicts), "offsets": list(o.offsets), "detail": o.detail,
-                         "refreshed": o.refreshed, "sha256": o.sha256} for o in self.outcomes],
+            "patches": [
+                {
+                    "name": o.name,
+                    "status": o.status,
+                    "files": list(o.files),
+                    "conflicts": list(o.conflicts),
+                    "offsets": list(o.offsets),
+                    "detail": o.detail,
+                    "refreshed": o.refreshed,
+                    "sha256": o.sha256,
+                }
+                for o in self.outcomes
+            ],
             "series_written": self.series_written,
             "kept_tree": self.kept_tree.name if self.kept_tree else None,
         }
@@ -113,17 +123,27 @@ def default_out(ctx: Context, commit: str) -> Path:
 
 
 def rebase_onto(
-    ctx: Context, commit: str, *, from_git: str | None = None, tree: Path | None = None,
-    sdist: str | None = None, out: Path | None = None, pin: Pin | None = None, patches_dir: Path = PATCHES,
-    write_patches: bool = False, download: Any = pip_download,
+    ctx: Context,
+    commit: str,
+    *,
+    from_git: str | None = None,
+    tree: Path | None = None,
+    sdist: str | None = None,
+    out: Path | None = None,
+    pin: Pin | None = None,
+    patches_dir: Path = PATCHES,
+    write_patches: bool = False,
+    download: Any = pip_download,
 ) -> Rebase:
     """Replay ``patches_dir``'s series onto ``commit``; the candidate's tree comes from ``tree`` (a
     directory holding it), or ``sdist`` (a llama-cpp-python sdist file, or a version of it fetched
     from the package index, whose vendored llama.cpp the user says is ``commit``), else from the git
     repository ``from_git`` (URL or local path), else from ``DGR_LLAMA_GIT_URL`` or the pin's upstream."""
     if not COMMIT.match(commit):
-        raise ConfigurationError(f"--rebase-onto {commit!r} is not a 40-hex commit id",
-                                 hint="name the candidate llama.cpp commit in full")
+        raise ConfigurationError(
+            f"--rebase-onto {commit!r} is not a 40-hex commit id",
+            hint="name the candidate llama.cpp commit in full",
+        )
     if sum(x is not None for x in (tree, sdist, from_git)) > 1:
         raise ConfigurationError("name one source of the candidate: --tree, --sdist or --from-git")
     if tree is not None and not tree.is_dir():
@@ -142,8 +162,9 @@ def rebase_onto(
             where = None
             if sdist is not None:
                 tree, where = _sdist_tree(ctx, sdist, pin, work, download)
-            result = _replay(ctx, commit, pin, patches_dir, work, out, from_git=from_git, tree=tree,
-                             where=where)
+            result = _replay(
+                ctx, commit, pin, patches_dir, work, out, from_git=from_git, tree=tree, where=where
+            )
             if out.exists():
                 shutil.rmtree(out)
             work.chmod(0o755)
@@ -156,8 +177,18 @@ def rebase_onto(
     return result
 
 
-def _replay(ctx: Context, commit: str, pin: Pin, patches_dir: Path, work: Path, out: Path, *,
-            from_git: str | None, tree: Path | None, where: str | None) -> Rebase:
+def _replay(
+    ctx: Context,
+    commit: str,
+    pin: Pin,
+    patches_dir: Path,
+    work: Path,
+    out: Path,
+    *,
+    from_git: str | None,
+    tree: Path | None,
+    where: str | None,
+) -> Rebase:
     repo = work / "tree"
     env = gittree.git_env(ctx.env)
     make_dev_tree(ctx, repo, pin=pin, patches_dir=patches_dir)
@@ -183,21 +214,35 @@ def _replay(ctx: Context, commit: str, pin: Pin, patches_dir: Path, work: Path, 
         outcomes.append(_one(repo, entry, data, env))
         if outcomes[-1].status == CONFLICT and stop is None:
             stop = (before, entry, data)
-    outcomes = _write_refreshed(repo, root, outcomes, dict(zip((e.name for e in entries), originals,
-                                                               strict=True)), work / "patches", env)
+    outcomes = _write_refreshed(
+        repo,
+        root,
+        outcomes,
+        dict(zip((e.name for e in entries), originals, strict=True)),
+        work / "patches",
+        env,
+    )
     if stop is None:
         shutil.rmtree(repo)
     else:
         _leave_at_conflict(repo, *stop, env)
-    result = Rebase(pin=pin, candidate=commit, candidate_tree=candidate_tree, source=source,
-                    outcomes=tuple(outcomes), out=out, series_written=stop is None,
-                    kept_tree=None if stop is None else out / "tree")
+    result = Rebase(
+        pin=pin,
+        candidate=commit,
+        candidate_tree=candidate_tree,
+        source=source,
+        outcomes=tuple(outcomes),
+        out=out,
+        series_written=stop is None,
+        kept_tree=None if stop is None else out / "tree",
+    )
     write_json(work / "rebase.json", dict(result.record(), created_at=utc_now()))
     return result
 
 
-def _leave_at_conflict(repo: Path, before: str, entry: PatchEntry, data: bytes,
-                       env: Mapping[str, str]) -> None:
+def _leave_at_conflict(
+    repo: Path, before: str, entry: PatchEntry, data: bytes, env: Mapping[str, str]
+) -> None:
     """The kept repository for the patch-writer: branch ``judged`` holds every patch that applied;
     ``rebased`` is reset to just before the first conflict, with that patch applied 3-way (conflict
     markers in the files, the patch's message ready for a plain `git commit`).  After resolving:
@@ -217,8 +262,10 @@ def _import_tree(repo: Path, tree: Path, env: Mapping[str, str]) -> str:
     its objects written into the repository's own store."""
     tree = Path(os.path.abspath(tree))
     if (tree / ".git").exists():
-        raise ConfigurationError(f"--tree {tree} contains a .git entry",
-                                 hint="export the commit's files (git archive / worktree without .git)")
+        raise ConfigurationError(
+            f"--tree {tree} contains a .git entry",
+            hint="export the commit's files (git archive / worktree without .git)",
+        )
     index = repo / ".git" / "dgr-candidate-index"
     genv = dict(env, GIT_DIR=str(repo / ".git"), GIT_WORK_TREE=str(tree), GIT_INDEX_FILE=str(index))
     try:
@@ -245,9 +292,10 @@ def _sdist_tree(ctx: Context, sdist: str, pin: Pin, work: Path, download: Any) -
         try:
             download(ctx, want, got)
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
-            raise SourceUnavailable(f"sdist {sd.package}=={sdist}: download failed: {exc.message}",
-                                    hint="give the sdist file, or the commit's files with --tree DIR",
-                                    ) from None
+            raise SourceUnavailable(
+                f"sdist {sd.package}=={sdist}: download failed: {exc.message}",
+                hint="give the sdist file, or the commit's files with --tree DIR",
+            ) from None
         found = sorted(p for p in got.iterdir() if p.name.endswith(".tar.gz") and p.is_file())
         if len(found) != 1:
             raise SourceUnavailable(f"sdist {sd.package}=={sdist}: download gave {[p.name for p in found]}")
@@ -259,30 +307,60 @@ def _sdist_tree(ctx: Context, sdist: str, pin: Pin, work: Path, download: Any) -
     with open(path, "rb") as fh:
         digest = digest_fd(fh.fileno(), sha256=True, blake3=False).sha256
         fh.seek(0)
-        archive.extract_subtree(path, f"{path.name[:-len('.tar.gz')]}/{sd.subtree}", dest,
-                                archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
-                                where=f"sdist {path.name}", drop=(".git",), fileobj=fh)
+        archive.extract_subtree(
+            path,
+            f"{path.name[: -len('.tar.gz')]}/{sd.subtree}",
+            dest,
+            archive.Caps(max_members=sd.max_members, max_bytes=sd.max_bytes),
+            where=f"sdist {path.name}",
+            drop=(".git",),
+            fileobj=fh,
+        )
     shutil.rmtree(work / "sdist", ignore_errors=True)
     return dest, f"sdist {path.name} sha256 {digest}"
 
 
-def _fetch(repo: Path, commit: str, from_git: str | None, pin: Pin, user_env: Mapping[str, str],
-           env: Mapping[str, str]) -> tuple[str, str]:
+def _fetch(
+    repo: Path,
+    commit: str,
+    from_git: str | None,
+    pin: Pin,
+    user_env: Mapping[str, str],
+    env: Mapping[str, str],
+) -> tuple[str, str]:
     url = from_git or git_url(pin, user_env)
     if from_git is not None and Path(from_git).is_dir():
         url = Path(os.path.abspath(from_git)).as_uri()  # file:// so --depth is honoured
     where = f"git source {redact(url)}"
     try:
-        gittree.git(["-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=30",
-                     "-c", "protocol.version=2", "fetch", "--progress", "--no-tags", "--depth", "1",
-                     url, commit],
-                    env=env, cwd=repo, no_output_timeout=GIT_NO_OUTPUT_S)
+        gittree.git(
+            [
+                "-c",
+                "http.lowSpeedLimit=1000",
+                "-c",
+                "http.lowSpeedTime=30",
+                "-c",
+                "protocol.version=2",
+                "fetch",
+                "--progress",
+                "--no-tags",
+                "--depth",
+                "1",
+                url,
+                commit,
+            ],
+            env=env,
+            cwd=repo,
+            no_output_timeout=GIT_NO_OUTPUT_S,
+        )
         got = gittree.git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], env=env, cwd=repo)
     except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
         last = exc.tail.strip().splitlines()[-1] if getattr(exc, "tail", "").strip() else exc.message
-        raise SourceUnavailable(f"{where}: could not fetch {commit}: {last}",
-                                hint="name a mirror with --from-git URL|DIR or DGR_LLAMA_GIT_URL, "
-                                "or the commit's files with --tree DIR") from None
+        raise SourceUnavailable(
+            f"{where}: could not fetch {commit}: {last}",
+            hint="name a mirror with --from-git URL|DIR or DGR_LLAMA_GIT_URL, "
+            "or the commit's files with --tree DIR",
+        ) from None
     if got != commit:
         raise IntegrityError(f"{where}: asked for {commit}, got {got}")
     return gittree.git(["rev-parse", f"{commit}^{{tree}}"], env=env, cwd=repo), redact(url)
@@ -300,8 +378,9 @@ def _one(repo: Path, entry: PatchEntry, data: bytes, env: Mapping[str, str]) -> 
     return Outcome(name=entry.name, status=CLEAN, files=files, offsets=offsets(said))
 
 
-def _three_way(repo: Path, entry: PatchEntry, data: bytes, files: tuple[str, ...],
-               env: Mapping[str, str]) -> Outcome:
+def _three_way(
+    repo: Path, entry: PatchEntry, data: bytes, files: tuple[str, ...], env: Mapping[str, str]
+) -> Outcome:
     try:
         gittree.git([*_APPLY, "--3way", "--index", "-"], env=env, cwd=repo, stdin_data=data)
     except CommandFailed as exc:
@@ -309,8 +388,11 @@ def _three_way(repo: Path, entry: PatchEntry, data: bytes, files: tuple[str, ...
         named = tuple(dict.fromkeys(row.split("\t", 1)[1] for row in unmerged.split("\0") if "\t" in row))
         if not named:  # git could not even merge (a file gone, a blob missing): the paths it names
             named = tuple(dict.fromkeys(m[1] for ln in exc.tail.splitlines() if (m := _ERROR_PATH.match(ln))))
-        said = [ln.strip() for ln in exc.tail.splitlines()
-                if ln.startswith("error: ") or ln.endswith("with conflicts.")]
+        said = [
+            ln.strip()
+            for ln in exc.tail.splitlines()
+            if ln.startswith("error: ") or ln.endswith("with conflicts.")
+        ]
         last = "; ".join(dict.fromkeys(said)) or (exc.tail.strip().splitlines() or ["no output"])[-1]
         gittree.git(["reset", "-q", "--hard", "HEAD"], env=env, cwd=repo)  # our own scratch repository
         gittree.git(["clean", "-q", "-f", "-d", "-x"], env=env, cwd=repo)
@@ -328,8 +410,12 @@ def _message(entry: PatchEntry, data: bytes) -> str:
 
 
 def _commit(repo: Path, entry: PatchEntry, data: bytes, env: Mapping[str, str]) -> None:
-    gittree.git(["commit", "-q", "--no-verify", "-F", "-"], env=env, cwd=repo,
-                stdin_data=_message(entry, data).encode("utf-8"))
+    gittree.git(
+        ["commit", "-q", "--no-verify", "-F", "-"],
+        env=env,
+        cwd=repo,
+        stdin_data=_message(entry, data).encode("utf-8"),
+    )
 
 
 def offsets(verbose: str) -> tuple[str, ...]:
@@ -359,8 +445,14 @@ def renamed(head: bytes, old: str, new: str) -> bytes:
     return head
 
 
-def _write_refreshed(repo: Path, candidate: str, outcomes: list[Outcome], originals: Mapping[str, bytes],
-                     dest: Path, env: Mapping[str, str]) -> list[Outcome]:
+def _write_refreshed(
+    repo: Path,
+    candidate: str,
+    outcomes: list[Outcome],
+    originals: Mapping[str, bytes],
+    dest: Path,
+    env: Mapping[str, str],
+) -> list[Outcome]:
     """The refreshed files of the patches that applied, commit by commit after ``candidate``, and
     their series; nothing when one conflicts."""
     commits = gittree.git(["rev-list", "--reverse", f"{candidate}..HEAD"], env=env, cwd=repo).split()

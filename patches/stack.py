@@ -82,13 +82,17 @@ def read_series(patches_dir: Path = PATCHES) -> tuple[PatchEntry, ...]:
         name, digest = fields
         m = NAME.match(name)
         if not m:
-            raise IntegrityError(f"{series}:{lineno}: unsafe or malformed patch name {name!r}",
-                                 hint="names look like 0001-short-slug.patch")
+            raise IntegrityError(
+                f"{series}:{lineno}: unsafe or malformed patch name {name!r}",
+                hint="names look like 0001-short-slug.patch",
+            )
         number = int(m["num"])
         expected = len(entries) + 1
         if number != expected:
-            raise IntegrityError(f"{series}:{lineno}: {name} is number {number}, expected {expected:04d} "
-                                 "(numbering must run 0001.. without gaps); the stack was refused")
+            raise IntegrityError(
+                f"{series}:{lineno}: {name} is number {number}, expected {expected:04d} "
+                "(numbering must run 0001.. without gaps); the stack was refused"
+            )
         entries.append(PatchEntry(number=number, name=name, sha256=digest, path=patches_dir / name))
     return tuple(entries)
 
@@ -107,8 +111,10 @@ def load_stack(entries: tuple[PatchEntry, ...], tree: Path) -> tuple[bytes, ...]
         data = entry.path.read_bytes()
         actual = sha256_bytes(data)
         if actual != entry.sha256:
-            raise IntegrityError(f"patch {entry.name}: sha256 {actual}, series says {entry.sha256}; "
-                                 "the stack was refused", hint="regenerate with `dgr patch --refresh DIR`")
+            raise IntegrityError(
+                f"patch {entry.name}: sha256 {actual}, series says {entry.sha256}; the stack was refused",
+                hint="regenerate with `dgr patch --refresh DIR`",
+            )
         for path in touched_paths(data, entry.name):
             _check_path(path, tree, entry.name)
         contents.append(data)
@@ -145,7 +151,7 @@ def touched_paths(data: bytes, name: str) -> list[str]:
             continue
         if line.startswith("diff --git "):
             state = "header"
-            paths += _git_line_paths(line[len("diff --git "):], name)
+            paths += _git_line_paths(line[len("diff --git ") :], name)
             continue
         m = _HUNK.match(line)
         if m and paths:  # a hunk only counts after a git header
@@ -156,21 +162,22 @@ def touched_paths(data: bytes, name: str) -> list[str]:
         if state == "header":
             for key in ("rename from ", "rename to ", "rename old ", "rename new ", "copy from ", "copy to "):
                 if line.startswith(key):
-                    paths.append(_unquote(line[len(key):]))
+                    paths.append(_unquote(line[len(key) :]))
             if line.startswith(("--- ", "+++ ")):
                 p = _unquote(line[4:].split("\t", 1)[0])
                 if p != "/dev/null":
                     paths.append(_strip_p1(p, name))
             for key in ("new file mode ", "deleted file mode ", "old mode ", "new mode "):
                 if line.startswith(key):
-                    _check_mode(line[len(key):].strip(), name)
+                    _check_mode(line[len(key) :].strip(), name)
             if line.startswith("index "):
-                _check_index_mode(line[len("index "):], name)
+                _check_index_mode(line[len("index ") :], name)
             continue
         # Outside any git header: an old-style header here would be applied by git, unseen by us.
         if line.startswith(("--- ", "+++ ", "*** ")) or m:
-            raise IntegrityError(f"patch {name}: line {i} looks like a non-git diff header; "
-                                 "only `git diff` output is accepted")
+            raise IntegrityError(
+                f"patch {name}: line {i} looks like a non-git diff header; only `git diff` output is accepted"
+            )
     if state == "hunk":
         raise IntegrityError(f"patch {name}: ends inside a hunk (truncated?)")
     return paths
@@ -193,7 +200,7 @@ def _check_index_mode(rest: str, name: str) -> None:
     dots = rest.find("..")
     space = rest.find(" ", dots + 2) if dots >= 0 else -1
     if space >= 0:
-        _check_mode(rest[space + 1:], name)
+        _check_mode(rest[space + 1 :], name)
 
 
 def _mode_kind(mode: int) -> str:
@@ -212,9 +219,11 @@ def _check_mode(text: str, name: str) -> None:
     if mode is None:
         raise IntegrityError(f"patch {name}: mode {text!r} is not an octal number; the stack was refused")
     if mode not in _REGULAR_MODES:
-        raise IntegrityError(f"patch {name} creates or changes {_mode_kind(mode)} (mode {text.strip()}, "
-                             f"octal {mode:o}); only regular files 100644/100755 are accepted, "
-                             "the stack was refused")
+        raise IntegrityError(
+            f"patch {name} creates or changes {_mode_kind(mode)} (mode {text.strip()}, "
+            f"octal {mode:o}); only regular files 100644/100755 are accepted, "
+            "the stack was refused"
+        )
 
 
 def _git_line_paths(rest: str, name: str) -> list[str]:
@@ -226,7 +235,7 @@ def _git_line_paths(rest: str, name: str) -> list[str]:
     # its rename from/to lines, so judging every plausible split is the conservative reading.
     out = []
     for idx in [m.start() for m in re.finditer(" ", rest)]:
-        left, right = rest[:idx], rest[idx + 1:]
+        left, right = rest[:idx], rest[idx + 1 :]
         if left[2:] == right[2:] or right.startswith("b/"):
             out += [_strip_p1(left, name), _strip_p1(_unquote(right), name)]
     if not out:
@@ -236,8 +245,9 @@ def _git_line_paths(rest: str, name: str) -> list[str]:
 
 def _strip_p1(path: str, name: str) -> str:
     if path.startswith("/"):
-        raise IntegrityError(f"patch {name}: path {path!r} is absolute; the stack was refused, "
-                             "nothing was changed")
+        raise IntegrityError(
+            f"patch {name}: path {path!r} is absolute; the stack was refused, nothing was changed"
+        )
     if "/" not in path:
         raise IntegrityError(f"patch {name}: path {path!r} has no a/ or b/ prefix")
     return path.split("/", 1)[1]
@@ -253,7 +263,7 @@ def _take_quoted(s: str) -> tuple[str, str]:
     while i < len(s):
         c = s[i]
         if c == '"':
-            return out.decode("utf-8", "surrogateescape"), s[i + 1:]
+            return out.decode("utf-8", "surrogateescape"), s[i + 1 :]
         if c == "\\" and i + 1 < len(s):
             n = s[i + 1]
             if n in escapes:
@@ -261,9 +271,9 @@ def _take_quoted(s: str) -> tuple[str, str]:
                 i += 2
                 continue
             # git's unquote_c_style: three octal digits, the first 0-3; any other escape is bad quoting
-            if not _OCTAL_ESCAPE.fullmatch(s[i + 1:i + 4]):
-                raise IntegrityError(f"bad quoting (\\{s[i + 1:i + 4]!s}) in patch header: {s[:80]!r}")
-            out.append(int(s[i + 1:i + 4], 8))
+            if not _OCTAL_ESCAPE.fullmatch(s[i + 1 : i + 4]):
+                raise IntegrityError(f"bad quoting (\\{s[i + 1 : i + 4]!s}) in patch header: {s[:80]!r}")
+            out.append(int(s[i + 1 : i + 4], 8))
             i += 4
             continue
         out += c.encode("utf-8", "surrogateescape")
@@ -302,8 +312,9 @@ def stack_key(tree: str, entries: tuple[PatchEntry, ...]) -> str:
     return canonical_digest({"pristine_tree": tree, "patches": [e.sha256 for e in entries]})[:16]
 
 
-def apply_stack(source: Path, contents: tuple[bytes, ...], dest: Path, env: Mapping[str, str],
-                names: tuple[str, ...]) -> None:
+def apply_stack(
+    source: Path, contents: tuple[bytes, ...], dest: Path, env: Mapping[str, str], names: tuple[str, ...]
+) -> None:
     """Copy ``source`` into the not-yet-existing ``dest`` and apply each patch there, checked first."""
     shutil.copytree(source, dest, symlinks=True)
     scratch = gittree.init_scratch(dest.parent, env)
@@ -312,18 +323,25 @@ def apply_stack(source: Path, contents: tuple[bytes, ...], dest: Path, env: Mapp
         for name, data in zip(names, contents, strict=True):
             for check in (["--check"], []):
                 try:
-                    gittree.git(["apply", *check, "--whitespace=nowarn", "-p1", "-"],
-                                env=genv, cwd=dest, stdin_data=data)
+                    gittree.git(
+                        ["apply", *check, "--whitespace=nowarn", "-p1", "-"],
+                        env=genv,
+                        cwd=dest,
+                        stdin_data=data,
+                    )
                 except CommandFailed as exc:
                     last = exc.tail.strip().splitlines()[-1] if exc.tail.strip() else "no output"
-                    raise IntegrityError(f"patch {name} does not apply: {last}; the stack was refused",
-                                         hint="rebase it in a `dgr patch --dev DIR` tree") from None
+                    raise IntegrityError(
+                        f"patch {name} does not apply: {last}; the stack was refused",
+                        hint="rebase it in a `dgr patch --dev DIR` tree",
+                    ) from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def ensure_patched(ctx: Context, *, pin: Pin | None = None, patches_dir: Path = PATCHES,
-                   reverify: bool = False) -> Patched:
+def ensure_patched(
+    ctx: Context, *, pin: Pin | None = None, patches_dir: Path = PATCHES, reverify: bool = False
+) -> Patched:
     """The patched tree for the current series; a fast no-op when it already exists and verifies."""
     pristine = ensure_pristine(ctx, pin=pin)
     entries = read_series(patches_dir)
@@ -360,18 +378,32 @@ def _existing(
         return None
     stamp = gittree.tree_stamp(final)
     if stamp == prov.get("stamp") and not reverify:
-        return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record,
-                       pristine=pristine)
+        return Patched(
+            path=final,
+            digest=prov["digest"],
+            key=key,
+            provenance=prov,
+            provenance_path=record,
+            pristine=pristine,
+        )
     if gittree.tree_id(final, ctx.env, scratch_parent=final.parent) != prov.get("digest"):
         return None  # edited by hand: rebuilt from the pristine tree (it is derived data)
     prov = dict(prov, stamp=stamp, reverified_at=utc_now())
     write_json(record, prov)
-    return Patched(path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record,
-                   pristine=pristine)
+    return Patched(
+        path=final, digest=prov["digest"], key=key, provenance=prov, provenance_path=record, pristine=pristine
+    )
 
 
-def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], contents: tuple[bytes, ...],
-           final: Path, record: Path, key: str) -> Patched:
+def _build(
+    ctx: Context,
+    pristine: Pristine,
+    entries: tuple[PatchEntry, ...],
+    contents: tuple[bytes, ...],
+    final: Path,
+    record: Path,
+    key: str,
+) -> Patched:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=final.parent))
     tmp = work / "tree"
@@ -399,5 +431,6 @@ def _build(ctx: Context, pristine: Pristine, entries: tuple[PatchEntry, ...], co
             shutil.rmtree(stale, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Patched(path=final, digest=digest, key=key, provenance=prov, provenance_path=record,
-                   pristine=pristine)
+    return Patched(
+        path=final, digest=digest, key=key, provenance=prov, provenance_path=record, pristine=pristine
+    )

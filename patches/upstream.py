@@ -62,13 +62,17 @@ def messages(entries: Sequence[PatchEntry], messages_dir: Path = MESSAGES) -> di
     for entry in entries:
         path = messages_dir / entry.name.replace(".patch", ".msg")
         if not path.is_file():
-            raise ConfigurationError(f"patch {entry.name} has no upstream commit message at {path}",
-                                     hint="a subject 'area : what', a blank line, then why, how, tested")
+            raise ConfigurationError(
+                f"patch {entry.name} has no upstream commit message at {path}",
+                hint="a subject 'area : what', a blank line, then why, how, tested",
+            )
         text = path.read_text(encoding="utf-8").strip() + "\n"
         subject = text.splitlines()[0]
         if not SUBJECT.match(subject):
-            raise ConfigurationError(f"{path.name}: subject {subject!r} is not in llama.cpp's style",
-                                     hint="'area : what it does', lower-case area, at most 72 characters")
+            raise ConfigurationError(
+                f"{path.name}: subject {subject!r} is not in llama.cpp's style",
+                hint="'area : what it does', lower-case area, at most 72 characters",
+            )
         found[entry.name] = text
     return found
 
@@ -79,8 +83,14 @@ def identity(author: str, date: str) -> dict[str, str]:
     if not m:
         raise ConfigurationError(f"author {author!r} is not 'Name <email>'")
     name, email = m.groups()
-    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
-            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email, "GIT_COMMITTER_DATE": date}
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": date,
+    }
 
 
 def write_upstream(
@@ -102,8 +112,10 @@ def write_upstream(
         _write_cover(out / COVER, pristine, stats)
         applied = am_tree_id(ctx, dev, base, mails[1:], who)
     if applied != patched.digest:
-        raise IntegrityError(f"git am of the series gives tree {applied}, not the patched {patched.digest}",
-                             hint="the mails lost something the patches carry (whitespace, modes, binary)")
+        raise IntegrityError(
+            f"git am of the series gives tree {applied}, not the patched {patched.digest}",
+            hint="the mails lost something the patches carry (whitespace, modes, binary)",
+        )
     series = Series(out=out, mails=tuple(mails), pin=pristine.commit, tree=applied, stats=tuple(stats))
     _write_record(series)
     return series
@@ -117,9 +129,15 @@ def _stats(ctx: Context, dev: Path, base: str, entries: Sequence[PatchEntry]) ->
         rows = gittree.git(["diff", "--numstat", "--no-renames", f"{commit}^", commit], env=env, cwd=dev)
         counts = [line.split("\t")[:2] for line in rows.splitlines()]
         subject = gittree.git(["log", "-1", "--format=%s", commit], env=env, cwd=dev)
-        stats.append(PatchStat(name=entry.name, subject=subject, files=len(counts),
-                               insertions=sum(int(a) for a, _ in counts if a.isdigit()),
-                               deletions=sum(int(d) for _, d in counts if d.isdigit())))
+        stats.append(
+            PatchStat(
+                name=entry.name,
+                subject=subject,
+                files=len(counts),
+                insertions=sum(int(a) for a, _ in counts if a.isdigit()),
+                deletions=sum(int(d) for _, d in counts if d.isdigit()),
+            )
+        )
     return stats
 
 
@@ -128,8 +146,14 @@ def _format_patch(ctx: Context, dev: Path, base: str, out: Path, who: dict[str, 
     for old in out.glob("[0-9][0-9][0-9][0-9]-*.patch"):
         old.unlink()
     env = gittree.git_env(ctx.env, **who)
-    options = ["--cover-letter", "--zero-commit", "--no-signature", "--full-index", "--no-renames",
-               "--numbered"]
+    options = [
+        "--cover-letter",
+        "--zero-commit",
+        "--no-signature",
+        "--full-index",
+        "--no-renames",
+        "--numbered",
+    ]
     listing = gittree.git(["format-patch", *options, "-o", str(out), f"{base}..HEAD"], env=env, cwd=dev)
     mails = [Path(line) for line in listing.splitlines() if line.endswith(".patch")]
     if not mails or mails[0].name != COVER:
@@ -143,22 +167,25 @@ def _write_cover(path: Path, pristine: Pristine, stats: Sequence[PatchStat]) -> 
     total = sum(s.insertions + s.deletions for s in stats)
     per_patch = ", ".join(f"{s.insertions}+/{s.deletions}-" for s in stats)
     subject = f"llama : pipeline-stage hooks ({len(stats)} patches)"
-    blurb = "\n".join([
-        "Hooks that let one model run as a pipeline of processes, each holding a contiguous range of",
-        "layers, its own weights and its own KV cache, with only the residual between layers crossing",
-        "the process boundary. Generic: layer-range loading with ownership introspection, boundary",
-        "input/output, layer-filtered KV. Per architecture: the graph changes a stage needs.",
-        "No routing, transport or scheduling policy is included.",
-        "",
-        f"The series applies with `git am` onto llama.cpp {pristine.commit}.",
-        f"Footprint: {total} changed lines in all ({per_patch}).",
-        "Each commit message says how that patch was tested.",
-    ])
+    blurb = "\n".join(
+        [
+            "Hooks that let one model run as a pipeline of processes, each holding a contiguous range of",
+            "layers, its own weights and its own KV cache, with only the residual between layers crossing",
+            "the process boundary. Generic: layer-range loading with ownership introspection, boundary",
+            "input/output, layer-filtered KV. Per architecture: the graph changes a stage needs.",
+            "No routing, transport or scheduling policy is included.",
+            "",
+            f"The series applies with `git am` onto llama.cpp {pristine.commit}.",
+            f"Footprint: {total} changed lines in all ({per_patch}).",
+            "Each commit message says how that patch was tested.",
+        ]
+    )
     text = path.read_text(encoding="utf-8")
     if "*** SUBJECT HERE ***" not in text or "*** BLURB HERE ***" not in text:
         raise RuntimeFailure(f"{path.name}: git's cover-letter placeholders were not found")
-    path.write_text(text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***", blurb),
-                    encoding="utf-8")
+    path.write_text(
+        text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***", blurb), encoding="utf-8"
+    )
 
 
 def am_tree_id(ctx: Context, repo: Path, base: str, mails: Sequence[Path], who: dict[str, str]) -> str:
@@ -170,8 +197,10 @@ def am_tree_id(ctx: Context, repo: Path, base: str, mails: Sequence[Path], who: 
         gittree.git(["am", "--quiet", "--whitespace=nowarn", *map(str, mails)], env=env, cwd=repo)
     except CommandFailed as exc:
         why = [ln.strip() for ln in exc.tail.splitlines() if ln.startswith(("error:", "Patch failed"))]
-        raise IntegrityError(f"git am does not apply the series onto the pin ({base[:12]}): "
-                             f"{'; '.join(why) or exc.tail.strip()[-300:]}") from None
+        raise IntegrityError(
+            f"git am does not apply the series onto the pin ({base[:12]}): "
+            f"{'; '.join(why) or exc.tail.strip()[-300:]}"
+        ) from None
     return gittree.git(["rev-parse", "HEAD^{tree}"], env=env, cwd=repo)
 
 

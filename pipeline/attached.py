@@ -233,5 +233,3 @@ class AttachedPipelines:
             "compared_identity_fields": list(COMPARED),
             "workers": [self.seen[a] for a in sorted(self.seen)],
         }
-
-

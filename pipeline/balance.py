@@ -55,8 +55,13 @@ class StageBytes:
         """The figure of the stage owning layers [start, end)."""
         owns_input, owns_output = start == 0, end == len(self.layers)
         once = self.shared if owns_input and owns_output else 0
-        return (sum(self.layers[start:end]) + (self.first if owns_input else 0)
-                + (self.last if owns_output else 0) + self.every - once)
+        return (
+            sum(self.layers[start:end])
+            + (self.first if owns_input else 0)
+            + (self.last if owns_output else 0)
+            + self.every
+            - once
+        )
 
 
 def decode_cost(headers: Sequence[Header]) -> StageBytes:
@@ -71,13 +76,16 @@ def decode_cost(headers: Sequence[Header]) -> StageBytes:
     embd = tensors.get("token_embd.weight")
     head = tensors.get("output.weight", embd)
     norm = tensors.get("output_norm.weight")
-    return StageBytes(layers=tuple(layers),
-                      first=embd.nbytes // embd.shape[-1] if embd else 0,
-                      last=(head.nbytes if head else 0) + (norm.nbytes if norm else 0))
+    return StageBytes(
+        layers=tuple(layers),
+        first=embd.nbytes // embd.shape[-1] if embd else 0,
+        last=(head.nbytes if head else 0) + (norm.nbytes if norm else 0),
+    )
 
 
-def held_bytes(headers: Sequence[Header], *, mtp: bool = False,
-               mtp_file: Sequence[Header] = ()) -> StageBytes:
+def held_bytes(
+    headers: Sequence[Header], *, mtp: bool = False, mtp_file: Sequence[Header] = ()
+) -> StageBytes:
     """The bytes each stage keeps in memory, as the range-aware loader keeps them: a layer's tensors
     in full (every expert); the token embedding on the first stage; the output tensors (norm, head,
     and the tied embedding where there is no ``output.weight``) on the last, with the nextn blocks
@@ -133,8 +141,9 @@ def _expert_share(header: Header) -> float:
     return 1.0
 
 
-def balanced_stages(cost: StageBytes, n_stages: int, *, held: StageBytes | None = None,
-                    limit: int | None = None) -> list[tuple[int, int]]:
+def balanced_stages(
+    cost: StageBytes, n_stages: int, *, held: StageBytes | None = None, limit: int | None = None
+) -> list[tuple[int, int]]:
     """The contiguous cut into ``n_stages`` non-empty stages whose costliest stage costs least.
 
     Many cuts can share that least maximum (on the tiny model the head alone decides it), so among
@@ -161,8 +170,10 @@ def _fitting(n_stages: int, held: StageBytes | None, limit: int | None) -> Fits:
         raise ConfigurationError("a limit on the bytes a stage holds needs the held bytes")
     least = _least_bottleneck(held, n_stages, lambda start, end: True)
     if least > limit:
-        raise ConfigurationError(f"no cut of {len(held.layers)} layers into {n_stages} stages has each stage "
-                                 f"hold at most {_size(limit)}: the least any cut needs is {_size(least)}")
+        raise ConfigurationError(
+            f"no cut of {len(held.layers)} layers into {n_stages} stages has each stage "
+            f"hold at most {_size(limit)}: the least any cut needs is {_size(least)}"
+        )
     return lambda start, end: held.stage(start, end) <= limit
 
 
@@ -186,8 +197,14 @@ def _least_bottleneck(cost: StageBytes, n_stages: int, fits: Fits) -> int:
     best[0][0] = 0
     for k in range(1, n_stages + 1):
         for end in range(k, n_layer + 1):
-            best[k][end] = min((max(best[k - 1][start], cost.stage(start, end))
-                                for start in range(k - 1, end) if fits(start, end)), default=inf)
+            best[k][end] = min(
+                (
+                    max(best[k - 1][start], cost.stage(start, end))
+                    for start in range(k - 1, end)
+                    if fits(start, end)
+                ),
+                default=inf,
+            )
     return int(best[n_stages][n_layer])
 
 

@@ -74,8 +74,15 @@ def decode_together(
             try:
                 barrier.wait()
                 started = time.perf_counter()
-                tokens, logits = drive.greedy_session(stages, infos, prompt, n_decode, session=session,
-                                                      route=route, boundary_dtype=boundary_dtype)
+                tokens, logits = drive.greedy_session(
+                    stages,
+                    infos,
+                    prompt,
+                    n_decode,
+                    session=session,
+                    route=route,
+                    boundary_dtype=boundary_dtype,
+                )
                 ended = time.perf_counter()
             except BaseException:
                 barrier.abort()  # the other threads stop waiting for this one

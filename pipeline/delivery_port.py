@@ -53,8 +53,14 @@ class DeliveryPort:
     """Listens on ``host`` (a free port) for last stages' delivery streams; every delivery goes to
     ``take(delivery, received_at)``, which returns None when it took it or the reason it refuses it."""
 
-    def __init__(self, pb2: ModuleType, take: Callable[[object, float], str | None], *, host: str,
-                 max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        pb2: ModuleType,
+        take: Callable[[object, float], str | None],
+        *,
+        host: str,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._pb2 = pb2
         self._take = take
         self._host = host.strip("[]")
@@ -73,10 +79,10 @@ class DeliveryPort:
         try:
             listener = socket.create_server((self._host, 0), family=family)
         except OSError as exc:
-            raise ConfigurationError(f"the driver's delivery port cannot listen on {self._host}: "
-                                     f"{exc.strerror}",
-                                     hint="sink_host must be an address of this machine that the "
-                                          "last stage can reach") from None
+            raise ConfigurationError(
+                f"the driver's delivery port cannot listen on {self._host}: {exc.strerror}",
+                hint="sink_host must be an address of this machine that the last stage can reach",
+            ) from None
         self._listener = listener
         port = listener.getsockname()[1]
         self.address = f"[{self._host}]:{port}" if family == socket.AF_INET6 else f"{self._host}:{port}"
@@ -99,8 +105,9 @@ class DeliveryPort:
             thread.join(JOIN_SECONDS)
         listener.close()
 
-    def _spawn(self, target: Callable[[socket.socket], None], sock: socket.socket,
-               name: str) -> threading.Thread:
+    def _spawn(
+        self, target: Callable[[socket.socket], None], sock: socket.socket, name: str
+    ) -> threading.Thread:
         thread = threading.Thread(target=target, args=(sock,), name=name, daemon=True)
         with self._lock:
             self._threads.append(thread)
@@ -144,8 +151,11 @@ class DeliveryPort:
             return None
         n = int.from_bytes(head, "little")
         if n > self._max_bytes:
-            log.warning("delivery port: a %d-byte frame is over the limit of %d; closing the connection",
-                        n, self._max_bytes)
+            log.warning(
+                "delivery port: a %d-byte frame is over the limit of %d; closing the connection",
+                n,
+                self._max_bytes,
+            )
             return None
         body = read_exact(conn, n)
         if body is None:

@@ -207,9 +207,19 @@ def _forward_all(
     drafted: int = 0,
 ) -> _Pass:
     if route is not None:
-        return _forward_chained(route, session, epoch, positions, tokens, boundary_dtype=boundary_dtype,
-                                all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind,
-                                draft=draft, drafted=drafted)
+        return _forward_chained(
+            route,
+            session,
+            epoch,
+            positions,
+            tokens,
+            boundary_dtype=boundary_dtype,
+            all_logits=all_logits,
+            keep_boundaries=keep_boundaries,
+            rewind=rewind,
+            draft=draft,
+            drafted=drafted,
+        )
     n, rows = len(positions), len(positions) if all_logits else 1
     width = infos[0].boundary_width
     replies: list[Forwarded] = []
@@ -220,11 +230,17 @@ def _forward_all(
     for k, (stage, info) in enumerate(zip(stages, infos, strict=True)):
         mine = [il for il in capture if info.layer_begin <= il < info.layer_end]
         reply = stage.forward(
-            session, epoch, positions,
+            session,
+            epoch,
+            positions,
             tokens=tokens if (k == 0 or info.needs_token_sideband or info.mtp) else (),
-            boundary=relay, boundary_dtype=boundary_dtype,
-            all_logits=all_logits, capture_layers=mine, rewind=rewind,
-            draft=draft if info.last_stage else 0, drafted=drafted if info.last_stage else 0,
+            boundary=relay,
+            boundary_dtype=boundary_dtype,
+            all_logits=all_logits,
+            capture_layers=mine,
+            rewind=rewind,
+            draft=draft if info.last_stage else 0,
+            drafted=drafted if info.last_stage else 0,
         )
         if sorted(reply.captures) != sorted(mine):
             raise stage.failure("BAD_REPLY", f"asked to capture layers {mine}, got {sorted(reply.captures)}")
@@ -251,17 +267,42 @@ def _forward_all(
         crossings=2 * len(replies),
     )
     assert replies[-1].logits is not None
-    return _Pass(logits=replies[-1].logits, boundaries=boundaries, captures=captures, step=step,
-                 draft=replies[-1].draft, accepted=replies[-1].accepted)
+    return _Pass(
+        logits=replies[-1].logits,
+        boundaries=boundaries,
+        captures=captures,
+        step=step,
+        draft=replies[-1].draft,
+        accepted=replies[-1].accepted,
+    )
 
 
 def _forward_chained(
-    route: ChainRoute, session: str, epoch: int, positions: list[int], tokens: list[int], *,
-    boundary_dtype: str, all_logits: bool, keep_boundaries: bool, rewind: bool = False, draft: int = 0,
+    route: ChainRoute,
+    session: str,
+    epoch: int,
+    positions: list[int],
+    tokens: list[int],
+    *,
+    boundary_dtype: str,
+    all_logits: bool,
+    keep_boundaries: bool,
+    rewind: bool = False,
+    draft: int = 0,
     drafted: int = 0,
 ) -> _Pass:
-    got = route.run(session, epoch, positions, tokens, boundary_dtype=boundary_dtype, all_logits=all_logits,
-                    keep_boundaries=keep_boundaries, rewind=rewind, draft=draft, drafted=drafted)
+    got = route.run(
+        session,
+        epoch,
+        positions,
+        tokens,
+        boundary_dtype=boundary_dtype,
+        all_logits=all_logits,
+        keep_boundaries=keep_boundaries,
+        rewind=rewind,
+        draft=draft,
+        drafted=drafted,
+    )
     done = _delivered(route, got, len(positions), len(positions) if all_logits else 1)
     done.draft, done.accepted = got.draft, got.accepted
     return done
@@ -274,8 +315,9 @@ def _delivered(route: ChainRoute, got: ChainedPass, n: int, rows: int, *, ring: 
     last = route.stages[-1]
     logits = _expect_shape(last, "logits", got.logits, (rows, route.infos[-1].n_vocab))
     width = route.infos[0].boundary_width
-    boundaries = [_expect_shape(last, f"boundary of stage {k}", b, (n, width))
-                  for k, b in enumerate(got.boundaries)]
+    boundaries = [
+        _expect_shape(last, f"boundary of stage {k}", b, (n, width)) for k, b in enumerate(got.boundaries)
+    ]
     hops = got.hops
     step = Step(
         n_tokens=n,
@@ -291,8 +333,9 @@ def _delivered(route: ChainRoute, got: ChainedPass, n: int, rows: int, *, ring: 
     return _Pass(logits=logits, boundaries=boundaries, captures={}, step=step)
 
 
-def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: tuple[int, int]
-                  ) -> np.ndarray:
+def _expect_shape(
+    stage: StageClient, what: str, arr: np.ndarray | None, shape: tuple[int, int]
+) -> np.ndarray:
     """``arr`` when it has the shape the pass needs, else BAD_REPLY against the stage it came from."""
     if arr is None or arr.shape != shape:
         got = None if arr is None else list(arr.shape)
@@ -301,10 +344,17 @@ def _expect_shape(stage: StageClient, what: str, arr: np.ndarray | None, shape: 
 
 
 @contextmanager
-def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str,
-             addresses: Sequence[str] | None, sink_host: str, *,
-             ring_streams: bool = True, ring_driver_yields: bool = True,
-             ring_delivery_stream: bool = True) -> Iterator[ChainRoute | None]:
+def _routing(
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    forwarding: str,
+    addresses: Sequence[str] | None,
+    sink_host: str,
+    *,
+    ring_streams: bool = True,
+    ring_driver_yields: bool = True,
+    ring_delivery_stream: bool = True,
+) -> Iterator[ChainRoute | None]:
     """None for relayed passes; for chained ones, a route with the driver's sink listening."""
     if forwarding not in FORWARDING:
         raise ConfigurationError(f"forwarding {forwarding!r} is not one of {', '.join(FORWARDING)}")
@@ -312,9 +362,15 @@ def _routing(stages: Sequence[StageClient], infos: Sequence[StageInfo], forwardi
         yield None
         return
     if forwarding == "ring":
-        with ring_route(stages, infos, addresses=addresses, sink_host=sink_host,
-                        streams=ring_streams, driver_yields=ring_driver_yields,
-                        delivery_stream=ring_delivery_stream) as route:
+        with ring_route(
+            stages,
+            infos,
+            addresses=addresses,
+            sink_host=sink_host,
+            streams=ring_streams,
+            driver_yields=ring_driver_yields,
+            delivery_stream=ring_delivery_stream,
+        ) as route:
             yield route
         return
     with chain_route(stages, infos, addresses=addresses, sink_host=sink_host) as route:
@@ -333,8 +389,10 @@ def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool) -> N
 def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
     small = min(i.n_ctx for i in infos)
     if small and n_positions > small:
-        raise ConfigurationError(f"{n_positions} positions do not fit the workers' context of {small}",
-                                 hint="start the workers with a larger --ctx or shorten the prompts")
+        raise ConfigurationError(
+            f"{n_positions} positions do not fit the workers' context of {small}",
+            hint="start the workers with a larger --ctx or shorten the prompts",
+        )
 
 
 def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
@@ -350,18 +408,34 @@ def _merge(parts: Sequence[_Pass], *, all_logits: bool) -> _Pass:
         logits=np.concatenate([p.logits for p in parts]) if all_logits else parts[-1].logits,
         boundaries=[np.concatenate(seam) for seam in zip(*(p.boundaries for p in parts), strict=True)],
         captures={il: np.concatenate([p.captures[il] for p in parts]) for il in parts[0].captures},
-        step=Step(n_tokens=sum(s.n_tokens for s in steps), wall_seconds=sum(s.wall_seconds for s in steps),
-                  stage_wall=total("stage_wall"), stage_compute=total("stage_compute"),
-                  seam_bytes=total("seam_bytes"), seam_seconds=total("seam_seconds"),
-                  crossings=sum(s.crossings for s in steps), forwarding=steps[0].forwarding),
+        step=Step(
+            n_tokens=sum(s.n_tokens for s in steps),
+            wall_seconds=sum(s.wall_seconds for s in steps),
+            stage_wall=total("stage_wall"),
+            stage_compute=total("stage_compute"),
+            seam_bytes=total("seam_bytes"),
+            seam_seconds=total("seam_seconds"),
+            crossings=sum(s.crossings for s in steps),
+            forwarding=steps[0].forwarding,
+        ),
         draft=parts[-1].draft,
     )
 
 
 def _greedy(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
-    session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool = True, route: ChainRoute | None = None, forced: Sequence[int] | None = None,
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    session: str,
+    epoch: int,
+    boundary_dtype: str,
+    all_logits: bool,
+    capture: Sequence[int],
+    keep_boundaries: bool = True,
+    route: ChainRoute | None = None,
+    forced: Sequence[int] | None = None,
     ring_logits: bool = True,
 ) -> tuple[list[int], list[_Pass]]:
     """Prefill ``prompt`` at positions 0.. (in chunks of the smallest n_batch of the stages), then
@@ -373,10 +447,21 @@ def _greedy(
     if n_decode < 1:
         raise ConfigurationError("decode length must be at least 1")
     try:
-        out = _greedy_passes(stages, infos, prompt, n_decode, session=session, epoch=epoch,
-                             boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                             keep_boundaries=keep_boundaries, route=route, forced=forced,
-                             ring_logits=ring_logits)
+        out = _greedy_passes(
+            stages,
+            infos,
+            prompt,
+            n_decode,
+            session=session,
+            epoch=epoch,
+            boundary_dtype=boundary_dtype,
+            all_logits=all_logits,
+            capture=capture,
+            keep_boundaries=keep_boundaries,
+            route=route,
+            forced=forced,
+            ring_logits=ring_logits,
+        )
     except BaseException:
         if route is not None:
             route.drain(quiet=True)
@@ -387,9 +472,20 @@ def _greedy(
 
 
 def _greedy_passes(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
-    session: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    keep_boundaries: bool, route: ChainRoute | None, forced: Sequence[int] | None, ring_logits: bool = True,
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    session: str,
+    epoch: int,
+    boundary_dtype: str,
+    all_logits: bool,
+    capture: Sequence[int],
+    keep_boundaries: bool,
+    route: ChainRoute | None,
+    forced: Sequence[int] | None,
+    ring_logits: bool = True,
 ) -> tuple[list[int], list[_Pass]]:
     if forced is not None and len(forced) != n_decode:
         raise ConfigurationError(f"teacher forcing needs {n_decode} tokens, got {len(forced)}")
@@ -401,11 +497,20 @@ def _greedy_passes(
     passes = [_prefill(stages, infos, prompt, session, epoch, all_logits=all_logits, **kw)]
     chosen = [pick(0, passes[-1].logits)]
     if isinstance(route, RingRoute) and n_decode > 1:  # the stages choose the rest (forced: refused)
-        run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
-                           boundary_dtype=boundary_dtype, keep_boundaries=keep_boundaries, logits=ring_logits)
+        run = route.decode(
+            session,
+            epoch,
+            len(prompt),
+            chosen[0],
+            n_decode - 1,
+            boundary_dtype=boundary_dtype,
+            keep_boundaries=keep_boundaries,
+            logits=ring_logits,
+        )
         if len(run.tokens) != n_decode - 1:
-            raise route.stages[-1].failure("BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} "
-                                           f"of {n_decode - 1} tokens")
+            raise route.stages[-1].failure(
+                "BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} of {n_decode - 1} tokens"
+            )
         rows = 1 if ring_logits else 0
         ringed = [_delivered(route, p, 1, rows, ring=True) for p in run.passes]
         return chosen + list(run.tokens), passes + ringed
@@ -416,18 +521,26 @@ def _greedy_passes(
     return chosen, passes
 
 
-def _prefill(stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], session: str,
-             epoch: int, draft: int = 0, **kw) -> _Pass:
+def _prefill(
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    session: str,
+    epoch: int,
+    draft: int = 0,
+    **kw,
+) -> _Pass:
     """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass
     (``draft``: an MTP last stage drafts after the last chunk)."""
     batch = min((i.n_batch for i in infos if i.n_batch > 0), default=len(prompt))
     chunks = []
     for first in range(0, len(prompt), batch):
-        part = list(prompt[first:first + batch])
+        part = list(prompt[first : first + batch])
         positions = list(range(first, first + len(part)))
         last = first + batch >= len(prompt)
-        chunks.append(_forward_all(stages, infos, session, epoch, positions, part, draft=draft if last else 0,
-                                   **kw))
+        chunks.append(
+            _forward_all(stages, infos, session, epoch, positions, part, draft=draft if last else 0, **kw)
+        )
     return _merge(chunks, all_logits=kw["all_logits"])
 
 
@@ -459,18 +572,31 @@ def run_placement(
     if any(not 0 <= il < infos[0].n_layer for il in wanted):
         raise ConfigurationError(f"capture layers {wanted} fall outside 0:{infos[0].n_layer}")
     if wanted and forwarding != "relayed":
-        raise ConfigurationError("layer captures need relayed forwarding "
-                                 "(they are for the monolithic reference)")
+        raise ConfigurationError(
+            "layer captures need relayed forwarding (they are for the monolithic reference)"
+        )
     if forced is not None and forwarding == "ring":
-        raise ConfigurationError("teacher forcing needs relayed or chained forwarding (a ring picks its own "
-                                 "tokens)")
+        raise ConfigurationError(
+            "teacher forcing needs relayed or chained forwarding (a ring picks its own tokens)"
+        )
     traces = []
     with _routing(stages, infos, forwarding, addresses, sink_host) as route:
         for i, prompt in enumerate(prompts):
-            traces.append(_prompt_trace(stages, infos, prompt, n_decode, tag=f"p{i}", epoch=epoch,
-                                        boundary_dtype=boundary_dtype, all_logits=all_logits,
-                                        capture=wanted, route=route,
-                                        forced=None if forced is None else forced[i]))
+            traces.append(
+                _prompt_trace(
+                    stages,
+                    infos,
+                    prompt,
+                    n_decode,
+                    tag=f"p{i}",
+                    epoch=epoch,
+                    boundary_dtype=boundary_dtype,
+                    all_logits=all_logits,
+                    capture=wanted,
+                    route=route,
+                    forced=None if forced is None else forced[i],
+                )
+            )
     return Trace(
         placement=tuple((i.layer_begin, i.layer_end) for i in infos),
         cuts=tuple(i.layer_begin for i in infos[1:]),
@@ -482,15 +608,34 @@ def run_placement(
 
 
 def _prompt_trace(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
-    tag: str, epoch: int, boundary_dtype: str, all_logits: bool, capture: Sequence[int],
-    route: ChainRoute | None, forced: Sequence[int] | None = None,
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    tag: str,
+    epoch: int,
+    boundary_dtype: str,
+    all_logits: bool,
+    capture: Sequence[int],
+    route: ChainRoute | None,
+    forced: Sequence[int] | None = None,
 ) -> PromptTrace:
     session = _session(tag)
     try:
-        tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=epoch,
-                                 boundary_dtype=boundary_dtype, all_logits=all_logits, capture=capture,
-                                 route=route, forced=forced)
+        tokens, passes = _greedy(
+            stages,
+            infos,
+            prompt,
+            n_decode,
+            session=session,
+            epoch=epoch,
+            boundary_dtype=boundary_dtype,
+            all_logits=all_logits,
+            capture=capture,
+            route=route,
+            forced=forced,
+        )
     except BaseException:
         _reset_all(stages, session, quiet=True)
         raise
@@ -542,14 +687,33 @@ def measure_speed(
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
     runs, chosen = [], set()
-    with _routing(stages, infos, forwarding, addresses, sink_host, ring_streams=ring_streams,
-                  ring_driver_yields=ring_driver_yields, ring_delivery_stream=ring_delivery_stream) as route:
+    with _routing(
+        stages,
+        infos,
+        forwarding,
+        addresses,
+        sink_host,
+        ring_streams=ring_streams,
+        ring_driver_yields=ring_driver_yields,
+        ring_delivery_stream=ring_delivery_stream,
+    ) as route:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
             try:
-                tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
-                                         boundary_dtype=boundary_dtype, all_logits=False, capture=(),
-                                         keep_boundaries=False, route=route, ring_logits=ring_logits)
+                tokens, passes = _greedy(
+                    stages,
+                    infos,
+                    prompt,
+                    n_decode,
+                    session=session,
+                    epoch=1,
+                    boundary_dtype=boundary_dtype,
+                    all_logits=False,
+                    capture=(),
+                    keep_boundaries=False,
+                    route=route,
+                    ring_logits=ring_logits,
+                )
             finally:
                 _reset_all(stages, session, quiet=True)
             chosen.add(tuple(tokens))
@@ -559,22 +723,33 @@ def measure_speed(
     # a token-only ring's tokens were held to no logits row: the same prompt, greedy, a fresh session
     # each time, so every repetition must give one answer (other modes checked each token already)
     if forwarding == "ring" and not ring_logits and len(chosen) > 1:
-        raise stages[-1].failure("BAD_REPLY", f"{len(chosen)} different greedy continuations of one prompt "
-                                 f"over {warmup + repetitions} repetitions")
+        raise stages[-1].failure(
+            "BAD_REPLY",
+            f"{len(chosen)} different greedy continuations of one prompt "
+            f"over {warmup + repetitions} repetitions",
+        )
     prefill, decode, seams, compute = [], [], [], []
     for passes in runs:
         steps = [p.step for p in passes[1:]]
         prefill.append(passes[0].step.n_tokens / passes[0].step.wall_seconds)
         decode.append(len(steps) / sum(s.wall_seconds for s in steps))
-        seams.append(tuple(float(np.median([s.seam_seconds[j] for s in steps]))
-                           for j in range(len(stages) - 1)))
-        compute.append(tuple(float(np.median([s.stage_compute[k] for s in steps]))
-                             for k in range(len(stages))))
+        seams.append(
+            tuple(float(np.median([s.seam_seconds[j] for s in steps])) for j in range(len(stages) - 1))
+        )
+        compute.append(
+            tuple(float(np.median([s.stage_compute[k] for s in steps])) for k in range(len(stages)))
+        )
     return SpeedSamples(
-        n_prompt=len(prompt), n_decode=n_decode,
-        prefill_tok_s=tuple(prefill), decode_tok_s=tuple(decode), seam_seconds=tuple(seams),
-        seam_bytes_per_token=runs[-1][-1].step.seam_bytes, stage_compute_per_token=tuple(compute),
-        forwarding=forwarding, crossings_per_token=runs[-1][-1].step.crossings, ring_deliveries=delivered,
+        n_prompt=len(prompt),
+        n_decode=n_decode,
+        prefill_tok_s=tuple(prefill),
+        decode_tok_s=tuple(decode),
+        seam_seconds=tuple(seams),
+        seam_bytes_per_token=runs[-1][-1].step.seam_bytes,
+        stage_compute_per_token=tuple(compute),
+        forwarding=forwarding,
+        crossings_per_token=runs[-1][-1].step.crossings,
+        ring_deliveries=delivered,
     )
 
 
@@ -615,14 +790,22 @@ def route_change(
         for group in {id(stages): stages, id(after): after}.values():
             _reset_all(group, ref_session, quiet=True)
             _reset_all(group, session, quiet=True)
-    return RouteChange(reference=tuple(reference), switched=tuple(before + rest), switch_at=switch_at,
-                       reprefill_tokens=len(history), cache_miss=miss)
+    return RouteChange(
+        reference=tuple(reference),
+        switched=tuple(before + rest),
+        switch_at=switch_at,
+        reprefill_tokens=len(history),
+        cache_miss=miss,
+    )
 
 
 # For drivers of several sessions at once (pipeline.concurrency) ------------------------------------
 def open_route(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], forwarding: str = "relayed",
-    addresses: Sequence[str] | None = None, sink_host: str = "127.0.0.1",
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    forwarding: str = "relayed",
+    addresses: Sequence[str] | None = None,
+    sink_host: str = "127.0.0.1",
 ) -> AbstractContextManager[ChainRoute | None]:
     """The route one driver thread decodes through (None for relayed; its own sink when chained);
     ``infos``: the stages' ``describe``, asked once by the caller for every thread."""
@@ -630,14 +813,30 @@ def open_route(
 
 
 def greedy_session(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
-    session: str, route: ChainRoute | None, boundary_dtype: str = "f32",
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    session: str,
+    route: ChainRoute | None,
+    boundary_dtype: str = "f32",
 ) -> tuple[list[int], np.ndarray]:
     """One session's prefill + greedy decode as a speed run makes it (last logits row of each pass, no
     boundaries kept): the tokens chosen and those rows.  The caller resets the session."""
-    tokens, passes = _greedy(stages, infos, prompt, n_decode, session=session, epoch=1,
-                             boundary_dtype=boundary_dtype, all_logits=False, capture=(),
-                             keep_boundaries=False, route=route)
+    tokens, passes = _greedy(
+        stages,
+        infos,
+        prompt,
+        n_decode,
+        session=session,
+        epoch=1,
+        boundary_dtype=boundary_dtype,
+        all_logits=False,
+        capture=(),
+        keep_boundaries=False,
+        route=route,
+    )
     return tokens, np.concatenate([p.logits for p in passes])
 
 
@@ -652,29 +851,69 @@ class Passed:
 
 
 def prefill(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], *, session: str,
-    epoch: int = 1, boundary_dtype: str = "f32", route: ChainRoute | None = None, draft: int = 0,
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    *,
+    session: str,
+    epoch: int = 1,
+    boundary_dtype: str = "f32",
+    route: ChainRoute | None = None,
+    draft: int = 0,
 ) -> Passed:
     """The prompt's pass (for drivers of their own decode loop, pipeline/speculative.py): the last
     logits row, the step, and with ``draft`` the MTP last stage's drafts after it."""
     if not prompt:
         raise ConfigurationError("a prompt needs at least one token")
-    done = _prefill(stages, infos, prompt, session, epoch, boundary_dtype=boundary_dtype, all_logits=False,
-                    capture=(), keep_boundaries=False, route=route, draft=draft)
+    done = _prefill(
+        stages,
+        infos,
+        prompt,
+        session,
+        epoch,
+        boundary_dtype=boundary_dtype,
+        all_logits=False,
+        capture=(),
+        keep_boundaries=False,
+        route=route,
+        draft=draft,
+    )
     return Passed(logits=done.logits, step=done.step, draft=done.draft)
 
 
 def forward_pass(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], positions: Sequence[int],
-    tokens: Sequence[int], *, session: str, epoch: int = 1, boundary_dtype: str = "f32",
-    route: ChainRoute | None = None, rewind: bool = False, draft: int = 0, drafted: int = 0,
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    positions: Sequence[int],
+    tokens: Sequence[int],
+    *,
+    session: str,
+    epoch: int = 1,
+    boundary_dtype: str = "f32",
+    route: ChainRoute | None = None,
+    rewind: bool = False,
+    draft: int = 0,
+    drafted: int = 0,
 ) -> Passed:
     """One pass of ``tokens`` at ``positions`` through every stage: the logits of every row and the step.
     ``rewind``: the stages first take back the positions they hold from ``positions[0]`` on; ``drafted``
     / ``draft``: an MTP last stage verifies the pass's last tokens / drafts this many after it."""
-    done = _forward_all(stages, infos, session, epoch, list(positions), list(tokens),
-                        boundary_dtype=boundary_dtype, all_logits=True, capture=(), keep_boundaries=False,
-                        route=route, rewind=rewind, draft=draft, drafted=drafted)
+    done = _forward_all(
+        stages,
+        infos,
+        session,
+        epoch,
+        list(positions),
+        list(tokens),
+        boundary_dtype=boundary_dtype,
+        all_logits=True,
+        capture=(),
+        keep_boundaries=False,
+        route=route,
+        rewind=rewind,
+        draft=draft,
+        drafted=drafted,
+    )
     return Passed(logits=done.logits, step=done.step, draft=done.draft, accepted=done.accepted)
 
 

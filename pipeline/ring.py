@@ -113,9 +113,11 @@ class RingSink(Sink):
             with self._lock:
                 ring_open = request.request_id in self._rings
             if ring_open:  # refused: the first pass's ack carries this back to the driver
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"ring {request.request_id!r} came back as a plain chained pass: a stage "
-                              f"predates ring decode (update every worker)")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"ring {request.request_id!r} came back as a plain chained pass: a stage "
+                    f"predates ring decode (update every worker)",
+                )
             return super()._deliver(request, context)
         refused = self._take_ring(request, received_at)
         if refused is not None:
@@ -174,10 +176,22 @@ class RingRoute(ChainRoute):
     driver_yields: bool = True
     stream_deliveries: bool = True
 
-    def decode(self, session: str, epoch: int, position: int, token: int, budget: int, *,
-               stop_tokens: Sequence[int] = (), boundary_dtype: str = "f32", all_logits: bool = True,
-               keep_boundaries: bool = False, draft: int = 0, drafts: Sequence[int] = (),
-               logits: bool = True) -> RingRun:
+    def decode(
+        self,
+        session: str,
+        epoch: int,
+        position: int,
+        token: int,
+        budget: int,
+        *,
+        stop_tokens: Sequence[int] = (),
+        boundary_dtype: str = "f32",
+        all_logits: bool = True,
+        keep_boundaries: bool = False,
+        draft: int = 0,
+        drafts: Sequence[int] = (),
+        logits: bool = True,
+    ) -> RingRun:
         """Feed ``token`` at ``position`` and let the stages choose up to ``budget`` tokens after it.
         ``draft``: a speculative ring, each pass verifying up to that many nextn drafts; ``drafts``
         (what the last stage drafted after ``token``) go into the first pass.  ``logits=False``: the
@@ -191,31 +205,62 @@ class RingRoute(ChainRoute):
             raise ConfigurationError(f"{len(drafts)} drafts for the first pass of a ring that drafts {draft}")
         first, pb2 = self.stages[0], self.stages[0].pb2
         request_id = uuid.uuid4().hex
-        ring = pb2.Ring(budget=budget, stop_tokens=[int(t) for t in stop_tokens], stages=self.addresses,
-                        max_position=min(i.n_ctx for i in self.infos) - 1,
-                        pass_timeout_ms=int(first.deadline * 1000), draft=draft, stream=self.streamed,
-                        tokens_only=not logits,
-                        delivery_stream=self.sink.stream_address if self.stream_deliveries else "")
+        ring = pb2.Ring(
+            budget=budget,
+            stop_tokens=[int(t) for t in stop_tokens],
+            stages=self.addresses,
+            max_position=min(i.n_ctx for i in self.infos) - 1,
+            pass_timeout_ms=int(first.deadline * 1000),
+            draft=draft,
+            stream=self.streamed,
+            tokens_only=not logits,
+            delivery_stream=self.sink.stream_address if self.stream_deliveries else "",
+        )
         fed = [int(token), *(int(t) for t in drafts)]
         checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
         started = time.perf_counter()
         try:
             ack = first.forward_chained(
-                session, epoch, range(position, position + len(fed)), tokens=fed,
-                downstream=self.addresses[1:], deliver_to=self.sink.address, request_id=request_id,
-                boundary_dtype=boundary_dtype, all_logits=all_logits, keep_boundaries=keep_boundaries,
-                ring=ring, draft=draft, drafted=len(drafts),
+                session,
+                epoch,
+                range(position, position + len(fed)),
+                tokens=fed,
+                downstream=self.addresses[1:],
+                deliver_to=self.sink.address,
+                request_id=request_id,
+                boundary_dtype=boundary_dtype,
+                all_logits=all_logits,
+                keep_boundaries=keep_boundaries,
+                ring=ring,
+                draft=draft,
+                drafted=len(drafts),
             )
             self._acks.append(ack)  # collected by drain(), like a chained pass's
             with yielding_to_stages(self.driver_yields):  # the ring is on its way: the driver only reads
-                return self._read(deliveries, ack, budget, started, keep_boundaries=keep_boundaries,
-                                  checker=checker, logits=logits)
+                return self._read(
+                    deliveries,
+                    ack,
+                    budget,
+                    started,
+                    keep_boundaries=keep_boundaries,
+                    checker=checker,
+                    logits=logits,
+                )
         finally:
             self.sink.close_ring(request_id)
 
-    def _read(self, deliveries: queue.SimpleQueue[Received], ack: grpc.Future, budget: int, started: float,
-              *, keep_boundaries: bool, checker: DraftedPasses | None, logits: bool) -> RingRun:
+    def _read(
+        self,
+        deliveries: queue.SimpleQueue[Received],
+        ack: grpc.Future,
+        budget: int,
+        started: float,
+        *,
+        keep_boundaries: bool,
+        checker: DraftedPasses | None,
+        logits: bool,
+    ) -> RingRun:
         tokens: list[int] = []
         passes: list[ChainedPass] = []
         drafted: list[DraftedPass] = []
@@ -236,8 +281,10 @@ class RingRoute(ChainRoute):
             if end == "failed":
                 raise self._failed(r)
             if int(r.index) != len(tokens) or end is None:
-                raise last.failure("BAD_REPLY", f"the ring delivered token {r.index} (end {r.end}) where "
-                                   f"token {len(tokens)} was next")
+                raise last.failure(
+                    "BAD_REPLY",
+                    f"the ring delivered token {r.index} (end {r.end}) where token {len(tokens)} was next",
+                )
             passed = self._check(got, last_at, keep_boundaries=keep_boundaries, logits=logits)
             if checker is None:
                 tokens.append(self._one_token(r, passed))
@@ -258,8 +305,11 @@ class RingRoute(ChainRoute):
             return int(r.token)
         pick = int(np.argmax(passed.logits[-1]))
         if pick != int(r.token):
-            raise self.stages[-1].failure("BAD_REPLY", f"the ring chose token {r.token} at its step "
-                                          f"{r.index}, but the argmax of the logits it delivered is {pick}")
+            raise self.stages[-1].failure(
+                "BAD_REPLY",
+                f"the ring chose token {r.token} at its step "
+                f"{r.index}, but the argmax of the logits it delivered is {pick}",
+            )
         return pick
 
     def _check_silence(self, ack: grpc.Future, quiet: float) -> None:
@@ -271,16 +321,19 @@ class RingRoute(ChainRoute):
         if dead is not None:
             raise dead.explain("ring decode", None, f"no token for {quiet:.2f} s", settle=False)
         if quiet > self.stages[0].deadline:
-            raise self.stages[0].failure("DEADLINE_EXCEEDED", f"the ring delivered no token for "
-                                         f"{quiet:.1f} s though every stage answers Health")
+            raise self.stages[0].failure(
+                "DEADLINE_EXCEEDED",
+                f"the ring delivered no token for {quiet:.1f} s though every stage answers Health",
+            )
 
     def _probe(self, quiet: float) -> None:
         for stage in self.stages:
             try:
                 stage.health(deadline=HEALTH_DEADLINE)
             except StageFailed as exc:
-                raise stage.failure(exc.code, f"the ring delivered no token for {quiet:.2f} s and "
-                                    f"Health failed: {exc.detail}") from None
+                raise stage.failure(
+                    exc.code, f"the ring delivered no token for {quiet:.2f} s and Health failed: {exc.detail}"
+                ) from None
 
     def _failed(self, r: object) -> StageFailed:
         """The StageFailed of a RING_FAILED delivery: a worker that died explains it best, else the
@@ -293,9 +346,18 @@ class RingRoute(ChainRoute):
         return self.stages[k].explain("ring Forward", code, r.detail, settle=False)
 
 
-def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_tokens: Sequence[int] = (),
-             session: str | None = None, epoch: int = 1, boundary_dtype: str = "f32",
-             draft: int = 0, logits: bool = True) -> Generated:
+def generate(
+    route: RingRoute,
+    prompt: Sequence[int],
+    budget: int,
+    *,
+    stop_tokens: Sequence[int] = (),
+    session: str | None = None,
+    epoch: int = 1,
+    boundary_dtype: str = "f32",
+    draft: int = 0,
+    logits: bool = True,
+) -> Generated:
     """Prefill ``prompt`` (chained passes of at most the smallest n_batch), pick the first token here,
     then let the ring choose the rest: at most ``budget`` tokens in all, ending early at a stop token
     (which is returned) or when the context is full.  ``draft``: a speculative ring (the prefill asks
@@ -306,11 +368,18 @@ def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_token
     session = session or f"dgr-ring-{uuid.uuid4().hex[:12]}"
     batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
     for begin in range(0, len(prompt), batch):
-        part = [int(t) for t in prompt[begin:begin + batch]]
+        part = [int(t) for t in prompt[begin : begin + batch]]
         last = begin + batch >= len(prompt)
-        passed = route.run(session, epoch, list(range(begin, begin + len(part))), part,
-                           boundary_dtype=boundary_dtype, all_logits=False, keep_boundaries=False,
-                           draft=draft if last else 0)
+        passed = route.run(
+            session,
+            epoch,
+            list(range(begin, begin + len(part))),
+            part,
+            boundary_dtype=boundary_dtype,
+            all_logits=False,
+            keep_boundaries=False,
+            draft=draft if last else 0,
+        )
     first = int(np.argmax(passed.logits[-1]))
     rows = [passed.logits[-1:]]
     full = len(prompt) > min(i.n_ctx for i in route.infos) - 1
@@ -318,9 +387,18 @@ def generate(route: RingRoute, prompt: Sequence[int], budget: int, *, stop_token
         end = "stop_token" if first in stop_tokens else "budget" if budget == 1 else "context_full"
         return Generated(tokens=(first,), logits=rows[0], end=end, ring=None)
     room = min(budget - 2, min(i.n_ctx for i in route.infos) - 1 - len(prompt))
-    run = route.decode(session, epoch, len(prompt), first, budget - 1, stop_tokens=stop_tokens,
-                       boundary_dtype=boundary_dtype, draft=draft, drafts=passed.draft[:max(0, room)],
-                       logits=logits)
+    run = route.decode(
+        session,
+        epoch,
+        len(prompt),
+        first,
+        budget - 1,
+        stop_tokens=stop_tokens,
+        boundary_dtype=boundary_dtype,
+        draft=draft,
+        drafts=passed.draft[: max(0, room)],
+        logits=logits,
+    )
     route.drain()
     rows += [p.logits if draft else p.logits[-1:] for p in run.passes]
     return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)
@@ -332,9 +410,16 @@ def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:
 
 
 @contextmanager
-def ring_route(stages: Sequence, infos: Sequence[StageInfo], *, addresses: Sequence[str] | None,
-               sink_host: str, streams: bool = True, driver_yields: bool = True,
-               delivery_stream: bool = True) -> Iterator[RingRoute]:
+def ring_route(
+    stages: Sequence,
+    infos: Sequence[StageInfo],
+    *,
+    addresses: Sequence[str] | None,
+    sink_host: str,
+    streams: bool = True,
+    driver_yields: bool = True,
+    delivery_stream: bool = True,
+) -> Iterator[RingRoute]:
     """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit.
     ``streams=False``: one Forward call per pass and stage even where every stage offers streams;
     ``driver_yields=False``: the driver's threads keep their policy while it reads, and

@@ -42,21 +42,31 @@ class DraftedPasses:
         fed, drafts = self._fed, self._fed[1:]
         chosen = tuple(int(t) for t in ring.tokens)
         if not chosen or int(ring.token) != chosen[-1] or int(ring.drafted) != len(drafts):
-            self._bad(f"a drafting ring pass delivered tokens {list(chosen)} (token {ring.token}, "
-                      f"{ring.drafted} drafted) for a pass fed {list(fed)}")
+            self._bad(
+                f"a drafting ring pass delivered tokens {list(chosen)} (token {ring.token}, "
+                f"{ring.drafted} drafted) for a pass fed {list(fed)}"
+            )
         if passed.logits.shape[0] != len(chosen):
             self._bad(f"{passed.logits.shape[0]} logits rows for {len(chosen)} chosen tokens")
         picks = [int(np.argmax(row)) for row in passed.logits]
         if picks != list(chosen):
             self._bad(f"the ring chose {list(chosen)}, but the argmax of the rows it delivered is {picks}")
         accepted = int(passed.accepted)
-        kept = next((j for j, (c, d) in enumerate(zip(chosen, drafts, strict=False)) if c != d),
-                    min(len(chosen), len(drafts)))
+        kept = next(
+            (j for j, (c, d) in enumerate(zip(chosen, drafts, strict=False)) if c != d),
+            min(len(chosen), len(drafts)),
+        )
         cut = end in ("stop_token", "budget")
-        if not 0 <= accepted <= len(drafts) or kept != min(accepted, len(chosen)) or \
-                len(chosen) > accepted + 1 or (not cut and len(chosen) != accepted + 1):
-            self._bad(f"the last stage counts {accepted} accepted drafts of {list(drafts)}, the tokens it "
-                      f"chose {list(chosen)} ({end})")
+        if (
+            not 0 <= accepted <= len(drafts)
+            or kept != min(accepted, len(chosen))
+            or len(chosen) > accepted + 1
+            or (not cut and len(chosen) != accepted + 1)
+        ):
+            self._bad(
+                f"the last stage counts {accepted} accepted drafts of {list(drafts)}, the tokens it "
+                f"chose {list(chosen)} ({end})"
+            )
         if len(passed.draft) > self._k:
             self._bad(f"{len(passed.draft)} drafts for the next pass, the ring drafts {self._k}")
         self._fed = (chosen[-1], *(int(t) for t in passed.draft))

@@ -125,8 +125,19 @@ def host(subnet: ipaddress.IPv4Network, k: int | None) -> str:
 
 def netem_argv(netns: str, dev: str, link: Link) -> list[str]:
     """The tc command that shapes egress of ``dev`` (in ``netns``) to ``link`` with kernel netem."""
-    argv = ["tc", "-n", netns, "qdisc", "add", "dev", dev, "root", "netem",
-            "delay", f"{link.delay_s * 1e6:.0f}us"]
+    argv = [
+        "tc",
+        "-n",
+        netns,
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        "root",
+        "netem",
+        "delay",
+        f"{link.delay_s * 1e6:.0f}us",
+    ]
     if link.jitter_s:
         argv.append(f"{link.jitter_s * 1e6:.0f}us")
     if link.rate_bps is not None:
@@ -141,11 +152,39 @@ def netem_links(names: Names, links: Profiles) -> list[list[str]]:
     namespace) and one from the root namespace to the hub (``drv``), netem on every hub-side end."""
     out = []
     for k, link in enumerate(links.stages):
-        out.append(["ip", "-n", names.hub, "link", "add", Names.hub_port(k), "type", "veth",
-                    "peer", "name", Names.NODE_LINK, "netns", names.stage(k)])
+        out.append(
+            [
+                "ip",
+                "-n",
+                names.hub,
+                "link",
+                "add",
+                Names.hub_port(k),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                Names.NODE_LINK,
+                "netns",
+                names.stage(k),
+            ]
+        )
         out.append(netem_argv(names.hub, Names.hub_port(k), link))
-    out.append(["ip", "link", "add", names.root_link, "type", "veth", "peer", "name", Names.hub_port(None),
-                "netns", names.hub])
+    out.append(
+        [
+            "ip",
+            "link",
+            "add",
+            names.root_link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            Names.hub_port(None),
+            "netns",
+            names.hub,
+        ]
+    )
     out.append(netem_argv(names.hub, Names.hub_port(None), links.driver))
     return out
 
@@ -155,8 +194,23 @@ def shaper_argv(
 ) -> list[str]:
     """The command of one link's userspace shaper (pipeline.shaper)."""
     ms = link.in_ms()
-    argv = [python, "-m", "pipeline.shaper", "--inner", inner, "--inner-ns", inner_ns, "--outer", outer,
-            "--outer-ns", outer_ns, "--delay-ms", repr(ms["delay_ms"]), "--jitter-ms", repr(ms["jitter_ms"])]
+    argv = [
+        python,
+        "-m",
+        "pipeline.shaper",
+        "--inner",
+        inner,
+        "--inner-ns",
+        inner_ns,
+        "--outer",
+        outer,
+        "--outer-ns",
+        outer_ns,
+        "--delay-ms",
+        repr(ms["delay_ms"]),
+        "--jitter-ms",
+        repr(ms["jitter_ms"]),
+    ]
     if ms["rate_mbit"] is not None:
         argv += ["--rate-mbit", repr(ms["rate_mbit"])]
     return argv
@@ -198,8 +252,9 @@ def probe(env: Mapping[str, str]) -> SeamSupport:
         return SeamSupport(backend=None, reason=f"network namespaces need Linux, this is {sys.platform}")
     caps = _capabilities()
     if not (caps >> CAP_NET_ADMIN & 1 and caps >> CAP_SYS_ADMIN & 1):
-        return SeamSupport(backend=None,
-                           reason="needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces")
+        return SeamSupport(
+            backend=None, reason="needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces"
+        )
     try:
         proc.resolve("ip", env)
     except ToolchainMissing:
@@ -207,8 +262,9 @@ def probe(env: Mapping[str, str]) -> SeamSupport:
     ns = f"dgrp{os.getpid():x}"[:15]
     made = _ip(env, "netns", "add", ns, check=False)
     if made.returncode != 0:
-        return SeamSupport(backend=None,
-                           reason=f"cannot create a network namespace: {_last_line(made.output)}")
+        return SeamSupport(
+            backend=None, reason=f"cannot create a network namespace: {_last_line(made.output)}"
+        )
     try:
         veth = _ip(env, "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1", check=False)
         if veth.returncode != 0:
@@ -222,16 +278,19 @@ def probe(env: Mapping[str, str]) -> SeamSupport:
         except ToolchainMissing:
             has_tc = False
         if forced != "shaper" and has_tc:
-            tc = proc.run(netem_argv(ns, "p0", Link(delay_s=1e-3)), env=env, check=False,
-                          no_output_timeout=30)
+            tc = proc.run(
+                netem_argv(ns, "p0", Link(delay_s=1e-3)), env=env, check=False, no_output_timeout=30
+            )
             if tc.returncode == 0:
                 return SeamSupport(backend="netem", description=NETEM_DESCRIPTION)
         if forced == "netem":
-            return SeamSupport(backend=None,
-                               reason="DGR_SEAMS_BACKEND=netem but this kernel has no sch_netem")
+            return SeamSupport(
+                backend=None, reason="DGR_SEAMS_BACKEND=netem but this kernel has no sch_netem"
+            )
         if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
-            return SeamSupport(backend=None,
-                               reason="no sch_netem in this kernel and no /dev/net/tun for the shaper")
+            return SeamSupport(
+                backend=None, reason="no sch_netem in this kernel and no /dev/net/tun for the shaper"
+            )
         return SeamSupport(backend="shaper", description=SHAPER_DESCRIPTION)
     finally:
         _ip(env, "netns", "del", ns, check=False)
@@ -364,10 +423,13 @@ class Fabric:
 
     def describe(self) -> dict[str, Any]:
         stages = zip(self.namespaces, self.addresses, self.links.stages, strict=True)
-        return {"backend": self.support.backend, "description": self.support.description,
-                "subnet": str(self.subnet),
-                "driver": {"address": self.driver_address, **self.links.driver.in_ms()},
-                "stages": [{"namespace": ns, "address": a, **link.in_ms()} for ns, a, link in stages]}
+        return {
+            "backend": self.support.backend,
+            "description": self.support.description,
+            "subnet": str(self.subnet),
+            "driver": {"address": self.driver_address, **self.links.driver.in_ms()},
+            "stages": [{"namespace": ns, "address": a, **link.in_ms()} for ns, a, link in stages],
+        }
 
     # lifecycle -----------------------------------------------------------------------------------
     def __enter__(self) -> Fabric:
@@ -399,9 +461,14 @@ class Fabric:
             routes = parse_json(_ip(env, "-j", "route").output or "[]", source="`ip -j route`")
             self.subnet = choose_subnet(used_networks(addrs, routes), int(self.tag, 16))
         # The marker comes first: whatever exists later is listed in it.
-        self._marker = {"tag": self.tag, "pid": os.getpid(), "start": _start_ticks(os.getpid()),
-                        "namespaces": [*self.namespaces, names.hub], "root_links": [names.root_link],
-                        "shapers": []}
+        self._marker = {
+            "tag": self.tag,
+            "pid": os.getpid(),
+            "start": _start_ticks(os.getpid()),
+            "namespaces": [*self.namespaces, names.hub],
+            "root_links": [names.root_link],
+            "shapers": [],
+        }
         self._save_marker()
         _ip(env, "netns", "add", names.hub)
         _ip(env, "-n", names.hub, "link", "set", "lo", "up")
@@ -437,16 +504,24 @@ class Fabric:
         ]
         nodes.append((None, self.links.driver, "", names.root_link))
         for k, link, inner_ns, inner in nodes:
-            argv = shaper_argv(self.python, link, inner=inner, inner_ns=inner_ns,
-                               outer=Names.hub_port(k), outer_ns=hub)
+            argv = shaper_argv(
+                self.python, link, inner=inner, inner_ns=inner_ns, outer=Names.hub_port(k), outer_ns=hub
+            )
             argv += ["--seed", str(int(self.tag, 16) * 1000 + (k if k is not None else 999))]
             stderr: Any = subprocess.DEVNULL
             if self.evidence is not None:
                 self.evidence.mkdir(parents=True, exist_ok=True)
                 stderr = open(self.evidence / f"shaper-{'driver' if k is None else k}.stderr", "ab")
             try:
-                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-                                     env=dict(self.env), start_new_session=True, cwd=_package_root())
+                p = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    env=dict(self.env),
+                    start_new_session=True,
+                    cwd=_package_root(),
+                )
             finally:
                 if stderr is not subprocess.DEVNULL:
                     stderr.close()
@@ -474,8 +549,10 @@ class Fabric:
             return
         problems = remove(self.env, self._marker)
         if problems:
-            raise RuntimeFailure(f"seam fabric {self.tag} not fully removed: {'; '.join(problems)}",
-                                 hint=f"the next run removes it; by hand: ip netns del {self.names.hub} ...")
+            raise RuntimeFailure(
+                f"seam fabric {self.tag} not fully removed: {'; '.join(problems)}",
+                hint=f"the next run removes it; by hand: ip netns del {self.names.hub} ...",
+            )
         (self.markers / f"{self.tag}.json").unlink(missing_ok=True)
         self._marker = {}
 
@@ -495,8 +572,9 @@ def _await_ready(s: Shaper, until: float) -> None:
             code = s.process.poll()
             what = f"exited with code {code}" if code is not None else "gave no ready line"
             node = "the driver" if s.node is None else f"stage {s.node}"
-            raise RuntimeFailure(f"the shaper of {node}'s link {what}",
-                                 hint="its stderr is in the run's evidence folder")
+            raise RuntimeFailure(
+                f"the shaper of {node}'s link {what}", hint="its stderr is in the run's evidence folder"
+            )
         ready, _, _ = select.select([fd], [], [], min(left, 0.2))
         if ready:
             chunk = os.read(fd, 4096)
@@ -560,9 +638,18 @@ class NetnsPipelines:
         fabric = Fabric(links=profiles(placement), support=self.support, env=self.env, evidence=evidence)
         with fabric:
             write_json(evidence / "fabric.json", fabric.describe())
-            placed = [Placed(prefix=("ip", "netns", "exec", ns), host=addr)
-                      for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)]
-            with launch(cmd, placement.stages, stubs=self.stubs, evidence=evidence, env=self.env,
-                        start_timeout=self.start_timeout, call_deadline=self.call_deadline,
-                        placed=placed) as pipeline:
+            placed = [
+                Placed(prefix=("ip", "netns", "exec", ns), host=addr)
+                for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)
+            ]
+            with launch(
+                cmd,
+                placement.stages,
+                stubs=self.stubs,
+                evidence=evidence,
+                env=self.env,
+                start_timeout=self.start_timeout,
+                call_deadline=self.call_deadline,
+                placed=placed,
+            ) as pipeline:
                 yield NetnsPipeline(pipeline=pipeline, fabric=fabric)

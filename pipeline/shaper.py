@@ -75,13 +75,19 @@ class Link:
         cls, *, delay_ms: float | None = None, jitter_ms: float | None = None, rate_mbit: float | None = None
     ) -> Link:
         """A link from the units recipes, the shaper's flags and fabric.json use (absent: 0, unlimited)."""
-        return cls(delay_s=(delay_ms or 0.0) / 1e3, jitter_s=(jitter_ms or 0.0) / 1e3,
-                   rate_bps=None if rate_mbit is None else rate_mbit * 1e6)
+        return cls(
+            delay_s=(delay_ms or 0.0) / 1e3,
+            jitter_s=(jitter_ms or 0.0) / 1e3,
+            rate_bps=None if rate_mbit is None else rate_mbit * 1e6,
+        )
 
     def in_ms(self) -> dict[str, float | None]:
         """``delay_ms``, ``jitter_ms``, ``rate_mbit`` (None: unlimited): the inverse of ``of``."""
-        return {"delay_ms": self.delay_s * 1e3, "jitter_ms": self.jitter_s * 1e3,
-                "rate_mbit": None if self.rate_bps is None else self.rate_bps / 1e6}
+        return {
+            "delay_ms": self.delay_s * 1e3,
+            "jitter_ms": self.jitter_s * 1e3,
+            "rate_mbit": None if self.rate_bps is None else self.rate_bps / 1e6,
+        }
 
 
 class Schedule:

@@ -52,8 +52,15 @@ class Received:
 
 
 class Sink:
-    def __init__(self, pb2: ModuleType, pb2_grpc: ModuleType, *, host: str = "127.0.0.1", port: int = 0,
-                 threads: int = 4) -> None:
+    def __init__(
+        self,
+        pb2: ModuleType,
+        pb2_grpc: ModuleType,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 4,
+    ) -> None:
         self._pb2 = pb2
         self._pb2_grpc = pb2_grpc
         self._host = host
@@ -71,9 +78,10 @@ class Sink:
         """Bind and serve; return ``host:port``.  ConfigurationError when the host cannot be bound."""
         if self._server is not None:
             return self.address
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._threads,
-                                                        thread_name_prefix="dgr-sink"),
-                             options=CHANNEL_OPTIONS)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="dgr-sink"),
+            options=CHANNEL_OPTIONS,
+        )
         servicer = type("_SinkServicer", (self._pb2_grpc.PipelineSinkServicer,), {"Deliver": self._deliver})()
         self._pb2_grpc.add_PipelineSinkServicer_to_server(servicer, server)
         host = f"[{self._host}]" if ":" in self._host and not self._host.startswith("[") else self._host
@@ -83,9 +91,10 @@ class Sink:
             port = 0
         if not port:
             server.stop(None)
-            raise ConfigurationError(f"the driver's sink cannot listen on {host}:{self._port}",
-                                     hint="sink_host must be an address of this machine that the "
-                                          "last stage can reach")
+            raise ConfigurationError(
+                f"the driver's sink cannot listen on {host}:{self._port}",
+                hint="sink_host must be an address of this machine that the last stage can reach",
+            )
         server.start()
         self._server = server
         self.address = f"{host}:{port}"
@@ -133,8 +142,10 @@ class Sink:
             else:
                 self.delivered += 1
         if fut is None or not fut.set_running_or_notify_cancel():
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"no pass {request.request_id!r} is awaited by this driver")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no pass {request.request_id!r} is awaited by this driver",
+            )
         fut.set_result(Received(delivery=request, received_at=received_at))
         return self._pb2.DeliveryAck()
 
@@ -164,8 +175,9 @@ class ChainRoute:
     while no call is ever left in flight when the caller resets a session.
     """
 
-    def __init__(self, stages: Sequence[StageClient], infos: Sequence[StageInfo], sink: Sink,
-                 addresses: Sequence[str]) -> None:
+    def __init__(
+        self, stages: Sequence[StageClient], infos: Sequence[StageInfo], sink: Sink, addresses: Sequence[str]
+    ) -> None:
         if len(addresses) != len(stages):
             raise ConfigurationError(f"{len(addresses)} stage addresses for {len(stages)} stages")
         self.stages = list(stages)
@@ -174,18 +186,38 @@ class ChainRoute:
         self.addresses = list(addresses)
         self._acks: list[grpc.Future] = []
 
-    def run(self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], *,
-            boundary_dtype: str, all_logits: bool, keep_boundaries: bool,
-            rewind: bool = False, draft: int = 0, drafted: int = 0) -> ChainedPass:
+    def run(
+        self,
+        session: str,
+        epoch: int,
+        positions: Sequence[int],
+        tokens: Sequence[int],
+        *,
+        boundary_dtype: str,
+        all_logits: bool,
+        keep_boundaries: bool,
+        rewind: bool = False,
+        draft: int = 0,
+        drafted: int = 0,
+    ) -> ChainedPass:
         first = self.stages[0]
         request_id = uuid.uuid4().hex
         waiting = self.sink.expect(request_id)
         wake = threading.Event()
         started = time.perf_counter()
         ack = first.forward_chained(
-            session, epoch, positions, tokens=tokens, downstream=self.addresses[1:],
-            deliver_to=self.sink.address, request_id=request_id, boundary_dtype=boundary_dtype,
-            all_logits=all_logits, keep_boundaries=keep_boundaries, rewind=rewind, draft=draft,
+            session,
+            epoch,
+            positions,
+            tokens=tokens,
+            downstream=self.addresses[1:],
+            deliver_to=self.sink.address,
+            request_id=request_id,
+            boundary_dtype=boundary_dtype,
+            all_logits=all_logits,
+            keep_boundaries=keep_boundaries,
+            rewind=rewind,
+            draft=draft,
             drafted=drafted,
         )
         ack.add_done_callback(lambda _: wake.set())
@@ -196,8 +228,9 @@ class ChainRoute:
             self.sink.forget(request_id)
             if not ack.done():
                 ack.cancel()
-                raise first.failure("DEADLINE_EXCEEDED",
-                                    f"chained pass got no delivery within {first.deadline:.1f} s")
+                raise first.failure(
+                    "DEADLINE_EXCEEDED", f"chained pass got no delivery within {first.deadline:.1f} s"
+                )
             self._raise_if_failed(ack)
             raise self.stages[-1].failure("BAD_REPLY", "the chain acknowledged a pass it never delivered")
         got: Received = waiting.result()
@@ -250,16 +283,20 @@ class ChainRoute:
             return dead.explain("chained Forward", code, detail, settle=False)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED and not named:
             # every hop shares the driver's deadline, so which one hung is not known here
-            return self.stages[0].failure(code.name, f"chained pass got no delivery within "
-                                          f"{self.stages[0].deadline:.1f} s (this stage or one after it "
-                                          f"did not answer)")
+            return self.stages[0].failure(
+                code.name,
+                f"chained pass got no delivery within "
+                f"{self.stages[0].deadline:.1f} s (this stage or one after it "
+                f"did not answer)",
+            )
         hop = _HOP_FAILURE.match(detail or "")
         if hop:
             detail = f"{hop.group(1)}: {hop.group(3)}"
         return self.stages[k].explain("chained Forward", code, detail, settle=False)
 
-    def _check(self, got: Received, started: float, *, keep_boundaries: bool,
-               logits: bool = True) -> ChainedPass:
+    def _check(
+        self, got: Received, started: float, *, keep_boundaries: bool, logits: bool = True
+    ) -> ChainedPass:
         """The delivery as a ChainedPass, its hops held to the placement; ``logits=False`` (a token-only
         ring): it must carry no logits, and the pass's are [0, n_vocab]."""
         d = got.delivery
@@ -272,20 +309,38 @@ class ChainRoute:
         if not logits and d.reply.HasField("logits"):
             raise last.failure("BAD_REPLY", "a token-only ring delivered logits")
         try:
-            rows = decode_tensor(d.reply.logits, what="logits") if logits else \
-                np.empty((0, self.infos[-1].n_vocab), dtype=np.float32)
-            boundaries = tuple(decode_tensor(h.boundary, what=f"boundary of stage {k}")
-                               for k, h in enumerate(hops[:-1])) if keep_boundaries else ()
+            rows = (
+                decode_tensor(d.reply.logits, what="logits")
+                if logits
+                else np.empty((0, self.infos[-1].n_vocab), dtype=np.float32)
+            )
+            boundaries = (
+                tuple(
+                    decode_tensor(h.boundary, what=f"boundary of stage {k}") for k, h in enumerate(hops[:-1])
+                )
+                if keep_boundaries
+                else ()
+            )
         except ValueError as exc:
             raise last.failure("BAD_REPLY", f"the delivery carries {exc}") from None
-        return ChainedPass(logits=rows, hops=hops, boundaries=boundaries,
-                           wall_seconds=got.received_at - started,
-                           draft=tuple(int(t) for t in d.reply.draft), accepted=int(d.reply.accepted))
+        return ChainedPass(
+            logits=rows,
+            hops=hops,
+            boundaries=boundaries,
+            wall_seconds=got.received_at - started,
+            draft=tuple(int(t) for t in d.reply.draft),
+            accepted=int(d.reply.accepted),
+        )
 
 
 @contextmanager
-def chain_route(stages: Sequence[StageClient], infos: Sequence[StageInfo], *,
-                addresses: Sequence[str] | None, sink_host: str) -> Iterator[ChainRoute]:
+def chain_route(
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    *,
+    addresses: Sequence[str] | None,
+    sink_host: str,
+) -> Iterator[ChainRoute]:
     """A sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit."""
     first = stages[0]
     with Sink(first.pb2, first.pb2_grpc, host=sink_host) as sink:

@@ -85,7 +85,7 @@ class KnownDrafter:
         self._rng = random.Random(self.seed)
 
     def propose(self, chosen: Sequence[int], k: int) -> list[int]:
-        truth = list(self.continuation[len(chosen):len(chosen) + k])
+        truth = list(self.continuation[len(chosen) : len(chosen) + k])
         return [t if self._rng.random() < self.acceptance else self._wrong(t) for t in truth]
 
     def _wrong(self, token: int) -> int:
@@ -153,19 +153,43 @@ def accept(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
 
 
 def decode(
-    stages: Sequence[StageClient], infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, *,
-    k: int, drafter: Drafter, session: str, epoch: int = 1, boundary_dtype: str = "f32",
+    stages: Sequence[StageClient],
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    k: int,
+    drafter: Drafter,
+    session: str,
+    epoch: int = 1,
+    boundary_dtype: str = "f32",
     route: ChainRoute | None = None,
 ) -> SpeculativeRun:
     """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
     the session (and drains a chained route)."""
     _check(infos, prompt, n_decode, k, route, drafter)
     if isinstance(route, RingRoute):
-        return _on_ring(route, prompt, n_decode, k=k, drafter=drafter, session=session, epoch=epoch,
-                        boundary_dtype=boundary_dtype)
+        return _on_ring(
+            route,
+            prompt,
+            n_decode,
+            k=k,
+            drafter=drafter,
+            session=session,
+            epoch=epoch,
+            boundary_dtype=boundary_dtype,
+        )
     ask = k if drafter.on_last_stage else 0
-    first = drive.prefill(stages, infos, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype,
-                          route=route, draft=ask)
+    first = drive.prefill(
+        stages,
+        infos,
+        prompt,
+        session=session,
+        epoch=epoch,
+        boundary_dtype=boundary_dtype,
+        route=route,
+        draft=ask,
+    )
     drafter.received(first.draft)
     chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1]]
     held = len(prompt)  # positions every stage's KV holds for the session
@@ -174,56 +198,129 @@ def decode(
         position = len(prompt) + len(chosen) - 1  # where the last chosen token goes
         drafts = [int(t) for t in drafter.propose(chosen, min(k, n_decode - len(chosen) - 1))]
         fed = [chosen[-1], *drafts]
-        done = drive.forward_pass(stages, infos, range(position, position + len(fed)), fed, session=session,
-                                  epoch=epoch, boundary_dtype=boundary_dtype, route=route,
-                                  rewind=held > position, draft=ask, drafted=len(drafts) if ask else 0)
+        done = drive.forward_pass(
+            stages,
+            infos,
+            range(position, position + len(fed)),
+            fed,
+            session=session,
+            epoch=epoch,
+            boundary_dtype=boundary_dtype,
+            route=route,
+            rewind=held > position,
+            draft=ask,
+            drafted=len(drafts) if ask else 0,
+        )
         kept, bonus = accept(done.logits, drafts)
         if ask and done.accepted != kept:
-            raise stages[-1].failure("BAD_REPLY", f"the last stage counts {done.accepted} accepted drafts of "
-                                     f"{drafts}, the logits it sent {kept}")
+            raise stages[-1].failure(
+                "BAD_REPLY",
+                f"the last stage counts {done.accepted} accepted drafts of "
+                f"{drafts}, the logits it sent {kept}",
+            )
         drafter.received(done.draft)
         new = (*drafts[:kept], bonus)
-        passes.append(VerifyPass(first_position=position, fed=tuple(fed), accepted=kept, chosen=new,
-                                 rewound=held - position, step=done.step))
+        passes.append(
+            VerifyPass(
+                first_position=position,
+                fed=tuple(fed),
+                accepted=kept,
+                chosen=new,
+                rewound=held - position,
+                step=done.step,
+            )
+        )
         chosen += new
-        rows += list(done.logits[:kept + 1])
+        rows += list(done.logits[: kept + 1])
         held = position + len(fed)
-    return SpeculativeRun(prompt=tuple(int(t) for t in prompt), k=k, tokens=tuple(chosen),
-                          logits=np.stack(rows), prefill=first.step, passes=tuple(passes))
+    return SpeculativeRun(
+        prompt=tuple(int(t) for t in prompt),
+        k=k,
+        tokens=tuple(chosen),
+        logits=np.stack(rows),
+        prefill=first.step,
+        passes=tuple(passes),
+    )
 
 
-def _on_ring(route: RingRoute, prompt: Sequence[int], n_decode: int, *, k: int, drafter: Drafter,
-             session: str, epoch: int, boundary_dtype: str) -> SpeculativeRun:
+def _on_ring(
+    route: RingRoute,
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    k: int,
+    drafter: Drafter,
+    session: str,
+    epoch: int,
+    boundary_dtype: str,
+) -> SpeculativeRun:
     """``decode`` on a ring: the prefill as a chained pass asking for the first drafts, then one ring of
     n_decode - 1 tokens whose last stage drafts (k a pass) and verifies on its own."""
-    first = drive.prefill(route.stages, route.infos, prompt, session=session, epoch=epoch,
-                          boundary_dtype=boundary_dtype, route=route, draft=k)
+    first = drive.prefill(
+        route.stages,
+        route.infos,
+        prompt,
+        session=session,
+        epoch=epoch,
+        boundary_dtype=boundary_dtype,
+        route=route,
+        draft=k,
+    )
     drafter.received(first.draft)
     chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1:]]
     passes: list[VerifyPass] = []
     if n_decode > 1:
-        run = route.decode(session, epoch, len(prompt), chosen[0], n_decode - 1,
-                           boundary_dtype=boundary_dtype, draft=k,
-                           drafts=drafter.propose(chosen, min(k, n_decode - 2)))
+        run = route.decode(
+            session,
+            epoch,
+            len(prompt),
+            chosen[0],
+            n_decode - 1,
+            boundary_dtype=boundary_dtype,
+            draft=k,
+            drafts=drafter.propose(chosen, min(k, n_decode - 2)),
+        )
         if len(run.tokens) != n_decode - 1:
-            raise route.stages[-1].failure("BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} "
-                                           f"of {n_decode - 1} tokens")
+            raise route.stages[-1].failure(
+                "BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} of {n_decode - 1} tokens"
+            )
         position, held = len(prompt), len(prompt)
         for got, done in zip(run.passes, run.drafted, strict=True):
             step = drive.ring_pass(route, got, len(done.fed), len(done.chosen)).step
-            passes.append(VerifyPass(first_position=position, fed=done.fed, accepted=done.accepted,
-                                     chosen=done.chosen, rewound=held - position, step=step))
+            passes.append(
+                VerifyPass(
+                    first_position=position,
+                    fed=done.fed,
+                    accepted=done.accepted,
+                    chosen=done.chosen,
+                    rewound=held - position,
+                    step=step,
+                )
+            )
             drafter.received(got.draft)
             held, position = position + len(done.fed), position + len(done.chosen)
             rows.append(got.logits)
         chosen += run.tokens
-    return SpeculativeRun(prompt=tuple(int(t) for t in prompt), k=k, tokens=tuple(chosen),
-                          logits=np.concatenate(rows), prefill=first.step, passes=tuple(passes))
+    return SpeculativeRun(
+        prompt=tuple(int(t) for t in prompt),
+        k=k,
+        tokens=tuple(chosen),
+        logits=np.concatenate(rows),
+        prefill=first.step,
+        passes=tuple(passes),
+    )
 
 
 def run(
-    stages: Sequence[StageClient], prompt: Sequence[int], n_decode: int, *, k: int, drafter: Drafter,
-    forwarding: str = "relayed", addresses: Sequence[str] | None = None, sink_host: str = "127.0.0.1",
+    stages: Sequence[StageClient],
+    prompt: Sequence[int],
+    n_decode: int,
+    *,
+    k: int,
+    drafter: Drafter,
+    forwarding: str = "relayed",
+    addresses: Sequence[str] | None = None,
+    sink_host: str = "127.0.0.1",
     boundary_dtype: str = "f32",
 ) -> SpeculativeRun:
     """One fresh session decoded speculatively (``decode``), reset afterwards, its route drained."""
@@ -231,8 +328,17 @@ def run(
     session = drive.new_session("spec")
     with drive.open_route(stages, infos, forwarding, addresses, sink_host) as route:
         try:
-            done = decode(stages, infos, prompt, n_decode, k=k, drafter=drafter, session=session,
-                          boundary_dtype=boundary_dtype, route=route)
+            done = decode(
+                stages,
+                infos,
+                prompt,
+                n_decode,
+                k=k,
+                drafter=drafter,
+                session=session,
+                boundary_dtype=boundary_dtype,
+                route=route,
+            )
             if route is not None:
                 route.drain()  # every pass's ack in before the session goes
         except BaseException:
@@ -244,26 +350,39 @@ def run(
     return done
 
 
-def _check(infos: Sequence[StageInfo], prompt: Sequence[int], n_decode: int, k: int,
-           route: ChainRoute | None, drafter: Drafter) -> None:
+def _check(
+    infos: Sequence[StageInfo],
+    prompt: Sequence[int],
+    n_decode: int,
+    k: int,
+    route: ChainRoute | None,
+    drafter: Drafter,
+) -> None:
     if isinstance(route, RingRoute) and not drafter.on_last_stage:
-        raise ConfigurationError("a ring runs only the last stage's nextn drafter (NextnDrafter): the "
-                                 "driver is off the ring's path, so its own drafts cannot reach a pass",
-                                 hint="run known drafts relayed or chained")
+        raise ConfigurationError(
+            "a ring runs only the last stage's nextn drafter (NextnDrafter): the "
+            "driver is off the ring's path, so its own drafts cannot reach a pass",
+            hint="run known drafts relayed or chained",
+        )
     if k < 1:
         raise ConfigurationError(f"speculative decoding needs k >= 1 drafted tokens per pass, got {k}")
     if n_decode < 1:
         raise ConfigurationError("decode length must be at least 1")
     short = [i.layer_begin for i in infos if i.max_rewind < k]
     if short:
-        raise ConfigurationError(f"k={k} drafts per pass need workers that take back {k} positions; "
-                                 f"the stages starting at layers {short} take back fewer",
-                                 hint=f"start the workers with --max-rewind {k}")
+        raise ConfigurationError(
+            f"k={k} drafts per pass need workers that take back {k} positions; "
+            f"the stages starting at layers {short} take back fewer",
+            hint=f"start the workers with --max-rewind {k}",
+        )
     if drafter.on_last_stage and not infos[-1].mtp:
-        raise ConfigurationError("the nextn drafter needs a last stage that drafts",
-                                 hint="start the last stage with --mtp, on a model with a nextn block")
+        raise ConfigurationError(
+            "the nextn drafter needs a last stage that drafts",
+            hint="start the last stage with --mtp, on a model with a nextn block",
+        )
     small = min(i.n_ctx for i in infos)
     if small and len(prompt) + n_decode > small:  # drafts never run past the last position decoded
-        raise ConfigurationError(f"{len(prompt) + n_decode} positions do not fit the workers' context "
-                                 f"of {small}",
-                                 hint="start the workers with a larger --ctx or shorten the prompt")
+        raise ConfigurationError(
+            f"{len(prompt) + n_decode} positions do not fit the workers' context of {small}",
+            hint="start the workers with a larger --ctx or shorten the prompt",
+        )

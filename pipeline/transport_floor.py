@@ -79,8 +79,11 @@ def _timed_echoes(sock: socket.socket, size: int, round_trips: int, warmup: int)
 def tcp_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
     """Seconds per loopback TCP round trip of ``size`` bytes (an echo thread on the other end)."""
     server = socket.create_server(("127.0.0.1", 0))
-    echo = threading.Thread(target=lambda: _echo(server.accept()[0], size, warmup + round_trips),
-                            daemon=True, name="dgr-floor-echo")
+    echo = threading.Thread(
+        target=lambda: _echo(server.accept()[0], size, warmup + round_trips),
+        daemon=True,
+        name="dgr-floor-echo",
+    )
     echo.start()
     try:
         with socket.create_connection(server.getsockname()[:2]) as sock:
@@ -103,8 +106,9 @@ def echo_process_main(argv: list[str]) -> None:
 
 # this module's package root, so the echo process imports the same code in a checkout and a wheel
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-_ECHO_MAIN = ("import sys; from pipeline.transport_floor import echo_process_main; "
-              "echo_process_main(sys.argv[1:])")
+_ECHO_MAIN = (
+    "import sys; from pipeline.transport_floor import echo_process_main; echo_process_main(sys.argv[1:])"
+)
 
 
 def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tuple[int, int]) -> np.ndarray:
@@ -113,8 +117,11 @@ def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tupl
     server = socket.create_server(("127.0.0.1", 0))
     path = os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))))
     args = (server.getsockname()[1], size, warmup + round_trips, cpus[1])
-    echo = subprocess.Popen([sys.executable, "-c", _ECHO_MAIN, *map(str, args)], stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": path})
+    echo = subprocess.Popen(
+        [sys.executable, "-c", _ECHO_MAIN, *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     allowed = os.sched_getaffinity(0)  # this thread's own (pid 0): the caller's other threads keep theirs
     try:
         os.sched_setaffinity(0, {cpus[0]})

@@ -161,5 +161,3 @@ def check_worker(info: StageInfo, want: Expect, address: str) -> None:
         hint="start it with --layers and --identity from `dgr certify --recipe R --lane L --write-identity "
         "FILE` made from this checkout; the certifier never trusts a worker it cannot match",
     )
-
-

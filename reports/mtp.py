@@ -20,14 +20,18 @@ def mtp_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:
         m = p.get("mtp")
         if not m:
             continue
-        rows.append({
-            "placement": p["name"], "stages": p.get("n_stages"), "forwarding": m.get("forwarding", "relayed"),
-            "drafts per pass": m["draft_tokens"],
-            "MTP on == off": f"{m['prompts_identical']} of {m['prompts']} prompts",
-            "rollback leaves no trace": "yes" if m["rollback_identical"] >= 1.0 else "NO",
-            "acceptance": f"{m['acceptance_rate']:.2f}",
-            "tokens / pass": f"{m['tokens_per_pass']:.2f}",
-            "crossings / token": f"{m['crossings_per_token']:.2f}",
-            "decode tok/s (MTP on)": f"{m['decode_tok_s']:.1f}",
-        })
+        rows.append(
+            {
+                "placement": p["name"],
+                "stages": p.get("n_stages"),
+                "forwarding": m.get("forwarding", "relayed"),
+                "drafts per pass": m["draft_tokens"],
+                "MTP on == off": f"{m['prompts_identical']} of {m['prompts']} prompts",
+                "rollback leaves no trace": "yes" if m["rollback_identical"] >= 1.0 else "NO",
+                "acceptance": f"{m['acceptance_rate']:.2f}",
+                "tokens / pass": f"{m['tokens_per_pass']:.2f}",
+                "crossings / token": f"{m['crossings_per_token']:.2f}",
+                "decode tok/s (MTP on)": f"{m['decode_tok_s']:.1f}",
+            }
+        )
     return pd.DataFrame(rows) if rows else None

@@ -116,8 +116,13 @@ def gate_rows_frame(results: Sequence[Mapping[str, Any]], gate: str) -> pd.DataF
                     "check": row["check"],
                     "value": fmt(row["value"]),
                     "threshold": f"{row['op']} {fmt(row['limit'])}",
-                    "result": ("NOT APPLICABLE: " + row["message"].removeprefix("NOT_APPLICABLE: ")
-                               if row.get("status") == "NOT_APPLICABLE" else "pass" if row["ok"] else "FAIL"),
+                    "result": (
+                        "NOT APPLICABLE: " + row["message"].removeprefix("NOT_APPLICABLE: ")
+                        if row.get("status") == "NOT_APPLICABLE"
+                        else "pass"
+                        if row["ok"]
+                        else "FAIL"
+                    ),
                 }
             )
     return pd.DataFrame(rows, columns=["placement", "check", "value", "threshold", "result"])
@@ -135,8 +140,8 @@ def agreement_view(
     start = agreement.get("divergence_starts_at")
     facts = {
         "compared": f"{agreement.get('placement')} on {agreement.get('lane')} against "
-                    f"{agreement.get('placement')} on {agreement.get('reference_lane')}, teacher-forced on "
-                    "the reference's prompt + continuation tokens",
+        f"{agreement.get('placement')} on {agreement.get('reference_lane')}, teacher-forced on "
+        "the reference's prompt + continuation tokens",
         "rows compared": agreement.get("rows_compared"),
         "rows with a clear top-1 margin": f"{agreement.get('clear_rows')} (top-1 − top-2 > {margin})",
         "max abs logit difference": agreement.get("max_abs_logit_diff"),
@@ -145,12 +150,17 @@ def agreement_view(
         "divergence starts": f"before layer {start}" if start is not None else "no cut out of bounds",
     }
     if agreement.get("per_placement"):  # a sealed reference of another lane or build: one row set each
-        facts = {"compared": f"each staged placement on {agreement.get('lane')} against the "
-                             f"{agreement.get('placement')} reference of lane "
-                             f"{agreement.get('reference_lane')}, teacher-forced on its tokens "
-                             "(figures per placement in the certificate)"}
-    return {"applies": True, "checks": table(gate_rows_frame(results, "backend-agreement"), classes="gate"),
-            "facts": table(kv_frame(facts))}
+        facts = {
+            "compared": f"each staged placement on {agreement.get('lane')} against the "
+            f"{agreement.get('placement')} reference of lane "
+            f"{agreement.get('reference_lane')}, teacher-forced on its tokens "
+            "(figures per placement in the certificate)"
+        }
+    return {
+        "applies": True,
+        "checks": table(gate_rows_frame(results, "backend-agreement"), classes="gate"),
+        "facts": table(kv_frame(facts)),
+    }
 
 
 def _spread(s: Mapping[str, Any] | None) -> str:
@@ -193,8 +203,10 @@ def _stage_weights(placement: Mapping[str, Any]) -> str:
     workers, which did not say."""
     modes = placement.get("load_mode") or []
     huge = placement.get("huge_page_bytes") or [-1] * len(modes)
-    cells = [(m + (f", {h >> 20} MiB huge" if h >= 0 else "")) if m else "—"
-             for m, h in zip(modes, huge, strict=False)]
+    cells = [
+        (m + (f", {h >> 20} MiB huge" if h >= 0 else "")) if m else "—"
+        for m, h in zip(modes, huge, strict=False)
+    ]
     return " | ".join(cells) or "—"
 
 
@@ -351,11 +363,16 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     sealed = ident.get("sealed_reference")
     if sealed:  # the monolithic run this certificate compares with was stored, not run here
         made = (sealed.get("identity") or {}).get("build") or {}
-        rows.append(("sealed reference", str(sealed.get("sha256", "—")),
-                     f"set {sealed.get('set', '—')}, made on lane {sealed.get('lane', '—')} by build "
-                     f"{str(made.get('key', '—'))[:16]}… ({sealed.get('made', '—')}), provisioned from "
-                     f"{', '.join(sealed.get('origins', [])) or '—'}; "
-                     f"manifest {sealed.get('manifest', '—')}"))
+        rows.append(
+            (
+                "sealed reference",
+                str(sealed.get("sha256", "—")),
+                f"set {sealed.get('set', '—')}, made on lane {sealed.get('lane', '—')} by build "
+                f"{str(made.get('key', '—'))[:16]}… ({sealed.get('made', '—')}), provisioned from "
+                f"{', '.join(sealed.get('origins', [])) or '—'}; "
+                f"manifest {sealed.get('manifest', '—')}",
+            )
+        )
     rows += [
         (
             "artifacts",
@@ -365,9 +382,13 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     ]
     mtp = ident.get("mtp_artifacts")
     if mtp:  # the nextn block's own file, which the last stage loads with --mtp-model (docs/mtp.md)
-        rows.append(("MTP block artifacts", str(mtp.get("manifest_digest", "—")),
-                     f"set {mtp.get('set', '—')} variant {mtp.get('variant', '—')}, "
-                     "loaded by the last stage"))
+        rows.append(
+            (
+                "MTP block artifacts",
+                str(mtp.get("manifest_digest", "—")),
+                f"set {mtp.get('set', '—')} variant {mtp.get('variant', '—')}, loaded by the last stage",
+            )
+        )
     # Real weights carry their name, upstream and terms into the report (the set's manifest says them).
     up = art.get("upstream") or {}
     if art.get("model"):

@@ -87,12 +87,17 @@ PROCESS_FLOORS = (("one_core", "1 core"), ("two_cores", "2 cores"))  # transport
 def _process_floors(row: Mapping[str, Any], crossings: int, measured: float | None) -> dict[str, str]:
     """The floors between two processes (one core, two cores) and the seam's ratio to each, one cell
     apiece with the two figures side by side; "—" for one a certificate lacks (older, or one CPU)."""
-    floors = [row[f"tcp_{key}_round_trip_s"]["median"] * crossings / 2 if f"tcp_{key}_round_trip_s" in row
-              else None for key, _ in PROCESS_FLOORS]
+    floors = [
+        row[f"tcp_{key}_round_trip_s"]["median"] * crossings / 2 if f"tcp_{key}_round_trip_s" in row else None
+        for key, _ in PROCESS_FLOORS
+    ]
     label = " / ".join(name for _, name in PROCESS_FLOORS)
-    return {f"process floor ms ({label})": " / ".join(_ms(f) for f in floors),
-            f"measured / process floor ({label})": " / ".join(
-                "—" if f is None else _times_floor(measured, f) for f in floors)}
+    return {
+        f"process floor ms ({label})": " / ".join(_ms(f) for f in floors),
+        f"measured / process floor ({label})": " / ".join(
+            "—" if f is None else _times_floor(measured, f) for f in floors
+        ),
+    }
 
 
 def floor_frame(
@@ -156,12 +161,17 @@ def floor_note(floor: Mapping[str, Any] | None) -> str | None:
         f"{r['bytes']:,} bytes: gRPC {r['grpc_round_trip_s']['median'] * 1e3:.3f} ms "
         f"(IQR {r['grpc_round_trip_s']['q1'] * 1e3:.3f}-{r['grpc_round_trip_s']['q3'] * 1e3:.3f}), "
         f"TCP {r['tcp_round_trip_s']['median'] * 1e3:.3f} ms"
-        + "".join(f", TCP between processes on {name} {r[f'tcp_{key}_round_trip_s']['median'] * 1e3:.3f} ms"
-                  for key, name in PROCESS_FLOORS if f"tcp_{key}_round_trip_s" in r)
+        + "".join(
+            f", TCP between processes on {name} {r[f'tcp_{key}_round_trip_s']['median'] * 1e3:.3f} ms"
+            for key, name in PROCESS_FLOORS
+            if f"tcp_{key}_round_trip_s" in r
+        )
         for r in floor["sizes"]
     )
-    return (f"median loopback round trips over {floor['round_trips']} calls each, no model, load average "
-            f"{floor['load_average']:.2f}: {sizes}")
+    return (
+        f"median loopback round trips over {floor['round_trips']} calls each, no model, load average "
+        f"{floor['load_average']:.2f}: {sizes}"
+    )
 
 
 def token_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame | None:

@@ -39,8 +39,11 @@ def concurrency_frame(placements: Sequence[Mapping[str, Any]]) -> pd.DataFrame |
         figures = (p.get("speed") or {}).get("concurrency")
         if not figures:
             continue
-        row: dict[str, Any] = {"placement": p["name"], "stages": p.get("n_stages"),
-                               "forwarding": p.get("forwarding", "relayed")}
+        row: dict[str, Any] = {
+            "placement": p["name"],
+            "stages": p.get("n_stages"),
+            "forwarding": p.get("forwarding", "relayed"),
+        }
         for level in figures["levels"]:
             row[f"{level['sessions']} at once: tok/s"] = _cell(level, single)
         rows.append(row)

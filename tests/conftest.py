@@ -16,8 +16,11 @@ from core.context import Context
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--quick", action="store_true",
-                     help="of the slow tests, run only those marked quick (a contributor's inner loop)")
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="of the slow tests, run only those marked quick (a contributor's inner loop)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,8 +45,14 @@ def ctx(tmp_path: Path) -> Context:
 def git(*args: str, cwd: Path | None = None) -> str:
     """Test-side git with a fixed identity and no user config (fixtures must not depend on ~/.gitconfig)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="t",
-               GIT_AUTHOR_EMAIL="t@localhost", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@localhost")
+    env.update(
+        GIT_CONFIG_GLOBAL="/dev/null",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@localhost",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@localhost",
+    )
     done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
@@ -88,7 +97,13 @@ def upstream_pin(upstream: Upstream):
     """A pin naming the fixture upstream's first commit; git is its only source."""
     from fetch.source import Pin, SdistPin, SourcesPin
 
-    sdist = SdistPin(package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256="0" * 64,
-                     subtree="vendor/tiny")
-    return Pin(schema_version=1, upstream=upstream.url, commit=upstream.commit, tree=upstream.tree,
-               sources=SourcesPin(order=("git",), sdist=sdist))
+    sdist = SdistPin(
+        package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256="0" * 64, subtree="vendor/tiny"
+    )
+    return Pin(
+        schema_version=1,
+        upstream=upstream.url,
+        commit=upstream.commit,
+        tree=upstream.tree,
+        sources=SourcesPin(order=("git",), sdist=sdist),
+    )

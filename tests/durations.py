@@ -28,8 +28,13 @@ def read(path: Path) -> list[Timed]:
     cases = []
     for case in root.iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
-        cases.append(Timed(suite=path.stem, test=f"{module}.py::{case.get('name', '?')}",
-                           seconds=float(case.get("time", "0") or 0)))
+        cases.append(
+            Timed(
+                suite=path.stem,
+                test=f"{module}.py::{case.get('name', '?')}",
+                seconds=float(case.get("time", "0") or 0),
+            )
+        )
     return cases
 
 

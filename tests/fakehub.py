@@ -95,14 +95,19 @@ class _Server:
         return f"127.0.0.1:{self.port}"
 
     def record(self, h: BaseHTTPRequestHandler) -> Seen:
-        seen = Seen(method=h.command, path=h.path, headers={k: v for k, v in h.headers.items()},
-                    client_port=h.client_address[1])
+        seen = Seen(
+            method=h.command,
+            path=h.path,
+            headers={k: v for k, v in h.headers.items()},
+            client_port=h.client_address[1],
+        )
         with self.lock:
             self.seen.append(seen)
         return seen
 
-    def reply(self, h: BaseHTTPRequestHandler, seen: Seen, status: int, headers: dict[str, str],
-              body: bytes = b"") -> None:
+    def reply(
+        self, h: BaseHTTPRequestHandler, seen: Seen, status: int, headers: dict[str, str], body: bytes = b""
+    ) -> None:
         seen.status, seen.body_bytes = status, len(body)  # before the client can read the answer
         h.send_response(status)
         for k, v in headers.items():
@@ -237,10 +242,12 @@ class FakeHub(_Server):
     def endpoint(self) -> str:
         return f"http://{self.netloc}"
 
-    def add_repo(self, name: str, files: dict[str, bytes], *, gated: bool = False,
-                 branch: str = "main") -> Repo:
-        commit = hashlib.sha1(repr(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items()))
-                              .encode()).hexdigest()
+    def add_repo(
+        self, name: str, files: dict[str, bytes], *, gated: bool = False, branch: str = "main"
+    ) -> Repo:
+        commit = hashlib.sha1(
+            repr(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items())).encode()
+        ).hexdigest()
         for data in files.values():
             self.storage.add(data)
         repo = Repo(commit=commit, files=dict(files), branches={branch: commit}, gated=gated)
@@ -287,8 +294,12 @@ class FakeHub(_Server):
     def _tree(self, repo: Repo) -> list[dict[str, Any]]:
         out = []
         for p, data in sorted(repo.files.items()):
-            entry: dict[str, Any] = {"type": "file", "path": p, "size": len(data),
-                                     "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+            entry: dict[str, Any] = {
+                "type": "file",
+                "path": p,
+                "size": len(data),
+                "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+            }
             if repo.lfs:
                 sha = hashlib.sha256(data).hexdigest()
                 entry["lfs"] = {"oid": sha, "size": len(data), "pointerSize": 134}
@@ -326,8 +337,11 @@ class Proxy(_Server):
         target = urllib.parse.urlsplit(h.path)
         upstream = socket.create_connection((target.hostname, target.port or 80), timeout=10)
         lines = [f"GET {target.path or '/'}{'?' + target.query if target.query else ''} HTTP/1.1"]
-        lines += [f"{k}: {v}" for k, v in h.headers.items()
-                  if k.lower() not in ("proxy-connection", "connection", "proxy-authorization")]
+        lines += [
+            f"{k}: {v}"
+            for k, v in h.headers.items()
+            if k.lower() not in ("proxy-connection", "connection", "proxy-authorization")
+        ]
         lines += ["Connection: close", "", ""]
         upstream.sendall("\r\n".join(lines).encode())
         seen.status = 200

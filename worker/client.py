@@ -201,8 +201,15 @@ class StageClient:
         """How the worker process ended and its last stderr, or None (running, or not ours to watch)."""
         return self._liveness() if self._liveness else None
 
-    def explain(self, name: str, code: grpc.StatusCode | None, detail: str, *,
-                deadline: float | None = None, settle: bool = True) -> StageFailed:
+    def explain(
+        self,
+        name: str,
+        code: grpc.StatusCode | None,
+        detail: str,
+        *,
+        deadline: float | None = None,
+        settle: bool = True,
+    ) -> StageFailed:
         """The StageFailed for a failed call: DIED when the worker process has ended, else the status.
 
         ``settle`` waits a moment before concluding a dropped connection was not a death.
@@ -234,18 +241,37 @@ class StageClient:
         r = self._call("Info", self._pb2.InfoRequest(), deadline)
         m = r.memory
         return StageInfo(
-            worker_version=r.worker_version, llama_commit=r.llama_commit, lane=r.lane,
-            backend_devices=r.backend_devices, model_path=r.model_path,
-            architecture=r.architecture, n_layer=r.n_layer, layer_begin=r.layer_begin,
-            layer_end=r.layer_end, first_stage=r.first_stage, last_stage=r.last_stage,
-            n_embd=r.n_embd, boundary_width=r.boundary_width,
-            needs_token_sideband=r.needs_token_sideband, n_vocab=r.n_vocab, n_ctx=r.n_ctx,
-            n_threads=r.n_threads, identity_json=r.identity_json, n_batch=r.n_batch,
-            max_rewind=r.max_rewind, mtp=r.mtp, pass_port=r.pass_port, cpus=r.cpus,
+            worker_version=r.worker_version,
+            llama_commit=r.llama_commit,
+            lane=r.lane,
+            backend_devices=r.backend_devices,
+            model_path=r.model_path,
+            architecture=r.architecture,
+            n_layer=r.n_layer,
+            layer_begin=r.layer_begin,
+            layer_end=r.layer_end,
+            first_stage=r.first_stage,
+            last_stage=r.last_stage,
+            n_embd=r.n_embd,
+            boundary_width=r.boundary_width,
+            needs_token_sideband=r.needs_token_sideband,
+            n_vocab=r.n_vocab,
+            n_ctx=r.n_ctx,
+            n_threads=r.n_threads,
+            identity_json=r.identity_json,
+            n_batch=r.n_batch,
+            max_rewind=r.max_rewind,
+            mtp=r.mtp,
+            pass_port=r.pass_port,
+            cpus=r.cpus,
             memory=Memory(
-                weight_bytes=m.weight_bytes, kv_bytes=m.kv_bytes, compute_bytes=m.compute_bytes,
-                has_token_embedding=m.has_token_embedding, has_output_head=m.has_output_head,
-                load_mode=m.load_mode, huge_page_bytes=m.huge_page_bytes if m.load_mode else -1,
+                weight_bytes=m.weight_bytes,
+                kv_bytes=m.kv_bytes,
+                compute_bytes=m.compute_bytes,
+                has_token_embedding=m.has_token_embedding,
+                has_output_head=m.has_output_head,
+                load_mode=m.load_mode,
+                huge_page_bytes=m.huge_page_bytes if m.load_mode else -1,
             ),
         )
 
@@ -294,9 +320,16 @@ class StageClient:
         if isinstance(boundary, np.ndarray):
             boundary = self.tensor(boundary, "f32")
         request = self._pb2.ForwardRequest(
-            session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
-            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
-            capture_layers=list(capture_layers), rewind=rewind, draft=draft, drafted=drafted,
+            session_id=session_id,
+            epoch=epoch,
+            positions=list(positions),
+            tokens=list(tokens),
+            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()),
+            all_logits=all_logits,
+            capture_layers=list(capture_layers),
+            rewind=rewind,
+            draft=draft,
+            drafted=drafted,
         )
         if boundary is not None:
             request.boundary.CopyFrom(boundary)
@@ -348,9 +381,19 @@ class StageClient:
         ``deliver_to``.  Its error carries the ``dgr-failed-stage`` trailer naming the failing stage.
         ``ring`` (a pb2 Ring) makes it the first pass of a ring (pipeline/ring.py)."""
         request = self._pb2.ForwardRequest(
-            session_id=session_id, epoch=epoch, positions=list(positions), tokens=list(tokens),
-            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()), all_logits=all_logits,
-            downstream=list(downstream), deliver_to=deliver_to, request_id=request_id,
-            keep_boundaries=keep_boundaries, ring=ring, rewind=rewind, draft=draft, drafted=drafted,
+            session_id=session_id,
+            epoch=epoch,
+            positions=list(positions),
+            tokens=list(tokens),
+            boundary_dtype=self._pb2.DType.Value(boundary_dtype.upper()),
+            all_logits=all_logits,
+            downstream=list(downstream),
+            deliver_to=deliver_to,
+            request_id=request_id,
+            keep_boundaries=keep_boundaries,
+            ring=ring,
+            rewind=rewind,
+            draft=draft,
+            drafted=drafted,
         )
         return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)

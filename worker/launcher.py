@@ -93,10 +93,20 @@ class WorkerCommand:
     load: str | None = None  # --load, llama.cpp's load mode name; None: the worker's default
     extra: tuple[str, ...] = ()
 
-    def argv(self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False,
-             stage: int = 0) -> list[str]:
-        args = [*self.program, "--model", os.fspath(self.model), "--layers", f"{layers[0]}:{layers[1]}",
-                "--listen", listen, "--threads", str(self.threads)]
+    def argv(
+        self, layers: tuple[int, int], listen: str = "127.0.0.1:0", *, last: bool = False, stage: int = 0
+    ) -> list[str]:
+        args = [
+            *self.program,
+            "--model",
+            os.fspath(self.model),
+            "--layers",
+            f"{layers[0]}:{layers[1]}",
+            "--listen",
+            listen,
+            "--threads",
+            str(self.threads),
+        ]
         if self.cpus:
             args += ["--cpus", self.cpus[stage % len(self.cpus)]]
         if self.load is not None:
@@ -249,20 +259,36 @@ class Pipeline:
         self._record()
 
     def _record(self) -> None:
-        write_json(self.evidence / "stages.json", {
-            "stages": [
-                {
-                    "index": s.index, "layers": list(s.layers), "argv": s.argv, "pid": s.pid,
-                    "address": s.address, "returncode": s.process.returncode,
-                    "stdout": s.stdout_path.name, "stderr": s.stderr_path.name,
-                }
-                for s in self.stages
-            ]
-        })
+        write_json(
+            self.evidence / "stages.json",
+            {
+                "stages": [
+                    {
+                        "index": s.index,
+                        "layers": list(s.layers),
+                        "argv": s.argv,
+                        "pid": s.pid,
+                        "address": s.address,
+                        "returncode": s.process.returncode,
+                        "stdout": s.stdout_path.name,
+                        "stderr": s.stderr_path.name,
+                    }
+                    for s in self.stages
+                ]
+            },
+        )
 
 
-def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Path,
-           env: Mapping[str, str], placed: Placed | None = None, *, last: bool = False) -> Stage:
+def _spawn(
+    cmd: WorkerCommand,
+    index: int,
+    layers: tuple[int, int],
+    evidence: Path,
+    env: Mapping[str, str],
+    placed: Placed | None = None,
+    *,
+    last: bool = False,
+) -> Stage:
     host = placed.host if placed is not None else None
     listen = "127.0.0.1:0" if host is None else f"{host}:0"
     argv = cmd.argv(layers, listen=listen, last=last, stage=index)
@@ -280,11 +306,20 @@ def _spawn(cmd: WorkerCommand, index: int, layers: tuple[int, int], evidence: Pa
     # A session of its own keeps a terminal's Ctrl-C away from workers: we stop them ourselves.
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         offset = out.tell()
-        process = subprocess.Popen(argv, stdin=launcher_pipe(), stdout=out, stderr=err,
-                                   env=dict(env), start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdin=launcher_pipe(), stdout=out, stderr=err, env=dict(env), start_new_session=True
+        )
     _LIVE.add(process)
-    return Stage(index=index, layers=layers, argv=argv, process=process, stdout_path=out_path,
-                 stderr_path=err_path, stdout_offset=offset, host=host)
+    return Stage(
+        index=index,
+        layers=layers,
+        argv=argv,
+        process=process,
+        stdout_path=out_path,
+        stderr_path=err_path,
+        stdout_offset=offset,
+        host=host,
+    )
 
 
 def _wait_listening(stage: Stage, until: float, timeout: float) -> str:
@@ -356,14 +391,28 @@ def launch(
     try:
         for k, layers in enumerate(placement):
             where = placed[k] if placed is not None else None
-            pipeline.stages.append(_spawn(cmd, k, (int(layers[0]), int(layers[1])), evidence, env, where,
-                                          last=k == len(placement) - 1))
+            pipeline.stages.append(
+                _spawn(
+                    cmd,
+                    k,
+                    (int(layers[0]), int(layers[1])),
+                    evidence,
+                    env,
+                    where,
+                    last=k == len(placement) - 1,
+                )
+            )
         until = time.monotonic() + start_timeout
         for stage in pipeline.stages:
             stage.address = _wait_listening(stage, until, start_timeout)
             stage.client = StageClient(
-                stage.address, stubs.pb2, stubs.pb2_grpc, stage=stage.index, layers=stage.layers,
-                deadline=call_deadline, liveness=stage.ended,
+                stage.address,
+                stubs.pb2,
+                stubs.pb2_grpc,
+                stage=stage.index,
+                layers=stage.layers,
+                deadline=call_deadline,
+                liveness=stage.ended,
             )
         for stage in pipeline.stages:
             _wait_healthy(stage, until, start_timeout)

@@ -94,8 +94,13 @@ def generate(workspace: Workspace, proto: Path = PROTO) -> Path:
         (pkg / "shard.proto").write_bytes(data)
         proc.run(
             [
-                sys.executable, "-m", "grpc_tools.protoc", f"-I{scratch}",
-                f"--python_out={scratch}", f"--grpc_python_out={scratch}", f"{PACKAGE}/shard.proto",
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{scratch}",
+                f"--python_out={scratch}",
+                f"--grpc_python_out={scratch}",
+                f"{PACKAGE}/shard.proto",
             ],
             cwd=scratch,
             no_output_timeout=120,

@@ -22,11 +22,23 @@ def floor_tool(build_dir: Path) -> Path:
 def run_floor(tool: Path, model: Path, stages: int, threads: int, ctx: int = 512) -> dict:
     """Its JSON: tok_s per round, cpu_us_per_pass and decode_us_per_pass per stage, tokens; every pick
     read by the reader.  ``ctx``: each stage's context (the worker's default, 512)."""
-    argv = [os.fspath(tool), "-m", os.fspath(model), "--stages", str(stages), "--rounds", str(FLOOR_ROUNDS),
-            "--threads", str(threads), "--ctx", str(ctx)]
+    argv = [
+        os.fspath(tool),
+        "-m",
+        os.fspath(model),
+        "--stages",
+        str(stages),
+        "--rounds",
+        str(FLOOR_ROUNDS),
+        "--threads",
+        str(threads),
+        "--ctx",
+        str(ctx),
+    ]
     with floor_deliveries() as (port, delivered):
-        done = subprocess.run([*argv, "--deliver", str(port)], capture_output=True, text=True, timeout=600,
-                              check=False)
+        done = subprocess.run(
+            [*argv, "--deliver", str(port)], capture_output=True, text=True, timeout=600, check=False
+        )
     assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}: {done.stderr[-2000:]}"
     floor = json.loads(done.stdout)
     assert len(delivered) == FLOOR_ROUNDS * floor["tokens_per_round"], "the reader missed picks"

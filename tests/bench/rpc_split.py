@@ -49,12 +49,18 @@ def build(ctx: Context) -> RpcTools:
     host = cmake.probe_host(ctx.env)
     assert host.problem is None, host.problem
     commit = str(tree.provenance.get("commit", ""))
-    args = [*cmake.common_args(BuildOptions.from_env(ctx.env)), cmake.define("GGML_RPC", "ON"),
-            # build-info would otherwise ask git, and find the repository around the workspace
-            cmake.define("LLAMA_BUILD_COMMIT", commit[:8]), cmake.define("LLAMA_BUILD_NUMBER", "0")]
+    args = [
+        *cmake.common_args(BuildOptions.from_env(ctx.env)),
+        cmake.define("GGML_RPC", "ON"),
+        # build-info would otherwise ask git, and find the repository around the workspace
+        cmake.define("LLAMA_BUILD_COMMIT", commit[:8]),
+        cmake.define("LLAMA_BUILD_NUMBER", "0"),
+    ]
     if host.ccache:
-        args += [cmake.define("CMAKE_C_COMPILER_LAUNCHER", host.ccache),
-                 cmake.define("CMAKE_CXX_COMPILER_LAUNCHER", host.ccache)]
+        args += [
+            cmake.define("CMAKE_C_COMPILER_LAUNCHER", host.ccache),
+            cmake.define("CMAKE_CXX_COMPILER_LAUNCHER", host.ccache),
+        ]
     ctx.workspace.ensure(where)
     cmake.configure(host, source=tree.path, build_dir=where, args=args, env=ctx.env)
     cmake.build(host, build_dir=where, targets=TARGETS, jobs=2, env=ctx.env)
@@ -82,8 +88,9 @@ def _wait_listening(port: int, server: subprocess.Popen, deadline_s: float = 60.
 
 def _on_huge_pages(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with glibc's malloc advising its large allocations for transparent huge pages."""
-    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
-                if t and not t.startswith("glibc.malloc.hugetlb=")]
+    tunables = [
+        t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")
+    ]
     return {**env, "GLIBC_TUNABLES": ":".join([*tunables, "glibc.malloc.hugetlb=1"])}
 
 
@@ -93,8 +100,9 @@ def _held(argv: list[str], cpus: str | None) -> list[str]:
 
 
 @contextmanager
-def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path,
-            cpus: str | None = None) -> Iterator[list[str]]:
+def servers(
+    binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path, cpus: str | None = None
+) -> Iterator[list[str]]:
     """``n`` RPC servers on 127.0.0.1, one CPU thread each by default, held to ``cpus`` if given; their
     addresses, stopped on exit."""
     procs: list[subprocess.Popen] = []
@@ -105,8 +113,9 @@ def servers(binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: 
             port = _free_port()
             out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
             argv = _held([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], cpus)
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                          env=_on_huge_pages(env)))
+            procs.append(
+                subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_on_huge_pages(env))
+            )
             _wait_listening(port, procs[-1])
             addresses.append(f"127.0.0.1:{port}")
         yield addresses
@@ -123,18 +132,43 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def tg(bench: Path, model: Path, *, n_gen: int, repetitions: int, threads: int, env: Mapping[str, str],
-       rpc: Sequence[str] = (), gpu_layers: int = 0, cpus: str | None = None) -> list[float]:
+def tg(
+    bench: Path,
+    model: Path,
+    *,
+    n_gen: int,
+    repetitions: int,
+    threads: int,
+    env: Mapping[str, str],
+    rpc: Sequence[str] = (),
+    gpu_layers: int = 0,
+    cpus: str | None = None,
+) -> list[float]:
     """llama-bench's tg tok/s samples: the whole model here, or ``gpu_layers`` of its layers on the RPC
     servers (split between them by their free memory: equally on one host); held to ``cpus`` if given."""
-    argv = [str(bench), "-m", str(model), "-p", "0", "-n", str(n_gen), "-t", str(threads),
-            "-r", str(repetitions), "-mmp", "0", "-o", "json"]
+    argv = [
+        str(bench),
+        "-m",
+        str(model),
+        "-p",
+        "0",
+        "-n",
+        str(n_gen),
+        "-t",
+        str(threads),
+        "-r",
+        str(repetitions),
+        "-mmp",
+        "0",
+        "-o",
+        "json",
+    ]
     if rpc:
         argv += ["--rpc", ",".join(rpc), "-ngl", str(gpu_layers)]
     else:
         argv += ["-ngl", "0"]
     out = proc.run(_held(argv, cpus), env=_on_huge_pages(env), no_output_timeout=300).output
-    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    rows = json.loads(out[out.index("[") : out.rindex("]") + 1])
     row = next((r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == n_gen), None)
     assert row is not None, f"llama-bench printed no tg{n_gen} row: {out[-500:]}"
     return [float(v) for v in row["samples_ts"]]

@@ -53,8 +53,9 @@ def _balanced_cut(tiny_model) -> list[tuple[int, int]]:
     return balanced_stages(decode_cost([read_header(f) for f in tiny_model.files]), 4)
 
 
-def _aggregate(clients, prompt, sessions: int, forwarding: str, rounds: int = ROUNDS,
-               alone: Session | None = None) -> list[float]:
+def _aggregate(
+    clients, prompt, sessions: int, forwarding: str, rounds: int = ROUNDS, alone: Session | None = None
+) -> list[float]:
     """Aggregate tok/s per round; each concurrent session must be bitwise ``alone`` (decoded here
     first when not given)."""
     alone = alone or _alone(clients, prompt, forwarding)
@@ -85,14 +86,19 @@ def test_bench_aggregate_throughput(
                     table[key][sessions] = median_iqr(rates).as_dict()
     single = table["monolithic"][1]["median"]
     single_ring = table["monolithic ring"][1]["median"]  # the stricter reference: the faster single stream
-    print(f"\n[bench] aggregate decode tok/s, {N_DECODE} tokens per session, {ROUNDS} rounds, one thread per "
-          f"worker, {os.cpu_count()} cores (stages unpinned), load average {os.getloadavg()[0]:.2f}; ratio "
-          f"to the monolithic single stream relayed ({single:.1f} tok/s) / as a ring "
-          f"({single_ring:.1f} tok/s)")
+    print(
+        f"\n[bench] aggregate decode tok/s, {N_DECODE} tokens per session, {ROUNDS} rounds, one thread per "
+        f"worker, {os.cpu_count()} cores (stages unpinned), load average {os.getloadavg()[0]:.2f}; ratio "
+        f"to the monolithic single stream relayed ({single:.1f} tok/s) / as a ring "
+        f"({single_ring:.1f} tok/s)"
+    )
     print(f"[bench]   4-balanced is {placements['4-balanced']}")
     for key, levels in table.items():
-        cells = ", ".join(f"c={c}: {f['median']:.1f} (IQR {f['iqr']:.1f}) = {f['median'] / single:.2f}x"
-                          f" / {f['median'] / single_ring:.2f}x" for c, f in levels.items())
+        cells = ", ".join(
+            f"c={c}: {f['median']:.1f} (IQR {f['iqr']:.1f}) = {f['median'] / single:.2f}x"
+            f" / {f['median'] / single_ring:.2f}x"
+            for c, f in levels.items()
+        )
         print(f"[bench]   {key}: {cells}")
     benchmark.extra_info.update({k: {str(c): f for c, f in v.items()} for k, v in table.items()})
     benchmark.pedantic(lambda: None, rounds=1)  # the figures are the runs above
@@ -111,9 +117,11 @@ def test_bench_balanced_against_even(
     cuts = {"4-even": PLACEMENTS["4-stages"], "4-balanced": _balanced_cut(tiny_model)}
     runs: dict[str, list[list[float]]] = {"monolithic c=1": [], **{f"{name} ring c=4": [] for name in cuts}}
     with contextlib.ExitStack() as stack:
+
         def started(stages, name):
-            return stack.enter_context(launch(cmd, stages, stubs=stubs, evidence=tmp_path / name,
-                                              env=worker_env))
+            return stack.enter_context(
+                launch(cmd, stages, stubs=stubs, evidence=tmp_path / name, env=worker_env)
+            )
 
         mono = started(PLACEMENTS["monolithic"], "monolithic")
         rings = {name: started(stages, name) for name, stages in cuts.items()}
@@ -127,13 +135,17 @@ def test_bench_balanced_against_even(
                 runs[f"{name} ring c=4"].append(rates)
     single = runs["monolithic c=1"]
     single_median = median_iqr(pooled(single)).median
-    print(f"\n[bench] 4 stages at 4 sessions, cut evenly and by decode cost ({cuts['4-balanced']}), rings, "
-          f"{PAIRED_ROUNDS} interleaved rounds, one thread per worker, {os.cpu_count()} cores (unpinned), "
-          f"load average {os.getloadavg()[0]:.2f}; ratio to the monolithic worker's single stream (relayed)")
+    print(
+        f"\n[bench] 4 stages at 4 sessions, cut evenly and by decode cost ({cuts['4-balanced']}), rings, "
+        f"{PAIRED_ROUNDS} interleaved rounds, one thread per worker, {os.cpu_count()} cores (unpinned), "
+        f"load average {os.getloadavg()[0]:.2f}; ratio to the monolithic worker's single stream (relayed)"
+    )
     for key, rounds in runs.items():
         f = median_iqr(pooled(rounds))
-        print(f"[bench]   {key}: {f.median:.1f} tok/s (IQR {f.iqr:.1f}) = {f.median / single_median:.2f}x, "
-              f"paired {paired_ratio(rounds, single):.2f}x")
+        print(
+            f"[bench]   {key}: {f.median:.1f} tok/s (IQR {f.iqr:.1f}) = {f.median / single_median:.2f}x, "
+            f"paired {paired_ratio(rounds, single):.2f}x"
+        )
     even, balanced = runs["4-even ring c=4"], runs["4-balanced ring c=4"]
     print(f"[bench]   balanced / even: paired {paired_ratio(balanced, even):.2f}")
     benchmark.extra_info.update({k: median_iqr(pooled(v)).as_dict() for k, v in runs.items()})

@@ -52,30 +52,54 @@ GOAL = 0.95
 
 def _llama_bench_tg(binary, model, threads: int, env) -> list[float]:
     # -mmp 0: weights read into memory, as the worker holds them on the CPU lane (both on huge pages)
-    argv = [binary, "-m", model, "-p", "0", "-n", str(N_GEN), "-t", str(threads), "-r", str(REPETITIONS),
-            "-mmp", "0", "-o", "json"]
+    argv = [
+        binary,
+        "-m",
+        model,
+        "-p",
+        "0",
+        "-n",
+        str(N_GEN),
+        "-t",
+        str(threads),
+        "-r",
+        str(REPETITIONS),
+        "-mmp",
+        "0",
+        "-o",
+        "json",
+    ]
     out = proc.run(argv, env=env, no_output_timeout=300).output
     start = out.index("[")
-    rows = json.loads(out[start:out.rindex("]") + 1])
+    rows = json.loads(out[start : out.rindex("]") + 1])
     tg = [r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == N_GEN]
     assert tg, f"llama-bench printed no tg{N_GEN} row: {out[-500:]}"
     return [float(v) for v in tg[0]["samples_ts"]]
 
 
-def _worker_decode(clients, prompt, compute: list[float] | None = None,
-                   forwarding: str = "relayed") -> list[float]:
+def _worker_decode(
+    clients, prompt, compute: list[float] | None = None, forwarding: str = "relayed"
+) -> list[float]:
     """End-to-end decode tok/s per repetition; ``compute`` collects the worker-side rate (1 / the
     median llama_decode seconds per token, summed over stages) that excludes the RPC round trip.
     A ring delivers tokens only, as llama-bench reads no logits either."""
-    speed = drive.measure_speed(clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1,
-                                forwarding=forwarding, ring_logits=forwarding != "ring")
+    speed = drive.measure_speed(
+        clients,
+        prompt,
+        N_GEN + 1,
+        repetitions=REPETITIONS,
+        warmup=1,
+        forwarding=forwarding,
+        ring_logits=forwarding != "ring",
+    )
     if compute is not None:
         compute += [1.0 / sum(rep) for rep in speed.stage_compute_per_token]
     return list(speed.decode_tok_s)
 
 
-def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, worker_command, stubs, worker_env,
-                                          tmp_path) -> None:
+def test_monolithic_decode_vs_llama_bench(
+    benchmark, cpu_build, tiny_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
     bench = cpu_build.binaries["llama-bench"]
     ours: list[float] = []  # relayed: a Forward call per token, the logits row to the driver
     ours_compute: list[float] = []
@@ -87,13 +111,17 @@ def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, work
         prompt = p.clients[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
         for r in range(rounds):
             by_round["llama-bench"].append(_llama_bench_tg(bench, tiny_model.first, THREADS, worker_env))
-            by_round["floor"].append(run_floor(floor_tool(cpu_build.dir), tiny_model.first, 1, THREADS,
-                                               ctx=worker_command.ctx_size)["tok_s"])
+            by_round["floor"].append(
+                run_floor(
+                    floor_tool(cpu_build.dir), tiny_model.first, 1, THREADS, ctx=worker_command.ctx_size
+                )["tok_s"]
+            )
             by_round["ring"].append(_worker_decode(p.clients, prompt, forwarding="ring"))
             if r < rounds - 1:
                 ours += _worker_decode(p.clients, prompt, ours_compute)
-        ours += benchmark.pedantic(_worker_decode, args=(p.clients, prompt, ours_compute), rounds=1,
-                                   iterations=1)
+        ours += benchmark.pedantic(
+            _worker_decode, args=(p.clients, prompt, ours_compute), rounds=1, iterations=1
+        )
     theirs = by_round["llama-bench"]
     medians = {name: float(np.median(pooled(runs))) for name, runs in by_round.items()}
     paired = {name: paired_ratio(runs, theirs) for name, runs in by_round.items()}
@@ -102,29 +130,50 @@ def test_monolithic_decode_vs_llama_bench(benchmark, cpu_build, tiny_model, work
     compute_ratio = float(np.median(ours_compute) / medians["llama-bench"])
     verdict = paired["ring"]
     over_floor = paired_ratio(by_round["ring"], by_round["floor"])
-    benchmark.extra_info.update({
-        "threads": THREADS, "n_gen": N_GEN, "ctx": worker_command.ctx_size, "goal": GOAL,
-        "worker_decode_tok_s_median": float(np.median(ours)), "ratio": ratio,
-        "worker_compute_tok_s_median": float(np.median(ours_compute)), "compute_ratio": compute_ratio,
-        "tok_s_median": medians, "paired_ratio_to_llama_bench": paired,
-        "paired_rounds_low_high": {k: list(v) for k, v in spread.items()},
-        "ring_over_floor": over_floor,
-        "samples": by_round, "worker_samples": ours, "load_average": list(os.getloadavg()),
-    })
-    what = {"llama-bench": f"llama-bench tg{N_GEN}",
-            "floor": f"dgr-ring-floor --stages 1 --ctx {worker_command.ctx_size} (nothing of ours)",
-            "ring": f"a one-stage ring of the worker, --ctx {worker_command.ctx_size}, tokens only"}
-    lines = [f"{what[name]:<54} {medians[name]:7.1f} tok/s  x{medians[name] / medians['llama-bench']:.3f}  "
-             f"paired x{paired[name]:.3f} ({spread[name][0]:.2f}-{spread[name][1]:.2f})" for name in by_round]
-    lines.append(f"the monolithic worker relayed (gRPC, the logits row to the driver): {np.median(ours):.1f} "
-                 f"tok/s (x{ratio:.3f}); its own llama_decode {np.median(ours_compute):.1f} tok/s "
-                 f"(x{compute_ratio:.3f})")
-    lines.append(f"goal: the ring >= {GOAL}x llama-bench: {'met' if verdict >= GOAL else 'NOT met'} "
-                 f"(paired x{verdict:.3f}; the ring over the floor, paired, {over_floor:.3f})")
-    print(f"\n[bench] monolithic decode against llama-bench, {THREADS} thread(s), {rounds} interleaved "
-          f"rounds, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (paired: each round "
-          f"against llama-bench's in the same round, the median, and the lowest-highest round)\n  "
-          + "\n  ".join(lines))
+    benchmark.extra_info.update(
+        {
+            "threads": THREADS,
+            "n_gen": N_GEN,
+            "ctx": worker_command.ctx_size,
+            "goal": GOAL,
+            "worker_decode_tok_s_median": float(np.median(ours)),
+            "ratio": ratio,
+            "worker_compute_tok_s_median": float(np.median(ours_compute)),
+            "compute_ratio": compute_ratio,
+            "tok_s_median": medians,
+            "paired_ratio_to_llama_bench": paired,
+            "paired_rounds_low_high": {k: list(v) for k, v in spread.items()},
+            "ring_over_floor": over_floor,
+            "samples": by_round,
+            "worker_samples": ours,
+            "load_average": list(os.getloadavg()),
+        }
+    )
+    what = {
+        "llama-bench": f"llama-bench tg{N_GEN}",
+        "floor": f"dgr-ring-floor --stages 1 --ctx {worker_command.ctx_size} (nothing of ours)",
+        "ring": f"a one-stage ring of the worker, --ctx {worker_command.ctx_size}, tokens only",
+    }
+    lines = [
+        f"{what[name]:<54} {medians[name]:7.1f} tok/s  x{medians[name] / medians['llama-bench']:.3f}  "
+        f"paired x{paired[name]:.3f} ({spread[name][0]:.2f}-{spread[name][1]:.2f})"
+        for name in by_round
+    ]
+    lines.append(
+        f"the monolithic worker relayed (gRPC, the logits row to the driver): {np.median(ours):.1f} "
+        f"tok/s (x{ratio:.3f}); its own llama_decode {np.median(ours_compute):.1f} tok/s "
+        f"(x{compute_ratio:.3f})"
+    )
+    lines.append(
+        f"goal: the ring >= {GOAL}x llama-bench: {'met' if verdict >= GOAL else 'NOT met'} "
+        f"(paired x{verdict:.3f}; the ring over the floor, paired, {over_floor:.3f})"
+    )
+    print(
+        f"\n[bench] monolithic decode against llama-bench, {THREADS} thread(s), {rounds} interleaved "
+        f"rounds, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (paired: each round "
+        f"against llama-bench's in the same round, the median, and the lowest-highest round)\n  "
+        + "\n  ".join(lines)
+    )
     # A figure, not a gate (as every other speed bench here): the same build gave the worker's own
     # llama_decode 0.887x-0.982x of llama-bench in runs an hour apart on this shared VM, so a gate would
     # fail `nox -s bench` on the machine's mood.  The sanity bound only catches a broken measurement.
@@ -138,26 +187,38 @@ def test_two_stage_loopback_vs_monolithic(benchmark, worker_command, stubs, work
     mono: list[float] = []
     staged: list[float] = []
     seams: list[float] = []
-    with launch(command, [(0, 12)], stubs=stubs, evidence=tmp_path / "mono", env=worker_env) as m, \
-         launch(command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "two", env=worker_env) as s:
+    with (
+        launch(command, [(0, 12)], stubs=stubs, evidence=tmp_path / "mono", env=worker_env) as m,
+        launch(command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "two", env=worker_env) as s,
+    ):
         prompt = m.clients[0].tokenize("", add_special=True) or [1]
         for r in range(ROUNDS):
             mono += _worker_decode(m.clients, prompt)
             if r < ROUNDS - 1:
                 staged += _worker_decode(s.clients, prompt)
-        samples = benchmark.pedantic(drive.measure_speed, args=(s.clients, prompt, N_GEN + 1),
-                                     kwargs={"repetitions": REPETITIONS, "warmup": 1}, rounds=1, iterations=1)
+        samples = benchmark.pedantic(
+            drive.measure_speed,
+            args=(s.clients, prompt, N_GEN + 1),
+            kwargs={"repetitions": REPETITIONS, "warmup": 1},
+            rounds=1,
+            iterations=1,
+        )
         staged += list(samples.decode_tok_s)
         seams += [rep[0] for rep in samples.seam_seconds]
     ratio = float(np.median(staged) / np.median(mono))
     figures = {
-        "threads": command.threads, "n_gen": N_GEN, "mono_decode_tok_s_median": float(np.median(mono)),
-        "two_stage_decode_tok_s_median": float(np.median(staged)), "ratio": ratio,
+        "threads": command.threads,
+        "n_gen": N_GEN,
+        "mono_decode_tok_s_median": float(np.median(mono)),
+        "two_stage_decode_tok_s_median": float(np.median(staged)),
+        "ratio": ratio,
         "seam_seconds_median": float(np.median(seams)),
         "seam_bytes_per_token": samples.seam_bytes_per_token[0],
     }
     benchmark.extra_info.update(figures)
-    print(f"\n[bench] 2-stage loopback decode at {command.threads} threads per worker "
-          f"{np.median(staged):.1f} tok/s vs monolithic {np.median(mono):.1f} tok/s: {ratio:.3f}x; "
-          f"seam {np.median(seams) * 1e3:.3f} ms and {samples.seam_bytes_per_token[0]} B per token")
+    print(
+        f"\n[bench] 2-stage loopback decode at {command.threads} threads per worker "
+        f"{np.median(staged):.1f} tok/s vs monolithic {np.median(mono):.1f} tok/s: {ratio:.3f}x; "
+        f"seam {np.median(seams) * 1e3:.3f} ms and {samples.seam_bytes_per_token[0]} B per token"
+    )
     assert ratio > 0.5, figures

@@ -27,11 +27,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 ROUNDS = 3
 
 
-def test_bench_delivery_port_against_deliver_calls(benchmark, worker_command, stubs, worker_env,
-                                                   tmp_path) -> None:
+def test_bench_delivery_port_against_deliver_calls(
+    benchmark, worker_command, stubs, worker_env, tmp_path
+) -> None:
     free = dataclasses.replace(worker_command, threads=1)
     ways = {"frames": free, "Deliver calls": free}
-    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
-                         evidence=tmp_path, deliver_calls=frozenset({"Deliver calls"}))
-    table.publish("deliveries", "tiny-llama token-only ring, 1 thread per worker, loopback, free: deliveries "
-                  "as frames on the driver's delivery port against Deliver calls", benchmark)
+    table = compare_ways(
+        ways,
+        rounds=ROUNDS,
+        benchmark=benchmark,
+        stubs=stubs,
+        env=worker_env,
+        evidence=tmp_path,
+        deliver_calls=frozenset({"Deliver calls"}),
+    )
+    table.publish(
+        "deliveries",
+        "tiny-llama token-only ring, 1 thread per worker, loopback, free: deliveries "
+        "as frames on the driver's delivery port against Deliver calls",
+        benchmark,
+    )

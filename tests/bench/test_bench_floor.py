@@ -32,8 +32,12 @@ pytestmark = pytest.mark.slow
 SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10}
 ROUND_TRIPS = 2000
 WARMUP = 200
-FLOORS = {"tcp": "tcp", "tcp_one_core": "tcp between processes on one core",
-          "tcp_two_cores": "tcp between processes on two cores", "grpc": "grpc unary"}
+FLOORS = {
+    "tcp": "tcp",
+    "tcp_one_core": "tcp between processes on one core",
+    "tcp_two_cores": "tcp between processes on two cores",
+    "grpc": "grpc unary",
+}
 
 
 def _describe(q: dict[str, float]) -> str:
@@ -46,9 +50,13 @@ def test_bench_transport_floor(benchmark, label: str) -> None:
     (row,) = floor["sizes"]
     got = {name: row[f"{name}_round_trip_s"] for name in FLOORS if f"{name}_round_trip_s" in row}
     ratio = got["grpc"]["median"] / got["tcp"]["median"]
-    benchmark.extra_info.update(bytes=row["bytes"], grpc_over_tcp=ratio,
-                                **{f"{name}_median_s": q["median"] for name, q in got.items()})
+    benchmark.extra_info.update(
+        bytes=row["bytes"],
+        grpc_over_tcp=ratio,
+        **{f"{name}_median_s": q["median"] for name, q in got.items()},
+    )
     benchmark.pedantic(lambda: None, rounds=1)  # the figures are the round trips above, not this call
     figures = "; ".join(f"{FLOORS[name]} {_describe(q)}" for name, q in got.items())
-    print(f"\n[bench] floor {label}: {figures}; grpc/tcp {ratio:.1f}x; load average "
-          f"{floor['load_average']:.2f}")
+    print(
+        f"\n[bench] floor {label}: {figures}; grpc/tcp {ratio:.1f}x; load average {floor['load_average']:.2f}"
+    )

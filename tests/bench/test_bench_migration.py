@@ -75,8 +75,11 @@ def test_bench_worker_kept_on_one_cpu(benchmark, worker_command, stubs, worker_e
     mine = sorted(os.sched_getaffinity(0))
     first, last = mine[0], mine[-1]
     free = dataclasses.replace(worker_command, threads=1)
-    ways = {"all free": (free, None), f"driver on cpu {last}": (free, {last}),
-            f"worker on cpu {first}": (dataclasses.replace(free, cpus=(str(first),)), None)}
+    ways = {
+        "all free": (free, None),
+        f"driver on cpu {last}": (free, {last}),
+        f"worker on cpu {first}": (dataclasses.replace(free, cpus=(str(first),)), None),
+    }
     compute = {way: [] for way in ways}
     token_s = {way: [] for way in ways}
     load_before = os.getloadavg()
@@ -85,8 +88,9 @@ def test_bench_worker_kept_on_one_cpu(benchmark, worker_command, stubs, worker_e
         launched = {}
         for k, (cmd, _) in enumerate(ways.values()):
             if cmd not in launched:
-                launched[cmd] = running.enter_context(launch(cmd, [(0, 12)], stubs=stubs, env=worker_env,
-                                                             evidence=tmp_path / str(k))).clients[0]
+                launched[cmd] = running.enter_context(
+                    launch(cmd, [(0, 12)], stubs=stubs, env=worker_env, evidence=tmp_path / str(k))
+                ).clients[0]
         clients = {way: launched[cmd] for way, (cmd, _) in ways.items()}
         prompt = next(iter(clients.values())).tokenize("Once upon a time", add_special=True)
 
@@ -104,11 +108,15 @@ def test_bench_worker_kept_on_one_cpu(benchmark, worker_command, stubs, worker_e
     for way in ways:
         c, w = median_iqr(compute[way]), median_iqr(token_s[way])
         lines.append(f"{way:<16} {c.median * 1e3:15.3f} {c.iqr * 1e3:6.3f} {1 / w.median:7.1f}")
-    print(f"\n[bench migration] tiny-llama monolithic worker, 1 thread, relayed, one token per call; "
-          f"median of {ROUNDS * N_TOKENS} tokens per way; CPUs {mine}; load average before "
-          f"{load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines))
+    print(
+        f"\n[bench migration] tiny-llama monolithic worker, 1 thread, relayed, one token per call; "
+        f"median of {ROUNDS * N_TOKENS} tokens per way; CPUs {mine}; load average before "
+        f"{load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines)
+    )
     benchmark.extra_info.update(
         compute_ms={w: median_iqr(v).median * 1e3 for w, v in compute.items()},
         tok_s={w: 1 / median_iqr(v).median for w, v in token_s.items()},
-        load_before=list(load_before), load_after=list(load_after))
+        load_before=list(load_before),
+        load_after=list(load_after),
+    )
     assert all(v > 0 for values in compute.values() for v in values)

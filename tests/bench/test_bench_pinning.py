@@ -34,9 +34,23 @@ ROUNDS = 3
 def test_bench_pinned_against_free(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
     cpu = str(min(os.sched_getaffinity(0)))
     free = dataclasses.replace(worker_command, threads=1)
-    ways = {"free": free, f"cpu {cpu}": dataclasses.replace(worker_command, threads=1, cpus=(cpu,)),
-            "free, driver keeps": free}
-    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
-                         evidence=tmp_path, driver_keeps=frozenset({"free, driver keeps"}))
-    table.publish("pinning", f"tiny-llama token-only ring, 1 thread per worker, loopback; this process may "
-                  f"use CPUs {sorted(os.sched_getaffinity(0))}", benchmark)
+    ways = {
+        "free": free,
+        f"cpu {cpu}": dataclasses.replace(worker_command, threads=1, cpus=(cpu,)),
+        "free, driver keeps": free,
+    }
+    table = compare_ways(
+        ways,
+        rounds=ROUNDS,
+        benchmark=benchmark,
+        stubs=stubs,
+        env=worker_env,
+        evidence=tmp_path,
+        driver_keeps=frozenset({"free, driver keeps"}),
+    )
+    table.publish(
+        "pinning",
+        f"tiny-llama token-only ring, 1 thread per worker, loopback; this process may "
+        f"use CPUs {sorted(os.sched_getaffinity(0))}",
+        benchmark,
+    )

@@ -54,8 +54,9 @@ ROUNDS = 3  # DGR_BENCH_ROUNDS overrides it (tests/bench/ways.bench_rounds)
 THREADS = 1
 
 
-def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, worker_command, stubs,
-                                              worker_env, tmp_path) -> None:
+def test_bench_workers_against_the_ring_floor(
+    benchmark, cpu_build, tiny_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
     tool = floor_tool(cpu_build.dir)
     rounds = bench_rounds(ROUNDS)
     command = dataclasses.replace(worker_command, threads=THREADS)
@@ -70,9 +71,12 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
     ours_rest: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     load_before = os.getloadavg()
     with ExitStack() as running:
-        pipelines = {name: running.enter_context(launch(command, placement, stubs=stubs, env=worker_env,
-                                                        evidence=tmp_path / name))
-                     for name, placement in PLACEMENTS.items()}
+        pipelines = {
+            name: running.enter_context(
+                launch(command, placement, stubs=stubs, env=worker_env, evidence=tmp_path / name)
+            )
+            for name, placement in PLACEMENTS.items()
+        }
         prompt = pipelines["monolithic"].clients[0].tokenize(PROMPT, add_special=True)
 
         def sweep() -> None:
@@ -90,17 +94,20 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
                     ours_rounds[name].append(ours.tok_s)
                     ours_cpu[name].append(ours.worker_cpu * 1e6)
                     ours_llama[name] += [c * 1e3 for c in ours.compute]
-                    ours_rest[name] += [1e3 / t - c * 1e3
-                                        for t, c in zip(ours.tok_s, ours.compute, strict=True)]
+                    ours_rest[name] += [
+                        1e3 / t - c * 1e3 for t, c in zip(ours.tok_s, ours.compute, strict=True)
+                    ]
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
     f_mono = median_iqr(pooled(floor_rounds["monolithic"])).median
     o_mono = median_iqr(pooled(ours_rounds["monolithic"])).median
-    lines = [f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
-             f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} "
-             f"{'paired':>6} {'rounds':>9} {'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10} "
-             f"{'paired':>6}"]
+    lines = [
+        f"{'placement':<11} {'floor tok/s':>11} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
+        f"{'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours tok/s':>10} {'IQR':>6} {'/mono':>6} "
+        f"{'paired':>6} {'rounds':>9} {'cpu us':>6} {'llama ms':>8} {'rest ms':>7} {'ours/floor':>10} "
+        f"{'paired':>6}"
+    ]
     table = {}
     for name in PLACEMENTS:
         f, o = median_iqr(pooled(floor_rounds[name])), median_iqr(pooled(ours_rounds[name]))
@@ -112,31 +119,46 @@ def test_bench_workers_against_the_ring_floor(benchmark, cpu_build, tiny_model, 
         f_low, f_high = paired_spread(floor_rounds[name], floor_rounds["monolithic"])
         o_low, o_high = paired_spread(ours_rounds[name], ours_rounds["monolithic"])
         over_floor_paired = paired_ratio(ours_rounds[name], floor_rounds[name])
-        table[name] = {"floor_tok_s": f.median, "floor_ratio_to_mono": f.median / f_mono,
-                       "floor_paired_ratio_to_mono": f_paired, "floor_cpu_us": fc,
-                       "floor_llama_ms": fl, "floor_rest_ms": f_rest,
-                       "ours_tok_s": o.median, "ours_ratio_to_mono": o.median / o_mono,
-                       "ours_paired_ratio_to_mono": o_paired, "ours_cpu_us": oc,
-                       "floor_paired_rounds_low_high": [f_low, f_high],
-                       "ours_paired_rounds_low_high": [o_low, o_high],
-                       "ours_llama_ms": ol, "ours_rest_ms": o_rest, "ours_over_floor": o.median / f.median,
-                       "ours_over_floor_paired": over_floor_paired}
-        lines.append(f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {f_paired:6.2f} "
-                     f"{f_low:4.2f}-{f_high:4.2f} {fc:6.0f} {fl:8.2f} {f_rest:7.2f} {o.median:10.1f} "
-                     f"{o.iqr:6.1f} {o.median / o_mono:6.2f} {o_paired:6.2f} {o_low:4.2f}-{o_high:4.2f} "
-                     f"{oc:6.0f} {ol:8.2f} {o_rest:7.2f} "
-                     f"{o.median / f.median:10.2f} {over_floor_paired:6.2f}")
-    lines.append(f"(median of {rounds * FLOOR_ROUNDS} floor rounds of 64 tokens and "
-                 f"{rounds * REPETITIONS} ring runs of {N_DECODE - 1}; "
-                 f"/mono: each side's own monolithic median; paired: each round's median over the same "
-                 f"round's monolithic median (ours/floor: the floor's), the median over rounds, and "
-                 f"rounds: the lowest and highest of those {rounds}; "
-                 f"cpu us: every process's CPU time per token; "
-                 f"llama ms: the stages' llama_decode per token, summed; "
-                 f"rest ms: each run's ms per token less its llama ms, the median; "
-                 f"{os.cpu_count()} cpus)")
-    print(f"\n[bench ring floor] tiny-llama, {THREADS} thread per process, loopback, free; load average "
-          f"before {load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines))
+        table[name] = {
+            "floor_tok_s": f.median,
+            "floor_ratio_to_mono": f.median / f_mono,
+            "floor_paired_ratio_to_mono": f_paired,
+            "floor_cpu_us": fc,
+            "floor_llama_ms": fl,
+            "floor_rest_ms": f_rest,
+            "ours_tok_s": o.median,
+            "ours_ratio_to_mono": o.median / o_mono,
+            "ours_paired_ratio_to_mono": o_paired,
+            "ours_cpu_us": oc,
+            "floor_paired_rounds_low_high": [f_low, f_high],
+            "ours_paired_rounds_low_high": [o_low, o_high],
+            "ours_llama_ms": ol,
+            "ours_rest_ms": o_rest,
+            "ours_over_floor": o.median / f.median,
+            "ours_over_floor_paired": over_floor_paired,
+        }
+        lines.append(
+            f"{name:<11} {f.median:11.1f} {f.iqr:6.1f} {f.median / f_mono:6.2f} {f_paired:6.2f} "
+            f"{f_low:4.2f}-{f_high:4.2f} {fc:6.0f} {fl:8.2f} {f_rest:7.2f} {o.median:10.1f} "
+            f"{o.iqr:6.1f} {o.median / o_mono:6.2f} {o_paired:6.2f} {o_low:4.2f}-{o_high:4.2f} "
+            f"{oc:6.0f} {ol:8.2f} {o_rest:7.2f} "
+            f"{o.median / f.median:10.2f} {over_floor_paired:6.2f}"
+        )
+    lines.append(
+        f"(median of {rounds * FLOOR_ROUNDS} floor rounds of 64 tokens and "
+        f"{rounds * REPETITIONS} ring runs of {N_DECODE - 1}; "
+        f"/mono: each side's own monolithic median; paired: each round's median over the same "
+        f"round's monolithic median (ours/floor: the floor's), the median over rounds, and "
+        f"rounds: the lowest and highest of those {rounds}; "
+        f"cpu us: every process's CPU time per token; "
+        f"llama ms: the stages' llama_decode per token, summed; "
+        f"rest ms: each run's ms per token less its llama ms, the median; "
+        f"{os.cpu_count()} cpus)"
+    )
+    print(
+        f"\n[bench ring floor] tiny-llama, {THREADS} thread per process, loopback, free; load average "
+        f"before {load_before[0]:.2f}, after {load_after[0]:.2f}\n  " + "\n  ".join(lines)
+    )
     benchmark.extra_info.update(table=table, load_before=list(load_before), load_after=list(load_after))
     assert all(tokens == floor_tokens["monolithic"] for tokens in floor_tokens.values()), floor_tokens
     assert all(v > 0 for rounds in (*floor_rounds.values(), *ours_rounds.values()) for v in pooled(rounds))

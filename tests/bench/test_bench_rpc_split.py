@@ -41,8 +41,9 @@ THEIRS = {1: (0, 0), 2: (1, 6), 4: (3, 9)}  # ways: (RPC servers, layers on them
 
 
 def _ours(clients, prompt, logits: bool = False) -> list[float]:
-    s = drive.measure_speed(clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1, forwarding="ring",
-                            ring_logits=logits)
+    s = drive.measure_speed(
+        clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1, forwarding="ring", ring_logits=logits
+    )
     return list(s.decode_tok_s)
 
 
@@ -60,9 +61,21 @@ class Side:
 
 def _round(side: Side, tools, model, clients, rpc, prompt, env) -> None:
     for ways, (n_servers, layers) in THEIRS.items():
-        side.theirs[ways].append(list(rpc_split.tg(
-            tools.bench, model, n_gen=N_GEN, repetitions=REPETITIONS, threads=THREADS, env=env,
-            rpc=rpc[:n_servers], gpu_layers=layers, cpus=side.cpus)))
+        side.theirs[ways].append(
+            list(
+                rpc_split.tg(
+                    tools.bench,
+                    model,
+                    n_gen=N_GEN,
+                    repetitions=REPETITIONS,
+                    threads=THREADS,
+                    env=env,
+                    rpc=rpc[:n_servers],
+                    gpu_layers=layers,
+                    cpus=side.cpus,
+                )
+            )
+        )
     for ways, got in clients.items():
         side.ours_logits[ways] += _ours(got, prompt, logits=True)
         side.ours[ways].append(_ours(got, prompt))
@@ -76,19 +89,29 @@ def _table(side: Side) -> tuple[dict, list[str]]:
         ol = median_iqr(side.ours_logits[ways])
         paired = paired_ratio(side.ours[ways], side.theirs[ways])
         low, high = paired_spread(side.ours[ways], side.theirs[ways])
-        table[ways] = {"ours_tok_s": o.median, "ours_iqr": o.iqr, "ours_ratio_to_mono": o.median / o_mono,
-                       "theirs_tok_s": t.median, "theirs_iqr": t.iqr,
-                       "theirs_ratio_to_mono": t.median / t_mono, "ours_over_theirs": o.median / t.median,
-                       "ours_over_theirs_paired": paired, "ours_over_theirs_rounds_low_high": [low, high],
-                       "ours_with_logits_tok_s": ol.median}
-        lines.append(f"{side.cpus or 'free':>5} {ways:>4} {o.median:10.1f} {o.iqr:6.1f} "
-                     f"{o.median / o_mono:9.2f} {t.median:13.1f} {t.iqr:6.1f} {t.median / t_mono:9.2f} "
-                     f"{o.median / t.median:11.2f} {paired:6.2f} {low:4.2f}-{high:4.2f} {ol.median:11.1f}")
+        table[ways] = {
+            "ours_tok_s": o.median,
+            "ours_iqr": o.iqr,
+            "ours_ratio_to_mono": o.median / o_mono,
+            "theirs_tok_s": t.median,
+            "theirs_iqr": t.iqr,
+            "theirs_ratio_to_mono": t.median / t_mono,
+            "ours_over_theirs": o.median / t.median,
+            "ours_over_theirs_paired": paired,
+            "ours_over_theirs_rounds_low_high": [low, high],
+            "ours_with_logits_tok_s": ol.median,
+        }
+        lines.append(
+            f"{side.cpus or 'free':>5} {ways:>4} {o.median:10.1f} {o.iqr:6.1f} "
+            f"{o.median / o_mono:9.2f} {t.median:13.1f} {t.iqr:6.1f} {t.median / t_mono:9.2f} "
+            f"{o.median / t.median:11.2f} {paired:6.2f} {low:4.2f}-{high:4.2f} {ol.median:11.1f}"
+        )
     return table, lines
 
 
-def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker_command, stubs, worker_env,
-                                         tmp_path) -> None:
+def test_our_split_against_llama_cpp_rpc(
+    benchmark, real_ctx, tiny_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
     tools = rpc_split.build(real_ctx)
     rounds = bench_rounds(ROUNDS)
     cpu = str(min(os.sched_getaffinity(0)))
@@ -99,11 +122,22 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
         for side in sides:
             cmd = dataclasses.replace(worker_command, threads=THREADS, cpus=(side.cpus,) if side.cpus else ())
             tag = side.cpus or "free"
-            clients = {w: running.enter_context(launch(cmd, OURS[w], stubs=stubs, env=worker_env,
-                                                       evidence=tmp_path / f"o{w}-{tag}")).clients
-                       for w in OURS}
-            rpc = running.enter_context(rpc_split.servers(tools.server, 3, threads=THREADS, env=worker_env,
-                                                          log=tmp_path / f"rpc-{tag}", cpus=side.cpus))
+            clients = {
+                w: running.enter_context(
+                    launch(cmd, OURS[w], stubs=stubs, env=worker_env, evidence=tmp_path / f"o{w}-{tag}")
+                ).clients
+                for w in OURS
+            }
+            rpc = running.enter_context(
+                rpc_split.servers(
+                    tools.server,
+                    3,
+                    threads=THREADS,
+                    env=worker_env,
+                    log=tmp_path / f"rpc-{tag}",
+                    cpus=side.cpus,
+                )
+            )
             placed.append((side, clients, rpc))
         free_mono = placed[0][1][1]  # the free side's one-stage worker
         prompt = free_mono[0].tokenize("", add_special=True) or [1]  # BOS only, like tg's first token
@@ -115,23 +149,28 @@ def test_our_split_against_llama_cpp_rpc(benchmark, real_ctx, tiny_model, worker
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
     load_after = os.getloadavg()
-    lines = [f"{'cpus':>5} {'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} "
-             f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'paired':>6} {'rounds':>9} "
-             f"{'ours+logits':>11}"]
+    lines = [
+        f"{'cpus':>5} {'ways':>4} {'ours tok/s':>10} {'IQR':>6} {'/own mono':>9} {'llama.cpp RPC':>13} "
+        f"{'IQR':>6} {'/own mono':>9} {'ours/theirs':>11} {'paired':>6} {'rounds':>9} "
+        f"{'ours+logits':>11}"
+    ]
     tables = {}
     for side in sides:
         tables[side.cpus or "free"], rows = _table(side)
         lines += rows
-    print(f"\n[bench rpc split] tiny-llama f32, {THREADS} thread per process, loopback, tg{N_GEN}, median "
-          f"of {rounds * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
-          f"(way 1: one worker; ours+logits: each token's logits row to the driver too), "
-          f"paired: ours/theirs within each round, the median over rounds (rounds: the lowest and highest "
-          f"of those {rounds}), "
-          f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); cpus: every process of both sides "
-          f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
-          f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines))
+    print(
+        f"\n[bench rpc split] tiny-llama f32, {THREADS} thread per process, loopback, tg{N_GEN}, median "
+        f"of {rounds * REPETITIONS} runs per row; ours: staged workers as a ring delivering tokens only "
+        f"(way 1: one worker; ours+logits: each token's logits row to the driver too), "
+        f"paired: ours/theirs within each round, the median over rounds (rounds: the lowest and highest "
+        f"of those {rounds}), "
+        f"theirs: llama-bench --rpc -ngl (way 1: llama-bench alone); cpus: every process of both sides "
+        f"free, or held to that CPU (our --cpus, their taskset -c); load average before "
+        f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines)
+    )
     benchmark.extra_info.update(tables=tables, load_before=list(load_before), load_after=list(load_after))
-    samples = [v for side in sides for rounds in (*side.ours.values(), *side.theirs.values())
-               for v in pooled(rounds)]
+    samples = [
+        v for side in sides for rounds in (*side.ours.values(), *side.theirs.values()) for v in pooled(rounds)
+    ]
     samples += [v for side in sides for runs in side.ours_logits.values() for v in runs]
     assert all(v > 0 for v in samples)

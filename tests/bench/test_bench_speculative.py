@@ -47,8 +47,16 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 
 
 def _plain(pipe, prompt: list[int], mode: str) -> list[float]:
-    s = drive.measure_speed(pipe.clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=0,
-                            forwarding=mode, addresses=pipe.addresses, sink_host=pipe.sink_host)
+    s = drive.measure_speed(
+        pipe.clients,
+        prompt,
+        N_DECODE,
+        repetitions=REPETITIONS,
+        warmup=0,
+        forwarding=mode,
+        addresses=pipe.addresses,
+        sink_host=pipe.sink_host,
+    )
     return list(s.decode_tok_s)
 
 
@@ -56,8 +64,16 @@ def _speculative(pipe, prompt: list[int], truth, k: int, acceptance: float, n_vo
     runs = []
     for r in range(REPETITIONS):
         drafter = speculative.KnownDrafter(truth, acceptance=acceptance, n_vocab=n_vocab, seed=r)
-        got = speculative.run(pipe.clients, prompt, N_DECODE, k=k, drafter=drafter, forwarding="chained",
-                              addresses=pipe.addresses, sink_host=pipe.sink_host)
+        got = speculative.run(
+            pipe.clients,
+            prompt,
+            N_DECODE,
+            k=k,
+            drafter=drafter,
+            forwarding="chained",
+            addresses=pipe.addresses,
+            sink_host=pipe.sink_host,
+        )
         assert got.tokens == tuple(truth), (k, acceptance)
         runs.append(got)
     return runs
@@ -66,13 +82,31 @@ def _speculative(pipe, prompt: list[int], truth, k: int, acceptance: float, n_vo
 def _sweep(pipe, n: int) -> dict[str, dict]:
     prompt = pipe.clients[0].tokenize(PROMPT)[:16]
     n_vocab = pipe.clients[-1].info().n_vocab
-    truth = drive.run_placement(pipe.clients, [prompt], N_DECODE, all_logits=False, forwarding="chained",
-                                addresses=pipe.addresses, sink_host=pipe.sink_host).prompts[0].tokens
+    truth = (
+        drive.run_placement(
+            pipe.clients,
+            [prompt],
+            N_DECODE,
+            all_logits=False,
+            forwarding="chained",
+            addresses=pipe.addresses,
+            sink_host=pipe.sink_host,
+        )
+        .prompts[0]
+        .tokens
+    )
     rows: dict[str, dict] = {}
     for _ in range(ROUNDS):
         for mode in ("chained", "ring"):
-            row = rows.setdefault(f"plain {mode}", {"tok_s": [], "acceptance": None, "tokens_per_pass": 1.0,
-                                                    "crossings": n + 1 if mode == "chained" else n})
+            row = rows.setdefault(
+                f"plain {mode}",
+                {
+                    "tok_s": [],
+                    "acceptance": None,
+                    "tokens_per_pass": 1.0,
+                    "crossings": n + 1 if mode == "chained" else n,
+                },
+            )
             row["tok_s"] += _plain(pipe, prompt, mode)
         for k, acceptance in DRAFTS:
             got = _speculative(pipe, prompt, truth, k, acceptance, n_vocab)
@@ -89,8 +123,9 @@ def _sweep(pipe, n: int) -> dict[str, dict]:
     return rows
 
 
-def test_speculative_decoding_over_metro_seams(benchmark, worker_command, stubs, worker_env,
-                                                tmp_path) -> None:
+def test_speculative_decoding_over_metro_seams(
+    benchmark, worker_command, stubs, worker_env, tmp_path
+) -> None:
     support = seam_support(worker_env)
     cmd = dataclasses.replace(worker_command, threads=1, max_rewind=3)
     load_before = os.getloadavg()
@@ -100,31 +135,45 @@ def test_speculative_decoding_over_metro_seams(benchmark, worker_command, stubs,
         where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
         with where.start(cmd, placement, placement.name) as pipe:
             tag = pipe.fabric.tag
-            table[n] = (benchmark.pedantic(_sweep, args=(pipe, n), rounds=1, iterations=1) if n == 12
-                        else _sweep(pipe, n))
+            table[n] = (
+                benchmark.pedantic(_sweep, args=(pipe, n), rounds=1, iterations=1)
+                if n == 12
+                else _sweep(pipe, n)
+            )
         assert left_over(tag) == []
     load_after = os.getloadavg()
-    lines = [f"{'stages':>6} {'mode':<16} {'accept':>6} {'tok/pass':>8} {'x/tok':>5} {'tok/s':>6} {'IQR':>5} "
-             f"{'/plain':>6}"]
+    lines = [
+        f"{'stages':>6} {'mode':<16} {'accept':>6} {'tok/pass':>8} {'x/tok':>5} {'tok/s':>6} {'IQR':>5} "
+        f"{'/plain':>6}"
+    ]
     extra = {}
     for n, rows in table.items():
         plain = median_iqr(rows["plain chained"]["tok_s"]).median
         for name, row in rows.items():
             m = median_iqr(row["tok_s"])
             accept = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
-            lines.append(f"{n:>6} {name:<16} {accept:>6} {row['tokens_per_pass']:8.2f} "
-                         f"{row['crossings']:5.2f} {m.median:6.2f} {m.iqr:5.2f} {m.median / plain:6.2f}")
-            extra[f"{n}/{name}"] = {"tok_s": m.median, "iqr": m.iqr,
-                                    "ratio_to_plain_chained": m.median / plain,
-                                    "acceptance": row["acceptance"], "crossings_per_token": row["crossings"],
-                                    "tokens_per_pass": row["tokens_per_pass"]}
+            lines.append(
+                f"{n:>6} {name:<16} {accept:>6} {row['tokens_per_pass']:8.2f} "
+                f"{row['crossings']:5.2f} {m.median:6.2f} {m.iqr:5.2f} {m.median / plain:6.2f}"
+            )
+            extra[f"{n}/{name}"] = {
+                "tok_s": m.median,
+                "iqr": m.iqr,
+                "ratio_to_plain_chained": m.median / plain,
+                "acceptance": row["acceptance"],
+                "crossings_per_token": row["crossings"],
+                "tokens_per_pass": row["tokens_per_pass"],
+            }
     ratio = extra["12/k=3 at 1.0"]["ratio_to_plain_chained"]
-    print(f"\n[bench speculative] tiny-llama over metro seams ({METRO.delay_ms} ms one way, "
-          f"{METRO.rate_mbit} Mbit/s), 1 thread per worker, chained, median of {ROUNDS * REPETITIONS} runs x "
-          f"{N_DECODE - 1} tokens; /plain = ratio to plain chained decoding on the same workers; "
-          f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n" + "\n".join(lines)
-          + f"\ngoal: 12 stages, k=3 at acceptance 1.0 >= {GOAL}x plain: {ratio:.2f}x, "
-          + ("met" if ratio >= GOAL else "NOT met"))
+    print(
+        f"\n[bench speculative] tiny-llama over metro seams ({METRO.delay_ms} ms one way, "
+        f"{METRO.rate_mbit} Mbit/s), 1 thread per worker, chained, median of {ROUNDS * REPETITIONS} runs x "
+        f"{N_DECODE - 1} tokens; /plain = ratio to plain chained decoding on the same workers; "
+        f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n"
+        + "\n".join(lines)
+        + f"\ngoal: 12 stages, k=3 at acceptance 1.0 >= {GOAL}x plain: {ratio:.2f}x, "
+        + ("met" if ratio >= GOAL else "NOT met")
+    )
     benchmark.extra_info.update(extra)
 
 
@@ -133,14 +182,20 @@ def _nextn_sweep(pipe, n: int) -> dict[str, dict]:
     routing = dict(forwarding="chained", addresses=pipe.addresses, sink_host=pipe.sink_host)
     plain = drive.run_placement(pipe.clients, [prompt], N_DECODE, all_logits=False, **routing)
     truth = plain.prompts[0].tokens
-    rows = {f"plain {mode}": {"tok_s": _plain(pipe, prompt, mode), "runs": []}
-            for mode in ("chained", "ring")}
-    for name, make, mode in (("nextn k=3", speculative.NextnDrafter, "chained"),
-                             ("nextn k=3 ring", speculative.NextnDrafter, "ring"),
-                             ("known k=3 at 1.0", lambda: speculative.KnownDrafter(truth), "chained")):
-        runs = [speculative.run(pipe.clients, prompt, N_DECODE, k=3, drafter=make(),
-                                **{**routing, "forwarding": mode})
-                for _ in range(REPETITIONS)]
+    rows = {
+        f"plain {mode}": {"tok_s": _plain(pipe, prompt, mode), "runs": []} for mode in ("chained", "ring")
+    }
+    for name, make, mode in (
+        ("nextn k=3", speculative.NextnDrafter, "chained"),
+        ("nextn k=3 ring", speculative.NextnDrafter, "ring"),
+        ("known k=3 at 1.0", lambda: speculative.KnownDrafter(truth), "chained"),
+    ):
+        runs = [
+            speculative.run(
+                pipe.clients, prompt, N_DECODE, k=3, drafter=make(), **{**routing, "forwarding": mode}
+            )
+            for _ in range(REPETITIONS)
+        ]
         assert all(g.tokens == tuple(truth) for g in runs), name
         rows[name] = {"tok_s": [g.decode_tok_s for g in runs], "runs": runs}
     return rows
@@ -151,8 +206,9 @@ def test_nextn_drafts_over_metro_seams(worker_command, stubs, worker_env, real_c
     model = provision(real_ctx, "tiny-v4-mtp").first
     cmd = dataclasses.replace(worker_command, model=model, threads=1, max_rewind=3, mtp=True, ctx_size=256)
     load_before = os.getloadavg()
-    lines = [f"{'stages':>6} {'mode':<17} {'accept':>6} {'tok/pass':>8} {'x/tok':>5} {'tok/s':>6} "
-             f"{'/plain':>6}"]
+    lines = [
+        f"{'stages':>6} {'mode':<17} {'accept':>6} {'tok/pass':>8} {'x/tok':>5} {'tok/s':>6} {'/plain':>6}"
+    ]
     for n, stages in PLACEMENTS.items():
         placement = Placement(name=f"metro-{n}", stages=stages, seams=(METRO,))
         where = seams.NetnsPipelines(stubs=stubs, evidence=tmp_path, env=worker_env, support=support)
@@ -165,10 +221,17 @@ def test_nextn_drafts_over_metro_seams(worker_command, stubs, worker_env, real_c
             runs, tok_s = row["runs"], median_iqr(row["tok_s"]).median
             accept = f"{sum(g.acceptance_rate for g in runs) / len(runs):.2f}" if runs else "-"
             per_pass = sum(g.tokens_per_pass for g in runs) / len(runs) if runs else 1.0
-            crossings = sum(g.crossings_per_token for g in runs) / len(runs) if runs else \
-                n + (name == "plain chained")
-            lines.append(f"{n:>6} {name:<17} {accept:>6} {per_pass:8.2f} {crossings:5.2f} {tok_s:6.2f} "
-                         f"{tok_s / plain:6.2f}")
-    print(f"\n[bench nextn] tiny-v4-mtp over metro seams, 1 thread per worker, chained and ring, median of "
-          f"{REPETITIONS} runs x {N_DECODE - 1} tokens; load average before {load_before[0]:.2f}, after "
-          f"{os.getloadavg()[0]:.2f}\n" + "\n".join(lines))
+            crossings = (
+                sum(g.crossings_per_token for g in runs) / len(runs)
+                if runs
+                else n + (name == "plain chained")
+            )
+            lines.append(
+                f"{n:>6} {name:<17} {accept:>6} {per_pass:8.2f} {crossings:5.2f} {tok_s:6.2f} "
+                f"{tok_s / plain:6.2f}"
+            )
+    print(
+        f"\n[bench nextn] tiny-v4-mtp over metro seams, 1 thread per worker, chained and ring, median of "
+        f"{REPETITIONS} runs x {N_DECODE - 1} tokens; load average before {load_before[0]:.2f}, after "
+        f"{os.getloadavg()[0]:.2f}\n" + "\n".join(lines)
+    )

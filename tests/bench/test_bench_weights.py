@@ -30,16 +30,28 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 def _said(evidence: Path) -> list[str]:
     """Each monolithic worker's own line on how it loaded its weights."""
-    return [line.split(": ", 1)[1] for log in sorted(evidence.glob("monolithic-*/stage-0-*.stderr"))
-            for line in log.read_text().splitlines() if "weights loaded" in line]
+    return [
+        line.split(": ", 1)[1]
+        for log in sorted(evidence.glob("monolithic-*/stage-0-*.stderr"))
+        for line in log.read_text().splitlines()
+        if "weights loaded" in line
+    ]
 
 
 def test_bench_read_weights_against_mapped(benchmark, worker_command, stubs, worker_env, tmp_path) -> None:
-    ways = {"mapped": dataclasses.replace(worker_command, threads=1, load="mmap"),
-            "read": dataclasses.replace(worker_command, threads=1)}
-    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
-                         evidence=tmp_path)
+    ways = {
+        "mapped": dataclasses.replace(worker_command, threads=1, load="mmap"),
+        "read": dataclasses.replace(worker_command, threads=1),
+    }
+    table = compare_ways(
+        ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env, evidence=tmp_path
+    )
     thp = THP.read_text().strip() if THP.is_file() else "absent"
-    table.publish("weights", f"tiny-llama token-only ring, 1 thread per worker, loopback; mapped: --load "
-                  f"mmap, read: the default (load mode none); THP {thp}; the monolithic workers said: "
-                  f"{'; '.join(_said(tmp_path))}", benchmark, thp=thp)
+    table.publish(
+        "weights",
+        f"tiny-llama token-only ring, 1 thread per worker, loopback; mapped: --load "
+        f"mmap, read: the default (load mode none); THP {thp}; the monolithic workers said: "
+        f"{'; '.join(_said(tmp_path))}",
+        benchmark,
+        thp=thp,
+    )

@@ -27,14 +27,26 @@ ROUNDS = 2
 WIDE = {"n_embd": 768, "n_ff": 2304, "n_head": 12, "n_head_kv": 4, "splits": 1}
 
 
-def test_bench_staging_on_a_wider_model(benchmark, real_ctx, worker_command, stubs, worker_env,
-                                        tmp_path) -> None:
+def test_bench_staging_on_a_wider_model(
+    benchmark, real_ctx, worker_command, stubs, worker_env, tmp_path
+) -> None:
     wide_dir = tmp_path / "wide"
     wide_dir.mkdir()
     (wide,) = tinymodel.generate(wide_dir, WIDE, "f32", tree=source.ensure_pristine(real_ctx).path)
     single = dataclasses.replace(worker_command, threads=1)
     ways = {"n_embd 256": single, "n_embd 768": dataclasses.replace(single, model=wide)}
-    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
-                         evidence=tmp_path / "ev", own_monolithic=True)
-    table.publish("width", f"token-only ring, 1 thread per worker, loopback; the wide model "
-                  f"{wide.stat().st_size / 2**20:.0f} MiB", benchmark)
+    table = compare_ways(
+        ways,
+        rounds=ROUNDS,
+        benchmark=benchmark,
+        stubs=stubs,
+        env=worker_env,
+        evidence=tmp_path / "ev",
+        own_monolithic=True,
+    )
+    table.publish(
+        "width",
+        f"token-only ring, 1 thread per worker, loopback; the wide model "
+        f"{wide.stat().st_size / 2**20:.0f} MiB",
+        benchmark,
+    )

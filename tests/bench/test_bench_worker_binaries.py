@@ -36,9 +36,17 @@ def test_bench_this_worker_against_a_baseline(benchmark, worker_command, stubs, 
         pytest.skip(f"set {BASELINE} to the worker binary to compare this build's with")
     if not os.access(baseline, os.X_OK):
         pytest.fail(f"{BASELINE}={baseline}: not an executable file")
-    ways = {"baseline": dataclasses.replace(worker_command, program=(baseline,), threads=1),
-            "this build": dataclasses.replace(worker_command, threads=1)}
-    table = compare_ways(ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env,
-                         evidence=tmp_path)
-    table.publish("worker binaries", f"tiny-llama token-only ring, 1 thread per worker, loopback; baseline "
-                  f"{Path(baseline).name} at {baseline}", benchmark, baseline=baseline)
+    ways = {
+        "baseline": dataclasses.replace(worker_command, program=(baseline,), threads=1),
+        "this build": dataclasses.replace(worker_command, threads=1),
+    }
+    table = compare_ways(
+        ways, rounds=ROUNDS, benchmark=benchmark, stubs=stubs, env=worker_env, evidence=tmp_path
+    )
+    table.publish(
+        "worker binaries",
+        f"tiny-llama token-only ring, 1 thread per worker, loopback; baseline "
+        f"{Path(baseline).name} at {baseline}",
+        benchmark,
+        baseline=baseline,
+    )

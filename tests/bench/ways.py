@@ -35,10 +35,16 @@ class WaysTable:
     def publish(self, tag: str, what: str, benchmark, **extra) -> None:
         """Print the table under ``[bench TAG] WHAT`` with the load averages, hand it to
         pytest-benchmark, and hold the bench's one property: every run decoded."""
-        print(f"\n[bench {tag}] {what}; load average before {self.load_before[0]:.2f}, after "
-              f"{self.load_after[0]:.2f}\n  " + "\n  ".join(self.lines))
-        benchmark.extra_info.update(table=self.extra_info, load_before=list(self.load_before),
-                                    load_after=list(self.load_after), **extra)
+        print(
+            f"\n[bench {tag}] {what}; load average before {self.load_before[0]:.2f}, after "
+            f"{self.load_after[0]:.2f}\n  " + "\n  ".join(self.lines)
+        )
+        benchmark.extra_info.update(
+            table=self.extra_info,
+            load_before=list(self.load_before),
+            load_after=list(self.load_after),
+            **extra,
+        )
         assert all(v > 0 for v in self.samples)
 
 
@@ -56,14 +62,25 @@ def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: b
     the CPU time and the tokens alike).  ``delivery_stream=False``: Deliver calls, not frames on the
     driver's delivery port."""
     cpu_before, driver_before = cpu_seconds(pipeline.pids), time.process_time()
-    speed = drive.measure_speed(pipeline.clients, prompt, N_DECODE, repetitions=REPETITIONS, warmup=1,
-                                forwarding="ring", ring_logits=False, ring_driver_yields=driver_yields,
-                                ring_delivery_stream=delivery_stream)
+    speed = drive.measure_speed(
+        pipeline.clients,
+        prompt,
+        N_DECODE,
+        repetitions=REPETITIONS,
+        warmup=1,
+        forwarding="ring",
+        ring_logits=False,
+        ring_driver_yields=driver_yields,
+        ring_delivery_stream=delivery_stream,
+    )
     tokens = (REPETITIONS + 1) * (len(prompt) + N_DECODE - 1)
-    return RingFigures(tok_s=list(speed.decode_tok_s), seams=[t for rep in speed.seam_seconds for t in rep],
-                       worker_cpu=(cpu_seconds(pipeline.pids) - cpu_before) / tokens,
-                       driver_cpu=(time.process_time() - driver_before) / tokens,
-                       compute=[sum(rep) for rep in speed.stage_compute_per_token])
+    return RingFigures(
+        tok_s=list(speed.decode_tok_s),
+        seams=[t for rep in speed.seam_seconds for t in rep],
+        worker_cpu=(cpu_seconds(pipeline.pids) - cpu_before) / tokens,
+        driver_cpu=(time.process_time() - driver_before) / tokens,
+        compute=[sum(rep) for rep in speed.stage_compute_per_token],
+    )
 
 
 def pooled(rounds: list[list[float]]) -> list[float]:
@@ -104,10 +121,18 @@ def paired_ratio(rounds: list[list[float]], reference: list[list[float]]) -> flo
     return float(np.median(_round_ratios(rounds, reference)))
 
 
-def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stubs, env,
-                 evidence, own_monolithic: bool = False,
-                 driver_keeps: frozenset[str] = frozenset(),
-                 deliver_calls: frozenset[str] = frozenset()) -> WaysTable:
+def compare_ways(
+    ways: dict[str, WorkerCommand],
+    *,
+    rounds: int,
+    benchmark,
+    stubs,
+    env,
+    evidence,
+    own_monolithic: bool = False,
+    driver_keeps: frozenset[str] = frozenset(),
+    deliver_calls: frozenset[str] = frozenset(),
+) -> WaysTable:
     """Every placement decoded each way (a token-only ring), ``rounds`` rounds, in one run.
     ``own_monolithic``: each way's ratios are to its own monolithic median (ways that run different
     models), not to the best of them.  ``driver_keeps``: the ways whose driver does not yield to the
@@ -117,8 +142,9 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     rounds = bench_rounds(rounds)
     load_before = os.getloadavg()
     # each (placement, way)'s tok/s, one list per round (the paired ratio pairs rounds)
-    by_round: dict[tuple[str, str], list[list[float]]] = {(name, way): [] for name in PLACEMENTS
-                                                          for way in ways}
+    by_round: dict[tuple[str, str], list[list[float]]] = {
+        (name, way): [] for name in PLACEMENTS for way in ways
+    }
     seam_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
     cpu_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
     driver_s: dict[tuple[str, str], list[float]] = {key: [] for key in by_round}
@@ -129,17 +155,27 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
         for name, placement in PLACEMENTS.items():
             for way, cmd in ways.items():
                 if (name, cmd) not in launched:
-                    launched[(name, cmd)] = running.enter_context(launch(
-                        cmd, placement, stubs=stubs, env=env,
-                        evidence=evidence / f"{name}-{way}".replace(" ", "-")))
+                    launched[(name, cmd)] = running.enter_context(
+                        launch(
+                            cmd,
+                            placement,
+                            stubs=stubs,
+                            env=env,
+                            evidence=evidence / f"{name}-{way}".replace(" ", "-"),
+                        )
+                    )
         groups = {(name, way): launched[(name, cmd)] for name in PLACEMENTS for way, cmd in ways.items()}
         prompt = next(iter(groups.values())).clients[0].tokenize(PROMPT, add_special=True)
 
         def sweep() -> None:
             for _ in range(rounds):
                 for key, pipeline in groups.items():
-                    got = decode_ring(pipeline, prompt, driver_yields=key[1] not in driver_keeps,
-                                      delivery_stream=key[1] not in deliver_calls)
+                    got = decode_ring(
+                        pipeline,
+                        prompt,
+                        driver_yields=key[1] not in driver_keeps,
+                        delivery_stream=key[1] not in deliver_calls,
+                    )
                     by_round[key].append(got.tok_s)
                     seam_s[key] += got.seams
                     cpu_s[key].append(got.worker_cpu)
@@ -155,31 +191,49 @@ def compare_ways(ways: dict[str, WorkerCommand], *, rounds: int, benchmark, stub
     mono = {way: medians[("monolithic", way)].median if own_monolithic else best for way in ways}
     paired = {(n, w): paired_ratio(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in by_round}
     spread = {(n, w): paired_spread(by_round[(n, w)], by_round[("monolithic", w)]) for (n, w) in by_round}
-    header = " ".join(f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
-                      f"{'seam us':>7} {'cpu us':>6} {'drv us':>6}" for way in ways)
+    header = " ".join(
+        f"{way + ' tok/s':>14} {'IQR':>6} {'/mono':>6} {'paired':>6} {'rounds':>9} "
+        f"{'seam us':>7} {'cpu us':>6} {'drv us':>6}"
+        for way in ways
+    )
     lines = [f"{'placement':<11} {header}"]
     for name in PLACEMENTS:
-        cells = [f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
-                 f"{medians[(name, w)].median / mono[w]:6.2f} {paired[(name, w)]:6.2f} "
-                 f"{spread[(name, w)][0]:4.2f}-{spread[(name, w)][1]:4.2f} "
-                 f"{seam_us[(name, w)]:7.1f} {cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}"
-                 for w in ways]
+        cells = [
+            f"{medians[(name, w)].median:14.1f} {medians[(name, w)].iqr:6.1f} "
+            f"{medians[(name, w)].median / mono[w]:6.2f} {paired[(name, w)]:6.2f} "
+            f"{spread[(name, w)][0]:4.2f}-{spread[(name, w)][1]:4.2f} "
+            f"{seam_us[(name, w)]:7.1f} {cpu_us[(name, w)]:6.0f} {driver_us[(name, w)]:6.0f}"
+            for w in ways
+        ]
         lines.append(f"{name:<11} " + " ".join(cells))
-    reference = ("each way's own monolithic median" if own_monolithic
-                 else f"the better monolithic median, {best:.1f} tok/s")
-    lines.append(f"(/mono: {reference}; paired: to the way's own monolithic run in the same round, the "
-                 f"median over rounds, and rounds: the lowest and highest of those {rounds}; "
-                 f"median of {rounds * REPETITIONS} "
-                 f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
-                 f"this stage sent; cpu us: every worker's CPU time per token, drv us: the driver's, "
-                 f"medians over the rounds; "
-                 f"{os.cpu_count()} cpus)")
-    info = {f"{n}/{w}": {"tok_s": m.median, "iqr": m.iqr, "ratio_to_monolithic": m.median / mono[w],
-                         "paired_ratio_to_own_monolithic": paired[(n, w)],
-                         "paired_rounds_low_high": list(spread[(n, w)]),
-                         "seam_us": seam_us[(n, w)], "worker_cpu_us_per_token": cpu_us[(n, w)],
-                         "driver_cpu_us_per_token": driver_us[(n, w)]}
-            for (n, w), m in medians.items()}
+    reference = (
+        "each way's own monolithic median"
+        if own_monolithic
+        else f"the better monolithic median, {best:.1f} tok/s"
+    )
+    lines.append(
+        f"(/mono: {reference}; paired: to the way's own monolithic run in the same round, the "
+        f"median over rounds, and rounds: the lowest and highest of those {rounds}; "
+        f"median of {rounds * REPETITIONS} "
+        f"runs x {N_DECODE - 1} tokens; seam us: median one-way crossing, next stage received - "
+        f"this stage sent; cpu us: every worker's CPU time per token, drv us: the driver's, "
+        f"medians over the rounds; "
+        f"{os.cpu_count()} cpus)"
+    )
+    info = {
+        f"{n}/{w}": {
+            "tok_s": m.median,
+            "iqr": m.iqr,
+            "ratio_to_monolithic": m.median / mono[w],
+            "paired_ratio_to_own_monolithic": paired[(n, w)],
+            "paired_rounds_low_high": list(spread[(n, w)]),
+            "seam_us": seam_us[(n, w)],
+            "worker_cpu_us_per_token": cpu_us[(n, w)],
+            "driver_cpu_us_per_token": driver_us[(n, w)],
+        }
+        for (n, w), m in medians.items()
+    }
     samples = [v for rounds in by_round.values() for v in pooled(rounds)]
-    return WaysTable(lines=lines, extra_info=info, samples=samples, load_before=load_before,
-                     load_after=load_after)
+    return WaysTable(
+        lines=lines, extra_info=info, samples=samples, load_before=load_before, load_after=load_after
+    )

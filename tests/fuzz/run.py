@@ -31,17 +31,32 @@ def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]
     findings.mkdir(parents=True, exist_ok=True)
     for i, seed in enumerate(seeds.seeds(name)):
         (corpus / f"seed-{i}").write_bytes(seed)
-    argv = [sys.executable, "-m", "tests.fuzz.atheris_target", name, f"-max_total_time={seconds}",
-            f"-artifact_prefix={findings}/", "-max_len=65536", "-rss_limit_mb=2048", "-timeout=10",
-            "-print_final_stats=1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.fuzz.atheris_target",
+        name,
+        f"-max_total_time={seconds}",
+        f"-artifact_prefix={findings}/",
+        "-max_len=65536",
+        "-rss_limit_mb=2048",
+        "-timeout=10",
+        "-print_final_stats=1",
+    ]
     if runs:
         argv.append(f"-runs={runs}")
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f"dgr-fuzz-{name}-"))  # the target's scratch files (libFuzzer's
-    try:                                                        # exit skips Python's atexit)
-        done = subprocess.run([*argv, str(corpus)], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                              errors="replace", timeout=seconds + 600,
-                              env={**os.environ, "DGR_FUZZ_SCRATCH": str(work)})
+    try:  # exit skips Python's atexit)
+        done = subprocess.run(
+            [*argv, str(corpus)],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=seconds + 600,
+            env={**os.environ, "DGR_FUZZ_SCRATCH": str(work)},
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log = done.stdout + done.stderr
@@ -49,8 +64,13 @@ def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]
     m = DONE.search(log)
     tried = int(m[1]) if m else max((int(x) for x in STATS.findall(log)), default=0)
     found = sorted(p.name for p in findings.iterdir())
-    return {"target": name, "inputs": tried, "seconds": round(time.monotonic() - started, 1),
-            "findings": found, "exit": done.returncode}
+    return {
+        "target": name,
+        "inputs": tried,
+        "seconds": round(time.monotonic() - started, 1),
+        "findings": found,
+        "exit": done.returncode,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         bad += not ok
         found = ": " + ", ".join(r["findings"]) if r["findings"] else ""
         tail = "" if ok else f" (exit {r['exit']}; log {args.out / name / 'libfuzzer.log'})"
-        print(f"fuzz {name}: {r['inputs']} inputs in {r['seconds']} s, "
-              f"{len(r['findings'])} finding(s){found}{tail}", flush=True)
+        print(
+            f"fuzz {name}: {r['inputs']} inputs in {r['seconds']} s, "
+            f"{len(r['findings'])} finding(s){found}{tail}",
+            flush=True,
+        )
     return 1 if bad else 0
 
 

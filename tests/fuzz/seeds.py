@@ -14,8 +14,11 @@ MANIFESTS = PROJECT_ROOT / "manifests"
 def _tar() -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in ((f"{ARCHIVE_PREFIX}/CMakeLists.txt", b"project(x)\n"),
-                           (f"{ARCHIVE_PREFIX}/src/a.c", b"int a;\n"), ("other/file", b"x")):
+        for name, data in (
+            (f"{ARCHIVE_PREFIX}/CMakeLists.txt", b"project(x)\n"),
+            (f"{ARCHIVE_PREFIX}/src/a.c", b"int a;\n"),
+            ("other/file", b"x"),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

@@ -69,8 +69,14 @@ def archive(data: bytes) -> None:
 
     dest = _empty(scratch())
     blob = io.BytesIO(gzip.compress(data, compresslevel=1, mtime=0))
-    ar.extract_subtree(Path("fuzz.tar.gz"), ARCHIVE_PREFIX, dest, ar.Caps(max_members=64, max_bytes=1 << 20),
-                       where="fuzz", fileobj=blob)
+    ar.extract_subtree(
+        Path("fuzz.tar.gz"),
+        ARCHIVE_PREFIX,
+        dest,
+        ar.Caps(max_members=64, max_bytes=1 << 20),
+        where="fuzz",
+        fileobj=blob,
+    )
     _empty(dest)
 
 

@@ -22,8 +22,15 @@ from lanes import upstream_models
 
 SOURCE = "tests/test-llama-archs.cpp"
 # Link order: each archive before the ones it uses.
-ARCHIVES = ("libllama-common.a", "libllama-common-base.a", "libllama.a", "libggml.a", "libggml-cpu.a",
-            "libggml-base.a", "libcpp-httplib.a")
+ARCHIVES = (
+    "libllama-common.a",
+    "libllama-common-base.a",
+    "libllama.a",
+    "libggml.a",
+    "libggml-cpu.a",
+    "libggml-base.a",
+    "libcpp-httplib.a",
+)
 
 
 def _cache_value(build_dir: Path, name: str) -> str:
@@ -44,8 +51,19 @@ def build_generator(tree: Path, build_dir: Path, out: Path) -> Path:
     """Compile the tree's fixture generator at ``out`` with the lane's own compiler and OpenMP flags."""
     compiler = _cache_value(build_dir, "CMAKE_CXX_COMPILER") or "c++"
     includes = [f"-I{tree / d}" for d in ("include", "src", "common", "ggml/include", "vendor")]
-    argv = [compiler, "-std=c++17", "-O1", *_cache_value(build_dir, "OpenMP_CXX_FLAGS").split(), *includes,
-            str(tree / SOURCE), "-o", str(out), *_archives(build_dir), "-lpthread", "-ldl"]
+    argv = [
+        compiler,
+        "-std=c++17",
+        "-O1",
+        *_cache_value(build_dir, "OpenMP_CXX_FLAGS").split(),
+        *includes,
+        str(tree / SOURCE),
+        "-o",
+        str(out),
+        *_archives(build_dir),
+        "-lpthread",
+        "-ldl",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"building {SOURCE} failed:\n{done.stderr[-3000:]}"
     return out

@@ -179,8 +179,13 @@ def stubs(real_ctx: Context) -> stubs_mod.Stubs:
 
 @pytest.fixture(scope="session")
 def worker_command(cpu_build, tiny_model: TinyModel) -> WorkerCommand:
-    return WorkerCommand(program=(os.fspath(cpu_build.worker),), model=tiny_model.first, threads=THREADS,
-                         ctx_size=512, lane="cpu")
+    return WorkerCommand(
+        program=(os.fspath(cpu_build.worker),),
+        model=tiny_model.first,
+        threads=THREADS,
+        ctx_size=512,
+        lane="cpu",
+    )
 
 
 @pytest.fixture(scope="session")

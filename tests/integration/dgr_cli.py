@@ -39,10 +39,15 @@ def run_dgr(env: Mapping[str, str], *args: str, timeout: float = 2400) -> subpro
 # what the machine did; every other check (parity, agreement, route change, a seam faster than physics)
 # must pass wherever the suite runs.  The limits themselves are held by `nox -s bench` and by
 # certificates made on a quiet machine.
-LOAD_BOUND_CHECKS = frozenset({
-    "decode tok/s (median)", "prefill tok/s (median)", "staged/monolithic decode",
-    "slowest seam / its physical bound", "decode: physical bound / measured time",
-})
+LOAD_BOUND_CHECKS = frozenset(
+    {
+        "decode tok/s (median)",
+        "prefill tok/s (median)",
+        "staged/monolithic decode",
+        "slowest seam / its physical bound",
+        "decode: physical bound / measured time",
+    }
+)
 
 
 def load_bound_misses(predicate: Mapping[str, Any]) -> list[str]:
@@ -63,9 +68,7 @@ def load_bound_misses(predicate: Mapping[str, Any]) -> list[str]:
     return misses
 
 
-def certify_and_verify(
-    env: Mapping[str, str], recipe: str, lane: str = "cpu"
-) -> tuple[Path, dict[str, Any]]:
+def certify_and_verify(env: Mapping[str, str], recipe: str, lane: str = "cpu") -> tuple[Path, dict[str, Any]]:
     """`dgr certify` must sign a certificate `dgr verify` accepts: PASS, or a FAIL only from
     load-bound speed checks (``load_bound_misses``).
 
@@ -116,8 +119,14 @@ class Started:
         self._out, self._err = folder / "certify.stdout", folder / "certify.stderr"
         self._started = time.monotonic()
         with self._out.open("w") as out, self._err.open("w") as err:
-            self._proc = subprocess.Popen([sys.executable, "-m", "certify", "certify", *args],
-                                          cwd=PROJECT_ROOT, env=dict(env), stdout=out, stderr=err, text=True)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "certify", "certify", *args],
+                cwd=PROJECT_ROOT,
+                env=dict(env),
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
 
     def result(self, timeout: float = 2400) -> Certified:
         code = self._proc.wait(timeout=timeout)
@@ -134,10 +143,14 @@ class Started:
 
 def _read_certified(done: subprocess.CompletedProcess[str], wall: float) -> Certified:
     assert done.returncode in (0, 5), done.stdout + done.stderr
-    paths = {k: Path(v.strip()) for k, _, v in (ln.partition(": ") for ln in done.stdout.splitlines())
-             if k in ("certificate", "report")}
+    paths = {
+        k: Path(v.strip())
+        for k, _, v in (ln.partition(": ") for ln in done.stdout.splitlines())
+        if k in ("certificate", "report")
+    }
     cert = paths["certificate"]
     predicate = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
     record = json.loads((Path(predicate["evidence"]) / "run.json").read_text())
-    return Certified(done=done, wall_s=wall, certificate=cert, report=paths["report"], predicate=predicate,
-                     record=record)
+    return Certified(
+        done=done, wall_s=wall, certificate=cert, report=paths["report"], predicate=predicate, record=record
+    )

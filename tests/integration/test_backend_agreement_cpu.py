@@ -34,21 +34,25 @@ def _agreement(cpu_build, model: Path, stubs, tmp: Path, recipe: recipes.Recipe)
     assert limits is not None
 
     def mono(threads: int):
-        cmd = WorkerCommand(program=(os.fspath(cpu_build.worker),), model=model, threads=threads,
-                            ctx_size=256, lane="cpu")
+        cmd = WorkerCommand(
+            program=(os.fspath(cpu_build.worker),), model=model, threads=threads, ctx_size=256, lane="cpu"
+        )
         return launch(cmd, [(0, recipe.n_layer)], stubs=stubs, evidence=tmp / f"t{threads}", env=os.environ)
 
     with mono(2) as ref_pipe:
         prompts = [ref_pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
         ref = drive.run_placement(ref_pipe.clients, prompts, recipe.n_decode, capture=cuts)
     with mono(1) as pipe:
-        forced = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts,
-                                     forced=[list(p.tokens) for p in ref.prompts])
+        forced = drive.run_placement(
+            pipe.clients, prompts, recipe.n_decode, capture=cuts, forced=[list(p.tokens) for p in ref.prompts]
+        )
         free = drive.run_placement(pipe.clients, prompts, recipe.n_decode)
     figures = measure.agreement_figures(ref, forced, free, margin=limits.top1_margin_min)
     result = gates.evaluate_agreement("cpu-1-thread", limits, cuts, figures)
-    print(f"\n{model.name}: {result.status.value} {result.reason}\n" + json.dumps(
-        {k: v for k, v in figures.items() if not isinstance(v, bool)}, indent=None))
+    print(
+        f"\n{model.name}: {result.status.value} {result.reason}\n"
+        + json.dumps({k: v for k, v in figures.items() if not isinstance(v, bool)}, indent=None)
+    )
     return {"result": result, "figures": figures}
 
 
@@ -60,4 +64,3 @@ def test_the_tie_free_model_agrees_across_thread_counts(cpu_build, real_ctx, stu
     got = _agreement(cpu_build, model, stubs, tmp_path, recipe)
     assert got["result"].status is Status.PASS, got["result"].reason
     assert got["figures"]["clear_rows"] > 0.8 * got["figures"]["rows_compared"]
-

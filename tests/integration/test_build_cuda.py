@@ -88,8 +88,9 @@ def test_cuda_proof_configure_compile_and_link(real_ctx: Context, probe, tmp_pat
     assert f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}" in args
 
     t0 = time.monotonic()
-    cmake.configure(host, source=Path(cuda.__file__).parent.parent / "worker", build_dir=where, args=args,
-                    env=env)
+    cmake.configure(
+        host, source=Path(cuda.__file__).parent.parent / "worker", build_dir=where, args=args, env=env
+    )
     t1 = time.monotonic()
     targets = [f"{OBJECT_DIR}/{o}" for o in OBJECTS]
     cmake.build(host, build_dir=where, targets=targets, jobs=2, env=env)
@@ -108,14 +109,29 @@ def test_cuda_proof_configure_compile_and_link(real_ctx: Context, probe, tmp_pat
     src.write_text(LINK_PROBE)
     lib = probe.locations["cublas_lib"]
     exe = tmp_path / "link_probe"
-    proc.run([probe.locations["nvcc"], f"-arch=sm_{ARCH}", f"-I{probe.locations['cublas_include']}",
-              str(src), "-o", str(exe), f"-L{lib}", "-l:" + cuda._library(Path(lib), "libcublas").name],
-             env=env)
+    proc.run(
+        [
+            probe.locations["nvcc"],
+            f"-arch=sm_{ARCH}",
+            f"-I{probe.locations['cublas_include']}",
+            str(src),
+            "-o",
+            str(exe),
+            f"-L{lib}",
+            "-l:" + cuda._library(Path(lib), "libcublas").name,
+        ],
+        env=env,
+    )
     assert exe.is_file()
-    needed = subprocess.run(["readelf", "-d", str(exe)], capture_output=True, text=True).stdout \
-        if shutil.which("readelf") else "libcublas"
+    needed = (
+        subprocess.run(["readelf", "-d", str(exe)], capture_output=True, text=True).stdout
+        if shutil.which("readelf")
+        else "libcublas"
+    )
     assert "libcublas" in needed
     t3 = time.monotonic()
-    print(f"\ncuda proof: configure {t1 - t0:.0f} s, {len(targets)} objects {t2 - t1:.0f} s, "
-          f"link probe {t3 - t2:.0f} s (nvcc {probe.versions['nvcc']}, cuBLAS {probe.versions['cublas']}, "
-          f"arch {ARCH}, jobs 2, load {os.getloadavg()[0]:.1f})")
+    print(
+        f"\ncuda proof: configure {t1 - t0:.0f} s, {len(targets)} objects {t2 - t1:.0f} s, "
+        f"link probe {t3 - t2:.0f} s (nvcc {probe.versions['nvcc']}, cuBLAS {probe.versions['cublas']}, "
+        f"arch {ARCH}, jobs 2, load {os.getloadavg()[0]:.1f})"
+    )

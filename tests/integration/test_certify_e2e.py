@@ -210,8 +210,9 @@ def tight_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TightRun]:
     folder = tmp_path_factory.mktemp("tight")
     recipe = small_recipe(folder, "tiny-llama-tight", **{"hardware_classes.0.speed.decode_tok_s_min": 1e9})
     cpu = str(min(os.sched_getaffinity(0)))
-    done = run_dgr(dict(ENV, DGR_WORKER_CPUS=cpu, DGR_WORKER_LOAD="mmap"), "certify", "--recipe-file",
-                   str(recipe))
+    done = run_dgr(
+        dict(ENV, DGR_WORKER_CPUS=cpu, DGR_WORKER_LOAD="mmap"), "certify", "--recipe-file", str(recipe)
+    )
     where = WS.reports / "tiny-llama-tight"
     yield TightRun(recipes=folder, done=done, reports=where, cpu=cpu)
     shutil.rmtree(where, ignore_errors=True)
@@ -234,8 +235,10 @@ def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_run:
     assert by_name.returncode == 0, by_name.stderr
     envelope = json.loads(paths["certificate"].read_text())
     predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
-    assert json.loads(identity.read_text())["recipe"] == {"name": "tiny-llama-tight",
-                                                          "digest": predicate["recipe"]["digest"]}
+    assert json.loads(identity.read_text())["recipe"] == {
+        "name": "tiny-llama-tight",
+        "digest": predicate["recipe"]["digest"],
+    }
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,6 @@ def test_stages_keep_only_their_own_caches_of_both_kinds(gemma_model, cpu_build,
     assert [i.memory.has_output_head for i in infos] == [False, False, False, True]
 
 
-
 def test_certify_gemma_signed_pass(gemma_live) -> None:
     live = gemma_live
     verified(ENV, live)  # PASS, or a FAIL only from speed checks a loaded machine missed

@@ -37,12 +37,16 @@ def test_certify_tiny_v4_mtp(cpu_build, recipe: str) -> None:
         envelope = json.loads(cert.read_text())
         subjects = json.loads(base64.b64decode(envelope["payload"]))["subject"]
         assert any(s["name"].endswith("/mtp-tiny-v4-f32.gguf") for s in subjects)
-    print(f"\n{recipe} on cpu: placement, forwarding, identical prompts, acceptance, tokens/pass, "
-          "crossings/token")
+    print(
+        f"\n{recipe} on cpu: placement, forwarding, identical prompts, acceptance, tokens/pass, "
+        "crossings/token"
+    )
     for name, p in placements.items():
         m = p["mtp"]
-        print(f"  {name:18s} {m['forwarding']:8s} {m['prompts_identical']}/{m['prompts']} "
-              f"{m['acceptance_rate']:.2f} {m['tokens_per_pass']:.2f} {m['crossings_per_token']:.2f}")
+        print(
+            f"  {name:18s} {m['forwarding']:8s} {m['prompts_identical']}/{m['prompts']} "
+            f"{m['acceptance_rate']:.2f} {m['tokens_per_pass']:.2f} {m['crossings_per_token']:.2f}"
+        )
         assert results[f"mtp/{name}"]["status"] == "PASS", results[f"mtp/{name}"]
         assert m["prompts_identical"] == m["prompts"] > 0 and m["rollback_identical"] == 1.0
         assert m["draft_tokens"] == 3 and m["tokens_per_pass"] >= 1.0

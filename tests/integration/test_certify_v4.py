@@ -111,7 +111,6 @@ def test_weights_kv_and_v4_caches_stay_with_the_owning_stage(v4_command, stubs, 
         assert mono_kv <= kv <= mono_kv + n * (1 << 16)
 
 
-
 def test_certify_tiny_v4_signed_pass(v4_model, cpu_build) -> None:
     cert, predicate = certify_and_verify(ENV, SET)
     placements = {p["name"]: p for p in predicate["figures"]["placements"]}

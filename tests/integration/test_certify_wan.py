@@ -62,8 +62,12 @@ def _fabric_prefixes(pred: dict) -> set[str]:
     """The name prefix ("dgr<tag>") of every fabric this run made: its namespaces, links and shapers
     carry it, and no other run's do (another session's bench or certification may shape links on this
     machine at the same time; a loaded fresh-clone run failed on such a bench's shapers)."""
-    return {re.sub(r"s\d+$", "", s["namespace"]) for p in pred["figures"]["placements"] if p.get("fabric")
-            for s in p["fabric"]["stages"]}
+    return {
+        re.sub(r"s\d+$", "", s["namespace"])
+        for p in pred["figures"]["placements"]
+        if p.get("fabric")
+        for s in p["fabric"]["stages"]
+    }
 
 
 def _ours(names: set[str], prefixes: set[str]) -> set[str]:
@@ -104,9 +108,11 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model, request: pytest.Fixtur
     relayed = placements["metro-4-relayed"]["speed"]["decode_tok_s"]["median"]
     assert chained > 1.2 * relayed, (chained, relayed)
     ring = {k: placements[f"metro-{k}-ring"]["speed"]["decode_tok_s"]["median"] for k in (4, 12)}
-    print(f"\nmetro decode tok/s: 4 stages relayed {relayed:.2f}, chained {chained:.2f}, ring {ring[4]:.2f}; "
-          f"12 stages chained {placements['metro-12-chained']['speed']['decode_tok_s']['median']:.2f}, "
-          f"ring {ring[12]:.2f}")
+    print(
+        f"\nmetro decode tok/s: 4 stages relayed {relayed:.2f}, chained {chained:.2f}, ring {ring[4]:.2f}; "
+        f"12 stages chained {placements['metro-12-chained']['speed']['decode_tok_s']['median']:.2f}, "
+        f"ring {ring[12]:.2f}"
+    )
 
     html = cert.parent / "report.html"
     text = html.read_text()

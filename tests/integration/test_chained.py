@@ -57,8 +57,9 @@ def _max_diff(a: drive.Trace, b: drive.Trace) -> float:
 
 
 @pytest.mark.parametrize("name", list(PLACEMENTS))
-def test_chained_equals_relayed_equals_monolithic(name, reference, worker_command, stubs, worker_env,
-                                                  tmp_path) -> None:
+def test_chained_equals_relayed_equals_monolithic(
+    name, reference, worker_command, stubs, worker_env, tmp_path
+) -> None:
     prompts, mono = reference
     placement = PLACEMENTS[name]
     n = len(placement)
@@ -67,11 +68,13 @@ def test_chained_equals_relayed_equals_monolithic(name, reference, worker_comman
         chained = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="chained")
         pids = p.pids
     assert [s.process.returncode for s in p.stages] == [0] * n, "clean exit on SIGTERM"
-    print(f"\n[chained] {name}: max |chained - relayed| = {_max_diff(chained, relayed):.3g}, "
-          f"max |chained - monolithic| = {_max_diff(chained, mono):.3g}; crossings per decode token "
-          f"chained {chained.prompts[0].decode[0].crossings} vs relayed "
-          f"{relayed.prompts[0].decode[0].crossings}; "
-          f"seam bytes {list(chained.seam_bytes())}")
+    print(
+        f"\n[chained] {name}: max |chained - relayed| = {_max_diff(chained, relayed):.3g}, "
+        f"max |chained - monolithic| = {_max_diff(chained, mono):.3g}; crossings per decode token "
+        f"chained {chained.prompts[0].decode[0].crossings} vs relayed "
+        f"{relayed.prompts[0].decode[0].crossings}; "
+        f"seam bytes {list(chained.seam_bytes())}"
+    )
     for c, r, m in zip(chained.prompts, relayed.prompts, mono.prompts, strict=True):
         assert c.tokens == r.tokens == m.tokens
         assert np.array_equal(c.logits, r.logits) and np.array_equal(c.logits, m.logits)
@@ -88,13 +91,17 @@ def test_chained_equals_relayed_equals_monolithic(name, reference, worker_comman
 
 def test_chained_f16_seam(reference, worker_command, stubs, worker_env, tmp_path) -> None:
     prompts, mono = reference
-    with launch(worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev",
-                env=worker_env) as p:
+    with launch(
+        worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
+    ) as p:
         relayed = drive.run_placement(p.clients, prompts, N_DECODE, boundary_dtype="f16")
-        chained = drive.run_placement(p.clients, prompts, N_DECODE, boundary_dtype="f16",
-                                      forwarding="chained")
-    print(f"\n[chained f16] 4 stages: max |chained - relayed| = {_max_diff(chained, relayed):.3g}, "
-          f"max |chained - monolithic f32| = {_max_diff(chained, mono):.3g}")
+        chained = drive.run_placement(
+            p.clients, prompts, N_DECODE, boundary_dtype="f16", forwarding="chained"
+        )
+    print(
+        f"\n[chained f16] 4 stages: max |chained - relayed| = {_max_diff(chained, relayed):.3g}, "
+        f"max |chained - monolithic f32| = {_max_diff(chained, mono):.3g}"
+    )
     assert chained.seam_bytes() == relayed.seam_bytes()
     rows, width = mono.prompts[0].captures[3].shape
     assert chained.prompts[0].prefill.seam_bytes[0] == (len(prompts[0])) * width * 2
@@ -104,17 +111,27 @@ def test_chained_f16_seam(reference, worker_command, stubs, worker_env, tmp_path
 
 def test_killed_middle_stage_is_named(reference, worker_command, stubs, worker_env, tmp_path) -> None:
     prompts, _ = reference
-    with launch(worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev",
-                env=worker_env) as p:
+    with launch(
+        worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
+    ) as p:
         drive.run_placement(p.clients, prompts[:1], 4, forwarding="chained")
         infos = drive.describe(p.clients)
         p.stages[2].process.send_signal(signal.SIGKILL)
         started = time.monotonic()
         # straight into a chained pass (describe() would already notice the dead stage through Info)
-        with pytest.raises(StageFailed) as caught, \
-                chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
-            route.run("after-kill", 1, list(range(len(prompts[0]))), prompts[0], boundary_dtype="f32",
-                      all_logits=False, keep_boundaries=False)
+        with (
+            pytest.raises(StageFailed) as caught,
+            chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route,
+        ):
+            route.run(
+                "after-kill",
+                1,
+                list(range(len(prompts[0]))),
+                prompts[0],
+                boundary_dtype="f32",
+                all_logits=False,
+                keep_boundaries=False,
+            )
         took = time.monotonic() - started
         pids = p.pids
     print(f"\n[chained] killed stage 2 of 4: {caught.value} (after {took:.2f} s)")
@@ -128,15 +145,17 @@ def test_killed_middle_stage_is_named(reference, worker_command, stubs, worker_e
 def test_killed_middle_stage_mid_decode(reference, worker_command, stubs, worker_env, tmp_path) -> None:
     """The kill lands while passes are flowing (a timer, not between runs)."""
     prompts, _ = reference
-    with launch(worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev",
-                env=worker_env) as p:
+    with launch(
+        worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
+    ) as p:
         timer = threading.Timer(0.5, p.stages[1].process.kill)
         timer.start()
         started = time.monotonic()
         try:
             with pytest.raises(StageFailed) as caught:
-                drive.measure_speed(p.clients, prompts[0], 400, repetitions=50, warmup=0,
-                                    forwarding="chained")
+                drive.measure_speed(
+                    p.clients, prompts[0], 400, repetitions=50, warmup=0, forwarding="chained"
+                )
         finally:
             timer.cancel()
         took = time.monotonic() - started
@@ -156,16 +175,21 @@ def test_decode_speed_chained_vs_relayed(reference, worker_command, stubs, worke
         with launch(single, placement, stubs=stubs, evidence=tmp_path / name, env=worker_env) as p:
             got = {}
             for forwarding in ("relayed", "chained", "relayed", "chained"):  # interleaved: drift hits both
-                s = drive.measure_speed(p.clients, prompts[1], 33, repetitions=3, warmup=1,
-                                        forwarding=forwarding)
+                s = drive.measure_speed(
+                    p.clients, prompts[1], 33, repetitions=3, warmup=1, forwarding=forwarding
+                )
                 got.setdefault(forwarding, []).extend(s.decode_tok_s)
                 crossings = s.crossings_per_token
                 got[forwarding + "-x"] = crossings
         rel, ch = median_iqr(got["relayed"]), median_iqr(got["chained"])
-        lines.append(f"{name}: decode tok/s relayed {rel.median:.1f} (IQR {rel.iqr:.1f}, "
-                     f"{got['relayed-x']} crossings/token), chained {ch.median:.1f} (IQR {ch.iqr:.1f}, "
-                     f"{got['chained-x']} crossings/token), chained/relayed {ch.median / rel.median:.2f}")
+        lines.append(
+            f"{name}: decode tok/s relayed {rel.median:.1f} (IQR {rel.iqr:.1f}, "
+            f"{got['relayed-x']} crossings/token), chained {ch.median:.1f} (IQR {ch.iqr:.1f}, "
+            f"{got['chained-x']} crossings/token), chained/relayed {ch.median / rel.median:.2f}"
+        )
         assert got["chained-x"] == len(placement) + 1 and got["relayed-x"] == 2 * len(placement)
         assert all(v > 0 for v in got["relayed"] + got["chained"])
-    print("\n[chained vs relayed, loopback, 1 thread per worker, median of 6 runs x 32 decode tokens]\n  "
-          + "\n  ".join(lines))
+    print(
+        "\n[chained vs relayed, loopback, 1 thread per worker, median of 6 runs x 32 decode tokens]\n  "
+        + "\n  ".join(lines)
+    )

@@ -39,8 +39,9 @@ def monolithic(command, stubs, worker_env, tmp_path_factory):
 
 
 @pytest.mark.parametrize("forwarding", ["relayed", "chained"])
-def test_concurrent_sessions_equal_one_session_alone(forwarding, monolithic, command, stubs, worker_env,
-                                                     tmp_path) -> None:
+def test_concurrent_sessions_equal_one_session_alone(
+    forwarding, monolithic, command, stubs, worker_env, tmp_path
+) -> None:
     prompt, mono = monolithic
     with launch(command, FOUR, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         alone = decode_together(p.clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
@@ -48,12 +49,15 @@ def test_concurrent_sessions_equal_one_session_alone(forwarding, monolithic, com
     assert len(together.sessions) == 4 and together.aggregate_tok_s > 0
     assert alone.tokens == mono.tokens and alone.logits.tobytes() == mono.logits.tobytes()
     assert diverging(together, alone) == []
-    print(f"\n{forwarding} 4 stages, 4 sessions: {together.aggregate_tok_s:.1f} tok/s aggregate "
-          f"(one session: {len(alone.tokens) / (alone.ended - alone.started):.1f} tok/s)")
+    print(
+        f"\n{forwarding} 4 stages, 4 sessions: {together.aggregate_tok_s:.1f} tok/s aggregate "
+        f"(one session: {len(alone.tokens) / (alone.ended - alone.started):.1f} tok/s)"
+    )
 
 
-def test_more_sessions_than_a_worker_holds_is_refused_not_mixed(command, monolithic, stubs, worker_env,
-                                                                tmp_path) -> None:
+def test_more_sessions_than_a_worker_holds_is_refused_not_mixed(
+    command, monolithic, stubs, worker_env, tmp_path
+) -> None:
     prompt, _ = monolithic
     small = dataclasses.replace(command, max_sessions=2)
     with launch(small, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path, env=worker_env) as p:

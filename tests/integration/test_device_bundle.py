@@ -27,8 +27,19 @@ from fetch.source import load_pin
 pytestmark = pytest.mark.slow
 
 # What the wheels must hold for the device: every compiled dependency and the resolver's pure ones.
-COMPILED = {"grpcio", "grpcio-tools", "protobuf", "cryptography", "cffi", "blake3", "numpy", "pandas",
-            "rpds-py", "pyyaml", "markupsafe"}
+COMPILED = {
+    "grpcio",
+    "grpcio-tools",
+    "protobuf",
+    "cryptography",
+    "cffi",
+    "blake3",
+    "numpy",
+    "pandas",
+    "rpds-py",
+    "pyyaml",
+    "markupsafe",
+}
 PURE = {"jsonschema", "jsonschema-specifications", "referencing", "attrs", "jinja2", "pip"}
 STEPS = ["probe", "bundle-check", "python", "sysroot", "fetch", "patch", "provision"]
 
@@ -50,8 +61,9 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> bundle.Bundle:
 def test_bundle_contents(made: bundle.Bundle) -> None:
     root, doc = made.path, made.manifest
     files = doc["files"]
-    head = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert doc["project"]["commit"] == head
     assert files["project/scripts/device-cuda.sh"]["executable"] is True
     assert "project/pyproject.toml" in files and "project/device/bundle.py" in files
@@ -88,12 +100,21 @@ def test_bundle_contents(made: bundle.Bundle) -> None:
 def test_dry_run_from_the_bundle(made: bundle.Bundle, tmp_path: Path) -> None:
     dropped = ("DGR_", "OUT", "PYTHONPATH", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
-    env.update(DGR_DEVICE_VENV="always", DGR_DEVICE_SYSROOT="always", HOME=str(tmp_path / "home"),
-               PYTHON=sys.executable)  # a venv's python, as on the GPU box (whose python3 is a venv's)
+    env.update(
+        DGR_DEVICE_VENV="always",
+        DGR_DEVICE_SYSROOT="always",
+        HOME=str(tmp_path / "home"),
+        PYTHON=sys.executable,
+    )  # a venv's python, as on the GPU box (whose python3 is a venv's)
     out, work = tmp_path / "out", tmp_path / "work"
     script = made.path / "project" / "scripts" / "device-cuda.sh"
-    done = subprocess.run(["bash", str(script), "--dry-run", "--lane", "cpu", "--out", str(out), "--work",
-                           str(work)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(script), "--dry-run", "--lane", "cpu", "--out", str(out), "--work", str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     log = (out / "log.txt").read_text()
     assert done.returncode == 0, log[-4000:]
 
@@ -102,8 +123,11 @@ def test_dry_run_from_the_bundle(made: bundle.Bundle, tmp_path: Path) -> None:
     assert [s["step"] for s in summary["steps"]] == STEPS
     assert all(s["exit"] == 0 for s in summary["steps"])
     assert summary["python"] == str(work / "venv" / "bin" / "python")  # the bundled wheels, installed offline
-    print("\n[device dry run] " + ", ".join(f"{s['step']} {s['seconds']} s" for s in summary["steps"])
-          + f"; total {summary['seconds']} s")
+    print(
+        "\n[device dry run] "
+        + ", ".join(f"{s['step']} {s['seconds']} s" for s in summary["steps"])
+        + f"; total {summary['seconds']} s"
+    )
 
     assert "has everything the project needs" in log
     assert "omitted wheels (tqdm) come from" in log
@@ -114,8 +138,14 @@ def test_dry_run_from_the_bundle(made: bundle.Bundle, tmp_path: Path) -> None:
     assert "provisioned tiny-llama/f32 (3 files" in log and "provisioned tiny-v4/f32 (3 files" in log
     assert "dgr certify --recipe tiny-v4 --lane cpu" in log  # printed, not run
 
-    listing = subprocess.run(["tar", "-tzf", str(out / "results.tar.gz")], capture_output=True, text=True,
-                             check=True).stdout.split()
-    assert {"results/log.txt", "results/summary.json", "results/timings.tsv",
-            "results/provenance/BUNDLE.json", "results/provenance/store-tiny-v4-f32.json"} <= set(listing)
+    listing = subprocess.run(
+        ["tar", "-tzf", str(out / "results.tar.gz")], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {
+        "results/log.txt",
+        "results/summary.json",
+        "results/timings.tsv",
+        "results/provenance/BUNDLE.json",
+        "results/provenance/store-tiny-v4-f32.json",
+    } <= set(listing)
     assert manifest.problems(made.path) == []  # the run wrote nothing into the bundle

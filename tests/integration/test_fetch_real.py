@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 
 def _dgr(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "certify", *args], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "certify", *args], env=env, capture_output=True, text=True, timeout=900
+    )
     return done, time.monotonic() - started
 
 

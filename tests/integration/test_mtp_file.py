@@ -55,7 +55,8 @@ def test_the_mtp_file_is_the_block_cut_from_the_whole_model(real_ctx, sets) -> N
     whole, cut = _tensors(sets["tiny-v4-mtp"], gguf), _tensors(sets["tiny-v4-mtp-only"], gguf)
     assert all(whole[name] == data for name, data in cut.items())
     assert {n for n in cut if n.startswith("blk.12.")} == {n for n in whole if n.startswith("blk.12.")} - {
-        "blk.12.nextn.embed_tokens.weight"}
+        "blk.12.nextn.embed_tokens.weight"
+    }
     trunk = {n for n in cut if n.startswith("blk.") and not n.startswith("blk.12.")}
     assert trunk == {f"blk.{i}.ffn_gate_tid2eid.weight" for i in range(3)}
     assert "token_embd.weight" in cut and "output.weight" in cut
@@ -68,13 +69,24 @@ def _drafts(p, prompt: list[int]) -> tuple[list[int], tuple[int, ...]]:
 
 
 def test_the_last_stage_drafts_from_the_mtp_file_what_the_whole_model_drafts(
-        sets, worker_command, stubs, worker_env, tmp_path) -> None:
-    with launch(_command(worker_command, sets["tiny-v4-mtp"], mtp=True), STAGES, stubs=stubs,
-                evidence=tmp_path / "in-file", env=worker_env) as p:
+    sets, worker_command, stubs, worker_env, tmp_path
+) -> None:
+    with launch(
+        _command(worker_command, sets["tiny-v4-mtp"], mtp=True),
+        STAGES,
+        stubs=stubs,
+        evidence=tmp_path / "in-file",
+        env=worker_env,
+    ) as p:
         prompt = p.clients[0].tokenize(TEXT, add_special=True)
         in_file, _ = _drafts(p, prompt)
-    with launch(_command(worker_command, sets["tiny-v4"]), STAGES, stubs=stubs, evidence=tmp_path / "off",
-                env=worker_env) as p:
+    with launch(
+        _command(worker_command, sets["tiny-v4"]),
+        STAGES,
+        stubs=stubs,
+        evidence=tmp_path / "off",
+        env=worker_env,
+    ) as p:
         off = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False).prompts[0]
         plain_bytes = p.clients[-1].info().memory.weight_bytes
     cmd = _command(worker_command, sets["tiny-v4"], mtp=True, mtp_model=sets["tiny-v4-mtp-only"])
@@ -84,21 +96,26 @@ def test_the_last_stage_drafts_from_the_mtp_file_what_the_whole_model_drafts(
         assert info.memory.weight_bytes > plain_bytes
         own_file, tokens = _drafts(p, prompt)
         for forwarding in ("relayed", "chained"):
-            got = speculative.run(p.clients, prompt, N_DECODE, k=3, drafter=speculative.NextnDrafter(),
-                                  forwarding=forwarding)
+            got = speculative.run(
+                p.clients, prompt, N_DECODE, k=3, drafter=speculative.NextnDrafter(), forwarding=forwarding
+            )
             assert got.tokens == off.tokens, forwarding
     print(f"\ndrafts from the main file {in_file}\ndrafts from the MTP file  {own_file}")
     assert len(own_file) >= N_DECODE - 1 and own_file == in_file
     assert tokens == off.tokens
 
 
-@pytest.mark.parametrize("case, stages, mtp_file, expect", [
-    ("not the last stage", [(0, 4), (4, 12)], "tiny-v4-mtp-only", "only the last stage drafts"),
-    ("no block in the file", [(0, 12)], "tiny-v4", "holds no nextn"),
-    ("another model's file", [(0, 12)], "tiny-llama", "is not this model's MTP file: architecture"),
-])
-def test_the_mtp_file_is_refused_where_it_cannot_run(case, stages, mtp_file, expect, sets, worker_command,
-                                                     stubs, worker_env, tmp_path) -> None:
+@pytest.mark.parametrize(
+    "case, stages, mtp_file, expect",
+    [
+        ("not the last stage", [(0, 4), (4, 12)], "tiny-v4-mtp-only", "only the last stage drafts"),
+        ("no block in the file", [(0, 12)], "tiny-v4", "holds no nextn"),
+        ("another model's file", [(0, 12)], "tiny-llama", "is not this model's MTP file: architecture"),
+    ],
+)
+def test_the_mtp_file_is_refused_where_it_cannot_run(
+    case, stages, mtp_file, expect, sets, worker_command, stubs, worker_env, tmp_path
+) -> None:
     # --mtp-model on every stage's command line, so a first stage sees it too
     cmd = _command(worker_command, sets["tiny-v4"], extra=("--mtp-model", str(sets[mtp_file])))
     with pytest.raises(StageFailed, match=expect):

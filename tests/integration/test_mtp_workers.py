@@ -49,41 +49,70 @@ def _mtp_command(worker_command, model: Path, *, mtp: bool = False):
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_mtp_on_chooses_the_tokens_mtp_off_chooses(placement, mtp_model, worker_command, stubs, worker_env,
-                                                   tmp_path) -> None:
+def test_mtp_on_chooses_the_tokens_mtp_off_chooses(
+    placement, mtp_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
     stages = PLACEMENTS[placement]
     plain_cmd = _mtp_command(worker_command, mtp_model)
     with launch(plain_cmd, stages, stubs=stubs, evidence=tmp_path / "off", env=worker_env) as p:
         prompt = p.clients[0].tokenize(TEXT, add_special=True)
         off = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False).prompts[0]
         n_vocab = p.clients[-1].info().n_vocab
-    with launch(dataclasses.replace(plain_cmd, mtp=True), stages, stubs=stubs, evidence=tmp_path / "on",
-                env=worker_env) as p:
+    with launch(
+        dataclasses.replace(plain_cmd, mtp=True),
+        stages,
+        stubs=stubs,
+        evidence=tmp_path / "on",
+        env=worker_env,
+    ) as p:
         assert p.clients[-1].info().mtp and not any(c.info().mtp for c in p.clients[:-1])
         for forwarding in ("relayed", "chained"):
-            got = speculative.run(p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(),
-                                  forwarding=forwarding)
-            print(f"{placement} {forwarding}: nextn acceptance {got.acceptance_rate:.2f}, "
-                  f"{got.tokens_per_pass:.2f} tokens/pass, {got.crossings_per_token:.2f} crossings/token")
+            got = speculative.run(
+                p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=forwarding
+            )
+            print(
+                f"{placement} {forwarding}: nextn acceptance {got.acceptance_rate:.2f}, "
+                f"{got.tokens_per_pass:.2f} tokens/pass, {got.crossings_per_token:.2f} crossings/token"
+            )
             assert got.tokens == off.tokens, forwarding
             assert sum(q.drafted for q in got.passes) > 0, "the last stage drafted nothing"
         plain_on = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False).prompts[0]
         assert plain_on.tokens == off.tokens and np.array_equal(plain_on.logits, off.logits)
-        a, b = (speculative.run(p.clients, prompt, N_DECODE, k=K,
-                                drafter=speculative.KnownDrafter(off.tokens, acceptance=0.4, n_vocab=n_vocab,
-                                                                 seed=5, wrong_by=by))
-                for by in (1, 2))
+        a, b = (
+            speculative.run(
+                p.clients,
+                prompt,
+                N_DECODE,
+                k=K,
+                drafter=speculative.KnownDrafter(
+                    off.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5, wrong_by=by
+                ),
+            )
+            for by in (1, 2)
+        )
     assert any(q.rewound for q in a.passes)
     assert np.array_equal(a.logits, b.logits) and a.tokens == b.tokens == off.tokens
 
 
-def test_the_last_stage_drafts_what_the_nextn_block_predicts(mtp_model, mtp_probe, worker_command, stubs,
-                                                             worker_env, tmp_path) -> None:
+def test_the_last_stage_drafts_what_the_nextn_block_predicts(
+    mtp_model, mtp_probe, worker_command, stubs, worker_env, tmp_path
+) -> None:
     """k = 1: every pass's draft equals the one the pinned library's MTP context gives in one process
     (tests/integration/mtp_last_stage.cpp, the draft-mtp pairing), token for token."""
     threads = str(worker_command.threads)
-    argv = [str(mtp_probe), "-m", str(mtp_model), "-c", "8", "-n", str(N_DECODE - 1), "-t", threads,
-            "-p", TEXT]
+    argv = [
+        str(mtp_probe),
+        "-m",
+        str(mtp_model),
+        "-c",
+        "8",
+        "-n",
+        str(N_DECODE - 1),
+        "-t",
+        threads,
+        "-p",
+        TEXT,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     probe = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
@@ -96,20 +125,31 @@ def test_the_last_stage_drafts_what_the_nextn_block_predicts(mtp_model, mtp_prob
     drafts = [d[0] for d in drafter.history if d]
     print(f"\nworker drafts {drafts}\nprobe drafts  {expected}; accepted {got.acceptance_rate:.2f}")
     assert len(drafts) >= len(expected) > 0
-    assert drafts[:len(expected)] == expected
+    assert drafts[: len(expected)] == expected
 
 
-def test_mtp_is_refused_where_it_cannot_run(mtp_model, real_ctx, worker_command, stubs, worker_env,
-                                            tmp_path) -> None:
+def test_mtp_is_refused_where_it_cannot_run(
+    mtp_model, real_ctx, worker_command, stubs, worker_env, tmp_path
+) -> None:
     cmd = _mtp_command(worker_command, mtp_model)
     with pytest.raises(StageFailed, match="only the last stage drafts"):
-        with launch(dataclasses.replace(cmd, extra=("--mtp",)), [(0, 4), (4, 12)], stubs=stubs,
-                    evidence=tmp_path / "first", env=worker_env):
+        with launch(
+            dataclasses.replace(cmd, extra=("--mtp",)),
+            [(0, 4), (4, 12)],
+            stubs=stubs,
+            evidence=tmp_path / "first",
+            env=worker_env,
+        ):
             pass
     no_block = Path(provision(real_ctx, "tiny-v4").first)
     with pytest.raises(StageFailed, match="no nextn"):
-        with launch(dataclasses.replace(cmd, model=no_block, extra=("--mtp",)), [(0, 12)], stubs=stubs,
-                    evidence=tmp_path / "no-block", env=worker_env):
+        with launch(
+            dataclasses.replace(cmd, model=no_block, extra=("--mtp",)),
+            [(0, 12)],
+            stubs=stubs,
+            evidence=tmp_path / "no-block",
+            env=worker_env,
+        ):
             pass
     with launch(cmd, [(0, 12)], stubs=stubs, evidence=tmp_path / "off", env=worker_env) as p:
         session = drive.new_session("nodraft")

@@ -46,7 +46,7 @@ def hunks(data: bytes) -> list[Hunk]:
         if line.startswith("diff --git "):
             path = cur = None
         elif cur is None and line.startswith("+++ "):
-            path = line[len("+++ b/"):] if line.startswith("+++ b/") else None
+            path = line[len("+++ b/") :] if line.startswith("+++ b/") else None
         elif (m := _HUNK.match(line)) and path:
             cur = Hunk(path, int(m[1]), [])
             if cur.old_start > 0:
@@ -74,7 +74,7 @@ def _edit(tree: Path, path: str, line_no: int, fn) -> str:
     f = tree / path
     lines = f.read_text().split("\n")
     before = lines[line_no - 1]
-    lines[line_no - 1:line_no] = fn(before)
+    lines[line_no - 1 : line_no] = fn(before)
     f.write_text("\n".join(lines))
     return before
 
@@ -85,13 +85,21 @@ def moved(real_ctx: Context, stack, tmp_path_factory) -> tuple[Path, dict[str, s
     tree = tmp_path_factory.mktemp("moved") / "llama.cpp"
     shutil.copytree(ensure_pristine(real_ctx).path, tree, symlinks=True)
     h1 = _only_in(stack, "0001")[0]
-    _edit(tree, h1.path, h1.old_start, lambda ln: ["// upstream moved 1", "// upstream moved 2",
-                                                    "// upstream moved 3", ln])
+    _edit(
+        tree,
+        h1.path,
+        h1.old_start,
+        lambda ln: ["// upstream moved 1", "// upstream moved 2", "// upstream moved 3", ln],
+    )
     # 0002: a hunk whose first line is leading context, at least two lines before its first change,
     # and unique in its file (the 3-way merge must see two separate changes, not one touching).
-    h2 = next(h for h in _only_in(stack, "0002")
-              if all(x.startswith(" ") for x in h.lines[:3]) and h.lines[0].strip()
-              and (tree / h.path).read_text().split("\n").count(h.lines[0][1:]) == 1)
+    h2 = next(
+        h
+        for h in _only_in(stack, "0002")
+        if all(x.startswith(" ") for x in h.lines[:3])
+        and h.lines[0].strip()
+        and (tree / h.path).read_text().split("\n").count(h.lines[0][1:]) == 1
+    )
     _edit(tree, h2.path, h2.old_start, lambda ln: [ln + " // upstream touched this context line"])
     # 0003: where one of its hunks changes the file (the first line it removes, or the two lines its
     # first insertion goes between: 0003 only adds), upstream changed those lines too.
@@ -130,11 +138,18 @@ def test_upstream_moved_each_classification(real_ctx: Context, moved, tmp_path) 
     record = json.loads((out / "rebase.json").read_text())
     by = {p["name"][:4]: p for p in record["patches"]}
     assert by["0001"]["status"] == "clean" and any(
-        o.startswith(f"{paths['0001']}: ") and o.endswith("(offset +3)") for o in by["0001"]["offsets"])
+        o.startswith(f"{paths['0001']}: ") and o.endswith("(offset +3)") for o in by["0001"]["offsets"]
+    )
     assert by["0002"]["status"] == "3-way" and by["0002"]["conflicts"] == []
     assert by["0003"]["status"] == "conflict" and paths["0003"] in by["0003"]["conflicts"]
     assert not (out / "patches").exists() and (out / "tree" / ".git").is_dir()
-    unmerged = subprocess.run(["git", "ls-files", "-u"], cwd=out / "tree", capture_output=True, text=True,
-                              check=True, env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"}).stdout
+    unmerged = subprocess.run(
+        ["git", "ls-files", "-u"],
+        cwd=out / "tree",
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
+    ).stdout
     assert paths["0003"] in unmerged  # the kept tree stops at 0003 with its markers in place
     assert record["candidate"]["commit"] == MOVED and record["pin"]["commit"] == load_pin().commit

@@ -61,17 +61,24 @@ def reference(mtp_command, stubs, worker_env, tmp_path_factory):
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_a_drafting_ring_chooses_the_tokens_mtp_off_chooses(placement, reference, mtp_command, stubs,
-                                                            worker_env, tmp_path) -> None:
+def test_a_drafting_ring_chooses_the_tokens_mtp_off_chooses(
+    placement, reference, mtp_command, stubs, worker_env, tmp_path
+) -> None:
     prompt, off = reference
     n = len(PLACEMENTS[placement])
     with launch(mtp_command, PLACEMENTS[placement], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
-        runs = {f: speculative.run(p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(),
-                                   forwarding=f) for f in ("ring", "chained")}
+        runs = {
+            f: speculative.run(
+                p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=f
+            )
+            for f in ("ring", "chained")
+        }
     got, chained = runs["ring"], runs["chained"]
     for name, r in runs.items():
-        print(f"{placement} {name}: acceptance {r.acceptance_rate:.2f}, {r.tokens_per_pass:.2f} tokens/pass, "
-              f"{r.crossings_per_token:.2f} crossings/token, {len(r.passes)} passes")
+        print(
+            f"{placement} {name}: acceptance {r.acceptance_rate:.2f}, {r.tokens_per_pass:.2f} tokens/pass, "
+            f"{r.crossings_per_token:.2f} crossings/token, {len(r.passes)} passes"
+        )
     assert got.tokens == off == chained.tokens
     assert [q.fed for q in got.passes] == [q.fed for q in chained.passes]
     assert [q.accepted for q in got.passes] == [q.accepted for q in chained.passes]
@@ -82,8 +89,15 @@ def test_a_drafting_ring_chooses_the_tokens_mtp_off_chooses(placement, reference
 
 
 def _prefilled(route: ring.RingRoute, session: str, prompt) -> int:
-    passed = route.run(session, 1, list(range(len(prompt))), prompt, boundary_dtype="f32", all_logits=False,
-                       keep_boundaries=False)
+    passed = route.run(
+        session,
+        1,
+        list(range(len(prompt))),
+        prompt,
+        boundary_dtype="f32",
+        all_logits=False,
+        keep_boundaries=False,
+    )
     return int(np.argmax(passed.logits[-1]))
 
 
@@ -92,8 +106,9 @@ def _next_after(clients, session: str, position: int, token: int, *, rewind: boo
     relay, reply = None, None
     for c in clients:
         last = c is clients[-1]
-        reply = c.forward(session, 1, [position], tokens=[token], boundary=relay, rewind=rewind,
-                          draft=K if last else 0)
+        reply = c.forward(
+            session, 1, [position], tokens=[token], boundary=relay, rewind=rewind, draft=K if last else 0
+        )
         relay = reply.boundary_wire
     return int(np.argmax(reply.logits[-1])), tuple(reply.draft)
 
@@ -105,18 +120,20 @@ def _never_past(clients, session: str, prompt, tokens) -> tuple[int, tuple]:
     return _next_after(clients, session, len(prompt) + len(tokens) - 1, tokens[-1], rewind=False)
 
 
-def test_budget_stop_token_and_full_context_end_a_drafting_ring(reference, mtp_command, stubs, worker_env,
-                                                                tmp_path) -> None:
+def test_budget_stop_token_and_full_context_end_a_drafting_ring(
+    reference, mtp_command, stubs, worker_env, tmp_path
+) -> None:
     prompt, ref = reference
     at = next((i for i in range(2, K + 1) if ref[i] not in ref[1:i]), 1)  # a stop inside the first pass
     with launch(mtp_command, THREE, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         infos = drive.describe(p.clients)
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
             assert _prefilled(route, "budget", prompt) == ref[0]
-            budget = route.decode("budget", 1, len(prompt), ref[0], 3, draft=K, drafts=ref[1:K + 1])
+            budget = route.decode("budget", 1, len(prompt), ref[0], 3, draft=K, drafts=ref[1 : K + 1])
             assert _prefilled(route, "stop", prompt) == ref[0]
-            stopped = route.decode("stop", 1, len(prompt), ref[0], 20, stop_tokens=(ref[at],), draft=K,
-                                   drafts=ref[1:K + 1])
+            stopped = route.decode(
+                "stop", 1, len(prompt), ref[0], 20, stop_tokens=(ref[at],), draft=K, drafts=ref[1 : K + 1]
+            )
             route.drain()
             full = ring.generate(route, prompt, 10 * CTX, session="full", draft=K)
             refused = route.sink.refused
@@ -124,12 +141,16 @@ def test_budget_stop_token_and_full_context_end_a_drafting_ring(reference, mtp_c
         after_budget = _next_after(p.clients, "budget", len(prompt) + 3, ref[3], rewind=True)
         after_stop = _next_after(p.clients, "stop", len(prompt) + at, ref[at], rewind=True)
         fresh = _never_past(p.clients, "fresh", prompt, ref[:4])
-    print(f"\n[ring drafts] budget 3: {budget.end} {budget.tokens}; stop token {ref[at]} (token {at}): "
-          f"{stopped.end} {stopped.tokens}; context {CTX}: {full.end} after {len(full.tokens)} tokens; "
-          f"drafts after the budget {after_budget[1]}, never past {fresh[1]}")
+    print(
+        f"\n[ring drafts] budget 3: {budget.end} {budget.tokens}; stop token {ref[at]} (token {at}): "
+        f"{stopped.end} {stopped.tokens}; context {CTX}: {full.end} after {len(full.tokens)} tokens; "
+        f"drafts after the budget {after_budget[1]}, never past {fresh[1]}"
+    )
     assert budget.end == "budget" and budget.tokens == tuple(ref[1:4])
     assert len(budget.passes) == 1 and budget.drafted[0].accepted == K  # cut inside its one pass
-    assert stopped.end == "stop_token" and stopped.tokens == tuple(ref[1:at + 1]) and len(stopped.passes) == 1
+    assert (
+        stopped.end == "stop_token" and stopped.tokens == tuple(ref[1 : at + 1]) and len(stopped.passes) == 1
+    )
     assert after_budget[0] == ref[4] and after_stop[0] == ref[at + 1]
     # the MTP context took the unused positions back (else its next catch-up fails); the random block's
     # drafts do not show whether its input row went back too (they stay equal with that left out)
@@ -139,14 +160,18 @@ def test_budget_stop_token_and_full_context_end_a_drafting_ring(reference, mtp_c
     assert refused == 0, "a ring delivered past its end"
 
 
-def test_a_drafting_ring_is_refused_where_it_cannot_run(reference, mtp_command, stubs, worker_env,
-                                                        tmp_path) -> None:
+def test_a_drafting_ring_is_refused_where_it_cannot_run(
+    reference, mtp_command, stubs, worker_env, tmp_path
+) -> None:
     prompt, ref = reference
     failures = {}
-    for name, command in {"no --mtp": dataclasses.replace(mtp_command, mtp=False),
-                          "--max-rewind 1": dataclasses.replace(mtp_command, max_rewind=1)}.items():
-        with launch(command, THREE, stubs=stubs, evidence=tmp_path / name.strip("-").replace(" ", "-"),
-                    env=worker_env) as p:
+    for name, command in {
+        "no --mtp": dataclasses.replace(mtp_command, mtp=False),
+        "--max-rewind 1": dataclasses.replace(mtp_command, max_rewind=1),
+    }.items():
+        with launch(
+            command, THREE, stubs=stubs, evidence=tmp_path / name.strip("-").replace(" ", "-"), env=worker_env
+        ) as p:
             infos = drive.describe(p.clients)
             with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
                 _prefilled(route, "refused", prompt)
@@ -166,18 +191,23 @@ def test_a_drafting_ring_is_refused_where_it_cannot_run(reference, mtp_command, 
 
 
 @pytest.mark.parametrize("victim", [0, 1, 2], ids=["first", "middle", "last"])
-def test_a_stage_killed_in_a_drafting_ring_is_named(victim, reference, mtp_command, stubs, worker_env,
-                                                    tmp_path) -> None:
+def test_a_stage_killed_in_a_drafting_ring_is_named(
+    victim, reference, mtp_command, stubs, worker_env, tmp_path
+) -> None:
     prompt, _ = reference
     with launch(mtp_command, THREE, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         infos = drive.describe(p.clients)
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
             failed, took, delivered = killed_mid_ring(
-                route, p.stages[victim].process,
-                lambda: ring.generate(route, prompt, 10 * CTX, session="killed", draft=K))
+                route,
+                p.stages[victim].process,
+                lambda: ring.generate(route, prompt, 10 * CTX, session="killed", draft=K),
+            )
         pids = p.pids
-    print(f"\n[ring drafts] stage {victim} of 3 killed after {delivered} deliveries: {failed} "
-          f"(ended {took:.2f} s after the kill)")
+    print(
+        f"\n[ring drafts] stage {victim} of 3 killed after {delivered} deliveries: {failed} "
+        f"(ended {took:.2f} s after the kill)"
+    )
     assert delivered >= 10, "the ring ended before the kill"
     assert failed.stage == victim and failed.code == "DIED" and "SIGKILL" in str(failed)
     assert took < KILL_BOUND_S
@@ -185,13 +215,15 @@ def test_a_stage_killed_in_a_drafting_ring_is_named(victim, reference, mtp_comma
     assert our_workers(mtp_command.program[0]) == []
 
 
-def test_the_mtp_gate_verifies_a_ring_placement_on_the_ring(reference, mtp_command, stubs, worker_env,
-                                                           tmp_path) -> None:
+def test_the_mtp_gate_verifies_a_ring_placement_on_the_ring(
+    reference, mtp_command, stubs, worker_env, tmp_path
+) -> None:
     prompt, off = reference
     with launch(mtp_command, THREE, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         plain = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False)
-        figures = mtp.mtp_figures(p.clients, [prompt], plain, K, N_DECODE, boundary_dtype="f32",
-                                  forwarding="ring")
+        figures = mtp.mtp_figures(
+            p.clients, [prompt], plain, K, N_DECODE, boundary_dtype="f32", forwarding="ring"
+        )
     print(f"\n[ring drafts] MTP gate figures on a ring placement: {figures}")
     assert plain.prompts[0].tokens == off
     assert figures["forwarding"] == "ring" and figures["identical_fraction"] == 1.0

@@ -27,20 +27,32 @@ TOKENS = 16
 
 def _run(cpu_build, model, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     tool = cpu_build.dir / "bin" / RING_FLOOR_TARGET
-    return subprocess.run([str(tool), "-m", str(model), *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [str(tool), "-m", str(model), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
-def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model, worker_command, stubs,
-                                                          worker_env, tmp_path) -> None:
+def test_the_floor_picks_the_workers_tokens_at_every_depth(
+    cpu_build, tiny_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
     with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         # the floor starts every round from token 1 at position 0 and feeds back its own picks
         wanted = drive.run_placement(p.clients, [[1]], TOKENS).prompts[0].tokens
         load_mode = p.clients[0].info().memory.load_mode
     threads = str(worker_command.threads)
     for stages in (1, 3, 12):
-        done = _run(cpu_build, tiny_model.first, "--stages", str(stages), "--tokens", str(TOKENS),
-                    "--rounds", "2", "--threads", threads)
+        done = _run(
+            cpu_build,
+            tiny_model.first,
+            "--stages",
+            str(stages),
+            "--tokens",
+            str(TOKENS),
+            "--rounds",
+            "2",
+            "--threads",
+            threads,
+        )
         assert done.returncode == 0, done.stderr
         got = json.loads(done.stdout)
         assert got["tokens"] == list(wanted), (stages, got["tokens"], wanted)
@@ -55,8 +67,18 @@ def test_the_floor_picks_the_workers_tokens_at_every_depth(cpu_build, tiny_model
 
 def test_deliver_hands_every_pick_to_the_reader_in_order(cpu_build, tiny_model) -> None:
     with floor_deliveries(timeout=120) as (port, records):
-        done = _run(cpu_build, tiny_model.first, "--stages", "3", "--tokens", str(TOKENS), "--rounds", "2",
-                    "--deliver", str(port))
+        done = _run(
+            cpu_build,
+            tiny_model.first,
+            "--stages",
+            "3",
+            "--tokens",
+            str(TOKENS),
+            "--rounds",
+            "2",
+            "--deliver",
+            str(port),
+        )
     assert done.returncode == 0, done.stderr
     picks = json.loads(done.stdout)["tokens"]
     # {round, position, token}: every position of both rounds, and the last round's tokens are the picks
@@ -68,21 +90,35 @@ def test_deliver_hands_every_pick_to_the_reader_in_order(cpu_build, tiny_model) 
 def test_deliver_to_no_listener_ends_the_run(cpu_build, tiny_model) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-    done = _run(cpu_build, tiny_model.first, "--stages", "2", "--rounds", "1", "--tokens", "4",
-                "--deliver", str(port), timeout=120)
+    done = _run(
+        cpu_build,
+        tiny_model.first,
+        "--stages",
+        "2",
+        "--rounds",
+        "1",
+        "--tokens",
+        "4",
+        "--deliver",
+        str(port),
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert f"--deliver {port}:" in done.stderr
     assert "ended before it was ready" in done.stderr.splitlines()[-1]
     assert running(cpu_build.dir / "bin" / RING_FLOOR_TARGET) == {}
 
 
-@pytest.mark.parametrize(("args", "said"), [
-    (["--stages", "0"], "--stages: not a count: 0"),
-    (["--stages", "13"], "13 stages for a model of 12 layers"),
-    (["--tokens", "600"], "--tokens must be below --ctx"),
-    (["--bogus", "1"], "unknown option --bogus"),
-    (["--deliver", "70000"], "--deliver: not a port: 70000"),
-])
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--stages", "0"], "--stages: not a count: 0"),
+        (["--stages", "13"], "13 stages for a model of 12 layers"),
+        (["--tokens", "600"], "--tokens must be below --ctx"),
+        (["--bogus", "1"], "unknown option --bogus"),
+        (["--deliver", "70000"], "--deliver: not a port: 70000"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(cpu_build, tiny_model, args, said) -> None:
     done = _run(cpu_build, tiny_model.first, *args)
     assert done.returncode == 2, done.stderr

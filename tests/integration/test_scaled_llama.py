@@ -26,8 +26,15 @@ from worker.launcher import launch
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 N_LAYER = 4
-PARAMS = {"n_layer": N_LAYER, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "n_ctx": 256,
-          "splits": 1}
+PARAMS = {
+    "n_layer": N_LAYER,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_head_kv": 2,
+    "n_ff": 128,
+    "n_ctx": 256,
+    "splits": 1,
+}
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Once upon a time"]
 N_DECODE = 8
 
@@ -61,8 +68,9 @@ def test_the_model_carries_scale_tensors(scaled, tree) -> None:
         assert {f"blk.{i}.{suffix}" for i in range(N_LAYER)} <= names
 
 
-def test_a_split_of_a_scaled_llama_equals_the_whole(scaled, tree, worker_command, stubs, worker_env,
-                                                    tmp_path) -> None:
+def test_a_split_of_a_scaled_llama_equals_the_whole(
+    scaled, tree, worker_command, stubs, worker_env, tmp_path
+) -> None:
     command = dataclasses.replace(worker_command, model=scaled, ctx_size=256)
     mono = _run(command, [(0, N_LAYER)], stubs, worker_env, tmp_path / "mono")
     staged = _run(command, [(0, 1), (1, 3), (3, N_LAYER)], stubs, worker_env, tmp_path / "staged")
@@ -108,8 +116,9 @@ FIXTURE_PROMPTS = [[1, 5, 9, 17, 33, 2], [3, 4, 100, 7]]
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_the_tree_fixture_generators_llamas_split(kind, arch_generator, tree, worker_command, stubs,
-                                                  worker_env, tmp_path) -> None:
+def test_the_tree_fixture_generators_llamas_split(
+    kind, arch_generator, tree, worker_command, stubs, worker_env, tmp_path
+) -> None:
     """The file the failure was found with: upstream's own llama fixture (2 layers, every optional
     scale, rope_freqs shared by both layers).  Before the fix: "expected 64, got 50" on both stages."""
     from tests.integration import arch_fixtures
@@ -120,8 +129,9 @@ def test_the_tree_fixture_generators_llamas_split(kind, arch_generator, tree, wo
     command = dataclasses.replace(worker_command, model=model, ctx_size=256)
     traces = []
     for placement in ([(0, 2)], [(0, 1), (1, 2)]):
-        with launch(command, placement, stubs=stubs, evidence=tmp_path / f"ev{len(placement)}",
-                    env=worker_env) as p:
+        with launch(
+            command, placement, stubs=stubs, evidence=tmp_path / f"ev{len(placement)}", env=worker_env
+        ) as p:
             traces.append(drive.run_placement(p.clients, FIXTURE_PROMPTS, N_DECODE))
     mono, staged = traces
     for m, s in zip(mono.prompts, staged.prompts, strict=True):

@@ -42,5 +42,6 @@ def test_the_sealed_tiny_v4_records_no_exact_tie() -> None:
     assert record["measured"] and record["recipes"] == ["tiny-v4", "tiny-v4-mtp-file"]
     kinds = record["kinds"]
     assert set(kinds) == {"indexer", "router"}
-    assert all(k["exact_ties"] == 0 and k["contested_rows"] > 0 and k["min_abs_margin"] > 0
-               for k in kinds.values())
+    assert all(
+        k["exact_ties"] == 0 and k["contested_rows"] > 0 and k["min_abs_margin"] > 0 for k in kinds.values()
+    )

@@ -79,8 +79,9 @@ def tiny_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _make("tiny-llama", tmp_path_factory.mktemp("tiny-ref") / "ref")
 
 
-def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_certification,
-                                                tiny_reference: Path) -> None:
+def test_tiny_llama_sealed_reference_end_to_end(
+    tmp_path: Path, cpu_build, live_certification, tiny_reference: Path
+) -> None:
     manifest = tiny_reference
     # plain `dgr certify` is tiny-llama on the CPU lane: the run test_certify_e2e checks too
     pred = _same_figures_as_live("tiny-llama", manifest, tmp_path / "empty-store", live_certification())
@@ -99,8 +100,16 @@ def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_
     doc["origins"] = [{"kind": "local", "path": str(bad)}]
     (bad / manifest.name).write_text(json.dumps(doc))
     before = our_workers(cpu_build.worker)
-    done = run_dgr(ENV, "certify", "--recipe", "tiny-llama", "--reference", str(bad / manifest.name),
-                   "--store", str(tmp_path / "store-2"))
+    done = run_dgr(
+        ENV,
+        "certify",
+        "--recipe",
+        "tiny-llama",
+        "--reference",
+        str(bad / manifest.name),
+        "--store",
+        str(tmp_path / "store-2"),
+    )
     assert done.returncode == 3, done.stdout + done.stderr
     assert gguf.name in done.stderr and "verdict" not in done.stdout
     assert our_workers(cpu_build.worker) == before == []
@@ -124,8 +133,16 @@ def test_tiny_llama_sealed_reference_end_to_end(tmp_path: Path, cpu_build, live_
     folder.mkdir()
     tensors = [reference_file.Tensor(name=n, array=a) for n, a in contents.tensors.items()]
     _, patched = reference.write_sealed(folder, "ref-other-patches", header, tensors)
-    done = run_dgr(ENV, "certify", "--recipe", "tiny-llama", "--reference", str(patched),
-                   "--store", str(tmp_path / "store-3"))
+    done = run_dgr(
+        ENV,
+        "certify",
+        "--recipe",
+        "tiny-llama",
+        "--reference",
+        str(patched),
+        "--store",
+        str(tmp_path / "store-3"),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "another patch digest: 0000000000000000…" in done.stderr
 
@@ -137,19 +154,38 @@ def test_attached_placement_file_against_a_sealed_reference(
     ident = tmp_path / "identity.json"
     done = run_dgr(ENV, "certify", "--recipe", "tiny-llama", "--write-identity", str(ident))
     assert done.returncode == 0, done.stdout + done.stderr
-    cmd = WorkerCommand(program=worker_command.program, model=worker_command.model, threads=1, ctx_size=256,
-                        identity=ident, lane="cpu")
+    cmd = WorkerCommand(
+        program=worker_command.program,
+        model=worker_command.model,
+        threads=1,
+        ctx_size=256,
+        identity=ident,
+        lane="cpu",
+    )
     groups = {"three-first-middle": [(0, 1), (1, 6), (6, 12)], "two-middle": [(0, 6), (6, 12)]}
     with ExitStack() as stack:
         placements = {}
         for name, ranges in groups.items():
-            pipe = stack.enter_context(launch(cmd, ranges, stubs=stubs, evidence=tmp_path / "operator" / name,
-                                              env=ENV, start_timeout=120))
-            placements[name] = {"stages": [{"address": s.address, "layers": list(r)}
-                                           for s, r in zip(pipe.stages, ranges, strict=True)]}
+            pipe = stack.enter_context(
+                launch(
+                    cmd,
+                    ranges,
+                    stubs=stubs,
+                    evidence=tmp_path / "operator" / name,
+                    env=ENV,
+                    start_timeout=120,
+                )
+            )
+            placements[name] = {
+                "stages": [
+                    {"address": s.address, "layers": list(r)}
+                    for s, r in zip(pipe.stages, ranges, strict=True)
+                ]
+            }
         pf = tmp_path / "placements.json"
-        pf.write_text(json.dumps({"schema_version": 1, "recipe": "tiny-llama", "lane": "cpu",
-                                  "placements": placements}))
+        pf.write_text(
+            json.dumps({"schema_version": 1, "recipe": "tiny-llama", "lane": "cpu", "placements": placements})
+        )
         cert, pred, record = _certify("tiny-llama", "--placement-file", str(pf), "--reference", str(manifest))
     assert (pred["verdict"]["status"] == "PASS") == (not load_bound_misses(pred))  # loaded box: speed only
     assert record["monolithic_worker_started"] is False and record["workers_started"] == []

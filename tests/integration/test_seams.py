@@ -99,7 +99,9 @@ class Echo:
     def __init__(self, fabric: seams.Fabric, k: int) -> None:
         self.process = subprocess.Popen(
             ["ip", "netns", "exec", fabric.namespaces[k], sys.executable, "-c", ECHO, fabric.addresses[k]],
-            stdout=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         port = int(self.process.stdout.readline())
         self.sock = socket.create_connection((fabric.addresses[k], port), timeout=30)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -129,8 +131,9 @@ FAST = Link(delay_s=0.005, rate_bps=100e6)  # 1 MiB takes >= 0.089 s
 
 def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) -> None:
     support = seam_support(worker_env)
-    fabric = seams.Fabric(links=seam_model.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support,
-                          env=worker_env)
+    fabric = seams.Fabric(
+        links=seam_model.Profiles(driver=DRIVER, stages=(SLOW, FAST)), support=support, env=worker_env
+    )
     figures = {}
     with fabric:
         tag = fabric.tag
@@ -144,14 +147,20 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
                 echo.close()
             one_way = min(p[0] for p in pings)
             rtt = min(p[2] for p in pings)
-            rtt_bound = (seam_model.crossing_bound_s(1, link)
-                         + seam_model.crossing_bound_s(STAMPS.size, DRIVER))
+            rtt_bound = seam_model.crossing_bound_s(1, link) + seam_model.crossing_bound_s(
+                STAMPS.size, DRIVER
+            )
             transfer = min(b[0] for b in big)
             bound = seam_model.crossing_bound_s(MiB, link)
-            figures[k] = dict(one_way_ms=one_way * 1e3,
-                              one_way_bound_ms=seam_model.crossing_bound_s(1, link) * 1e3,
-                              rtt_ms=rtt * 1e3, rtt_bound_ms=rtt_bound * 1e3, transfer_s=transfer,
-                              transfer_bound_s=bound, ratio=transfer / bound)
+            figures[k] = dict(
+                one_way_ms=one_way * 1e3,
+                one_way_bound_ms=seam_model.crossing_bound_s(1, link) * 1e3,
+                rtt_ms=rtt * 1e3,
+                rtt_bound_ms=rtt_bound * 1e3,
+                transfer_s=transfer,
+                transfer_bound_s=bound,
+                ratio=transfer / bound,
+            )
             print(f"stage {k} link {link}: {figures[k]}")
             assert one_way >= 0.95 * seam_model.crossing_bound_s(1, link)
             assert one_way <= seam_model.crossing_bound_s(1, link) * TRANSFER_FACTOR + SLACK_S
@@ -163,8 +172,9 @@ def test_shaped_links_meet_their_physical_bound_and_leave_nothing(worker_env) ->
 def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
     support = seam_support(worker_env)
     shaky = Link(delay_s=0.010, jitter_s=0.004, rate_bps=50e6)
-    with seams.Fabric(links=seam_model.Profiles(driver=Link(), stages=(shaky,)), support=support,
-                      env=worker_env) as fabric:
+    with seams.Fabric(
+        links=seam_model.Profiles(driver=Link(), stages=(shaky,)), support=support, env=worker_env
+    ) as fabric:
         tag = fabric.tag
         echo = Echo(fabric, 0)
         try:
@@ -179,10 +189,12 @@ def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
     # The worst of 60 samples is the scheduler's on a loaded box (66 ms against 64 seen at load 11):
     # the upper bound holds the 90th percentile, so a shaper that adds more than its jitter still fails.
     p90 = sorted(one_way)[int(0.9 * len(one_way))]
-    print(f"jitter 10 +- 4 ms: one-way min {min(one_way) * 1e3:.2f} p90 {p90 * 1e3:.2f} "
-          f"max {max(one_way) * 1e3:.2f} ms; "
-          f"256 KiB in {transfer * 1e3:.1f} ms "
-          f"(bound {seam_model.crossing_bound_s(len(payload), shaky) * 1e3:.1f})")
+    print(
+        f"jitter 10 +- 4 ms: one-way min {min(one_way) * 1e3:.2f} p90 {p90 * 1e3:.2f} "
+        f"max {max(one_way) * 1e3:.2f} ms; "
+        f"256 KiB in {transfer * 1e3:.1f} ms "
+        f"(bound {seam_model.crossing_bound_s(len(payload), shaky) * 1e3:.1f})"
+    )
     assert min(one_way) >= 0.95 * shaky.min_delay_s
     assert p90 <= shaky.delay_s + shaky.jitter_s + SLACK_S
     assert spread > 0.003, "the jitter must really be applied"
@@ -191,8 +203,13 @@ def test_jitter_spreads_the_delay_and_keeps_the_byte_order(worker_env) -> None:
 
 
 def _child(code: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 FABRIC_CHILD = """
@@ -254,21 +271,32 @@ def test_an_exception_inside_stops_workers_and_removes_the_fabric(worker_env, tm
     assert (tmp_path / "ev" / "interrupted" / "fabric.json").is_file()
 
 
-PROBE = ("import os; from pipeline.seams import probe; s = probe(dict(os.environ)); "
-         "print(s.backend); print(s.reason)")
+PROBE = (
+    "import os; from pipeline.seams import probe; s = probe(dict(os.environ)); "
+    "print(s.backend); print(s.reason)"
+)
 
 
-@pytest.mark.parametrize("how", [
-    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],  # an ordinary user
-    ["unshare", "--user", "--map-root-user"],  # root of a user namespace: capabilities, but not the host's
-])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],  # an ordinary user
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+        ],  # root of a user namespace: capabilities, but not the host's
+    ],
+)
 def test_the_probe_says_in_one_line_why_not(how, worker_env) -> None:
     if os.geteuid() != 0:
         pytest.skip("dropping privileges needs root to start from")
-    done = subprocess.run([*how, sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
-    if done.returncode != 0 and any(w in done.stderr for w in ("Permission denied", "ModuleNotFoundError",
-                                                                 "unshare failed", "setpriv: ")):
+    done = subprocess.run(
+        [*how, sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0 and any(
+        w in done.stderr for w in ("Permission denied", "ModuleNotFoundError", "unshare failed", "setpriv: ")
+    ):
         # the interpreter or the checkout is not reachable as that user here: the probe never ran
         pytest.skip(f"cannot run Python as {how[0]} would: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, done.stderr
@@ -318,7 +346,8 @@ def test_real_worker_relayed_over_a_shaped_fabric(
         worker = os.path.realpath(worker_command.program[0])
         assert all(os.readlink(f"/proc/{p}/exe") == worker for p in pids)
         assert [os.readlink(f"/proc/{p}/ns/net") for p in pids] == [
-            f"net:[{os.stat(seams.NETNS_DIR / ns).st_ino}]" for ns in pipe.fabric.namespaces]
+            f"net:[{os.stat(seams.NETNS_DIR / ns).st_ino}]" for ns in pipe.fabric.namespaces
+        ]
         trace = drive.run_placement(pipe.clients, prompts, N_DECODE)
     assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     assert [s.process.returncode for s in pipe.stages] == [0, 0], "SIGTERM reached the workers: clean exits"
@@ -335,9 +364,11 @@ def test_real_worker_relayed_over_a_shaped_fabric(
     )
     measured = sorted(s.seam_seconds[0] for s in steps)
     median = measured[len(measured) // 2]
-    print(f"relayed 2-stage over {WAN}: seam bytes {steps[0].seam_bytes[0]}, logits {logits_bytes} B, "
-          f"bound {bound * 1e3:.3f} ms, measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
-          f"ratio {median / bound:.3f}")
+    print(
+        f"relayed 2-stage over {WAN}: seam bytes {steps[0].seam_bytes[0]}, logits {logits_bytes} B, "
+        f"bound {bound * 1e3:.3f} ms, measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
+        f"ratio {median / bound:.3f}"
+    )
     assert measured[0] >= bound
     assert median <= bound * TRANSFER_FACTOR + SLACK_S
     assert (tmp_path / "wan-2" / "fabric.json").is_file()
@@ -355,8 +386,14 @@ def test_real_worker_chained_over_a_shaped_fabric(
     with where.start(worker_command, placement, placement.name) as pipe:
         tag = pipe.fabric.tag
         pids = pipe.pids
-        trace = drive.run_placement(pipe.clients, prompts, N_DECODE, forwarding="chained",
-                                    addresses=pipe.addresses, sink_host=pipe.sink_host)
+        trace = drive.run_placement(
+            pipe.clients,
+            prompts,
+            N_DECODE,
+            forwarding="chained",
+            addresses=pipe.addresses,
+            sink_host=pipe.sink_host,
+        )
     assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     for got, want in zip(trace.prompts, ref["four"].prompts, strict=True):
         assert np.array_equal(got.logits, want.logits), "chained over shaped seams: the same bits"
@@ -364,24 +401,29 @@ def test_real_worker_chained_over_a_shaped_fabric(
     link = seam_model.link_of(WAN)
     steps = _decode_steps(trace)
     assert all(s.forwarding == "chained" and s.crossings == 5 for s in steps)
-    parts = physics.crossings(placement, "chained", boundary_bytes=list(steps[0].seam_bytes),
-                              n_vocab=trace.infos[-1].n_vocab)
+    parts = physics.crossings(
+        placement, "chained", boundary_bytes=list(steps[0].seam_bytes), n_vocab=trace.infos[-1].n_vocab
+    )
     for k in range(placement.n_stages - 1):
         bound = physics.seam_bound("chained", k, parts)
         payload = steps[0].seam_bytes[k] + physics.TOKEN_BYTES  # the token ids ride with the boundary
         measured = sorted(s.seam_seconds[k] for s in steps)
         median = measured[len(measured) // 2]
-        print(f"chained seam {k} over {WAN}: {payload} B, bound {bound * 1e3:.3f} ms, "
-              f"measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
-              f"ratio {median / bound:.3f}")
+        print(
+            f"chained seam {k} over {WAN}: {payload} B, bound {bound * 1e3:.3f} ms, "
+            f"measured min {measured[0] * 1e3:.3f} median {median * 1e3:.3f} ms, "
+            f"ratio {median / bound:.3f}"
+        )
         assert bound == seam_model.crossing_bound_s(payload, link)
         assert measured[0] >= bound
         assert median <= bound * TRANSFER_FACTOR + SLACK_S
     walls = sorted(s.wall_seconds for s in steps)
     # one crossing into each stage and one into the driver's sink, each at least the link's delay
     assert walls[0] >= 5 * link.delay_s
-    print(f"chained 4-stage decode step: min {walls[0] * 1e3:.2f} ms, "
-          f"median {walls[len(walls) // 2] * 1e3:.2f} ms")
+    print(
+        f"chained 4-stage decode step: min {walls[0] * 1e3:.2f} ms, "
+        f"median {walls[len(walls) // 2] * 1e3:.2f} ms"
+    )
 
 
 # Tokens/s against the bound and chained against relayed (4 and 12 stages) are figures of the machine's

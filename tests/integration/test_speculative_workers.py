@@ -42,8 +42,9 @@ def model(request, real_ctx, tiny_model) -> Path:
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_verify_passes_choose_the_plain_greedy_tokens(model, placement, worker_command, stubs, worker_env,
-                                                      tmp_path) -> None:
+def test_verify_passes_choose_the_plain_greedy_tokens(
+    model, placement, worker_command, stubs, worker_env, tmp_path
+) -> None:
     command = dataclasses.replace(worker_command, model=model, max_rewind=K, ctx_size=256)
     with launch(command, PLACEMENTS[placement], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         prompt = p.clients[0].tokenize(TEXT, add_special=True)
@@ -51,20 +52,37 @@ def test_verify_passes_choose_the_plain_greedy_tokens(model, placement, worker_c
         n_vocab = p.clients[-1].info().n_vocab
         for forwarding in ("relayed", "chained"):
             for acceptance in (1.0, 0.5):
-                got = speculative.run(p.clients, prompt, N_DECODE, k=K, forwarding=forwarding,
-                                      drafter=speculative.KnownDrafter(plain.tokens, acceptance=acceptance,
-                                                                       n_vocab=n_vocab, seed=1))
+                got = speculative.run(
+                    p.clients,
+                    prompt,
+                    N_DECODE,
+                    k=K,
+                    forwarding=forwarding,
+                    drafter=speculative.KnownDrafter(
+                        plain.tokens, acceptance=acceptance, n_vocab=n_vocab, seed=1
+                    ),
+                )
                 diff = float(np.abs(got.logits - plain.logits).max())
-                print(f"{model.name} {placement} {forwarding} acceptance {acceptance}: measured "
-                      f"{got.acceptance_rate:.2f}, {got.tokens_per_pass:.2f} tokens/pass, "
-                      f"{got.crossings_per_token:.2f} crossings/token, max |logit - plain| {diff:.3g}")
+                print(
+                    f"{model.name} {placement} {forwarding} acceptance {acceptance}: measured "
+                    f"{got.acceptance_rate:.2f}, {got.tokens_per_pass:.2f} tokens/pass, "
+                    f"{got.crossings_per_token:.2f} crossings/token, max |logit - plain| {diff:.3g}"
+                )
                 assert got.tokens == plain.tokens, (forwarding, acceptance)
                 if acceptance == 1.0:
                     assert got.acceptance_rate == 1.0
-        runs = [speculative.run(p.clients, prompt, N_DECODE, k=K,
-                                drafter=speculative.KnownDrafter(plain.tokens, acceptance=0.4,
-                                                                 n_vocab=n_vocab, seed=5, wrong_by=by))
-                for by in (1, 2)]
+        runs = [
+            speculative.run(
+                p.clients,
+                prompt,
+                N_DECODE,
+                k=K,
+                drafter=speculative.KnownDrafter(
+                    plain.tokens, acceptance=0.4, n_vocab=n_vocab, seed=5, wrong_by=by
+                ),
+            )
+            for by in (1, 2)
+        ]
     a, b = runs
     assert any(q.rewound for q in a.passes), "no draft was rejected: the rollback went untested"
     assert [q.fed for q in a.passes] != [q.fed for q in b.passes]
@@ -109,19 +127,27 @@ class _KillingDrafter(speculative.KnownDrafter):
 
 @pytest.mark.parametrize("victim", [1, 2], ids=["middle", "last"])
 @pytest.mark.parametrize("forwarding", ["relayed", "chained"])
-def test_a_stage_killed_during_verify_passes_is_named(victim, forwarding, worker_command, stubs, worker_env,
-                                                      tmp_path) -> None:
+def test_a_stage_killed_during_verify_passes_is_named(
+    victim, forwarding, worker_command, stubs, worker_env, tmp_path
+) -> None:
     command = dataclasses.replace(worker_command, max_rewind=K, ctx_size=256)
     with launch(command, PLACEMENTS["3-stages"], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         prompt = p.clients[0].tokenize(TEXT, add_special=True)
-        drafter = _KillingDrafter([1] * 200, acceptance=0.5, n_vocab=p.clients[-1].info().n_vocab,
-                                  process=p.stages[victim].process, at=5)
+        drafter = _KillingDrafter(
+            [1] * 200,
+            acceptance=0.5,
+            n_vocab=p.clients[-1].info().n_vocab,
+            process=p.stages[victim].process,
+            at=5,
+        )
         with pytest.raises(StageFailed) as caught:
             speculative.run(p.clients, prompt, 200, k=K, drafter=drafter, forwarding=forwarding)
         took = time.monotonic() - drafter.killed_at
         pids = p.pids
-    print(f"\n[speculative] stage {victim} of 3 killed at verify pass 5 ({forwarding}): {caught.value} "
-          f"(ended {took:.2f} s after the kill)")
+    print(
+        f"\n[speculative] stage {victim} of 3 killed at verify pass 5 ({forwarding}): {caught.value} "
+        f"(ended {took:.2f} s after the kill)"
+    )
     assert caught.value.stage == victim and caught.value.code == "DIED", caught.value
     assert took < KILL_BOUND_S
     assert not any(proc_alive(pid) for pid in pids)

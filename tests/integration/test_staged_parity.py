@@ -78,13 +78,14 @@ def test_staged_equals_monolithic(name, reference, worker_command, stubs, worker
     pairs = list(zip(trace.prompts, ref.prompts, strict=True))
     logit_diff = max(float(np.abs(g.logits - r.logits).max()) for g, r in pairs)
     boundary_diff = max(
-        float(np.abs(g.boundaries[c] - r.captures[c]).max())
-        for g, r in pairs for c in trace.cuts
+        float(np.abs(g.boundaries[c] - r.captures[c]).max()) for g, r in pairs for c in trace.cuts
     )
-    print(f"\n[parity] {name}: {len(prompts)} prompts, {sum(len(x) for x in prompts)} prompt tokens, "
-          f"{N_DECODE} greedy tokens each; max |logits diff| = {logit_diff:.3g}, "
-          f"max |boundary diff| over cuts {list(trace.cuts)} = {boundary_diff:.3g}, "
-          f"seam bytes {list(trace.seam_bytes())}")
+    print(
+        f"\n[parity] {name}: {len(prompts)} prompts, {sum(len(x) for x in prompts)} prompt tokens, "
+        f"{N_DECODE} greedy tokens each; max |logits diff| = {logit_diff:.3g}, "
+        f"max |boundary diff| over cuts {list(trace.cuts)} = {boundary_diff:.3g}, "
+        f"seam bytes {list(trace.seam_bytes())}"
+    )
     for g, r in zip(trace.prompts, ref.prompts, strict=True):
         assert g.tokens == r.tokens
         assert g.logit_positions == r.logit_positions
@@ -104,9 +105,11 @@ def test_memory_ownership(name, reference, worker_command, stubs, worker_env, tm
     weights = [i.memory.weight_bytes for i in infos]
     kv = [i.memory.kv_bytes for i in infos]
     n = len(placement)
-    print(f"\n[memory] {name}: weights per stage {weights} (sum {sum(weights)}, monolithic "
-          f"{mono.weight_bytes}, +{sum(weights) - mono.weight_bytes} B); KV per stage {kv} "
-          f"(sum {sum(kv)}, monolithic {mono.kv_bytes}, +{sum(kv) - mono.kv_bytes} B)")
+    print(
+        f"\n[memory] {name}: weights per stage {weights} (sum {sum(weights)}, monolithic "
+        f"{mono.weight_bytes}, +{sum(weights) - mono.weight_bytes} B); KV per stage {kv} "
+        f"(sum {sum(kv)}, monolithic {mono.kv_bytes}, +{sum(kv) - mono.kv_bytes} B)"
+    )
     assert mono.weight_bytes > 0 and mono.kv_bytes > 0
     assert mono.weight_bytes <= sum(weights) <= mono.weight_bytes + n * WEIGHT_OVERHEAD_PER_STAGE
     assert mono.kv_bytes <= sum(kv) <= mono.kv_bytes + n * KV_OVERHEAD_PER_STAGE
@@ -122,8 +125,9 @@ def test_memory_ownership(name, reference, worker_command, stubs, worker_env, tm
 
 def test_f16_seam_is_close_and_half_the_bytes(reference, worker_command, stubs, worker_env, tmp_path) -> None:
     prompts, ref = reference
-    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=worker_env) as p:
+    with launch(
+        worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
+    ) as p:
         trace = drive.run_placement(p.clients, prompts[:1], N_DECODE, boundary_dtype="f16")
     got, want = trace.prompts[0], ref.prompts[0]
     rows, width = want.captures[6].shape
@@ -133,11 +137,13 @@ def test_f16_seam_is_close_and_half_the_bytes(reference, worker_command, stubs, 
     assert err < 1e-5
 
 
-def test_route_change_reprefills_to_the_same_tokens(reference, worker_command, stubs, worker_env,
-                                                    tmp_path) -> None:
+def test_route_change_reprefills_to_the_same_tokens(
+    reference, worker_command, stubs, worker_env, tmp_path
+) -> None:
     prompts, ref = reference
-    with launch(worker_command, [(0, 1), (1, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=worker_env) as p:
+    with launch(
+        worker_command, [(0, 1), (1, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
+    ) as p:
         change = drive.route_change(p.clients, prompts[0], 16, 8)
     print(f"\n[route change] cache miss answered {change.cache_miss}; re-prefilled {change.reprefill_tokens}")
     assert change.identical, (change.reference, change.switched)

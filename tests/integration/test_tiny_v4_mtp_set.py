@@ -59,8 +59,9 @@ def test_the_mtp_set_holds_tiny_v4s_tensors_and_the_nextn_block(real_ctx, sets) 
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_workers_with_mtp_off_compute_tiny_v4(sets, placement, worker_command, stubs, worker_env,
-                                              tmp_path) -> None:
+def test_workers_with_mtp_off_compute_tiny_v4(
+    sets, placement, worker_command, stubs, worker_env, tmp_path
+) -> None:
     traces = {}
     for name, model in sets.items():
         command = dataclasses.replace(worker_command, model=model, ctx_size=256)
@@ -78,8 +79,10 @@ def test_workers_with_mtp_off_compute_tiny_v4(sets, placement, worker_command, s
         assert (a.n_layer, a.n_vocab) == (b.n_layer, b.n_vocab) and a.n_layer == 12
         assert a.memory.kv_bytes == b.memory.kv_bytes  # the main KV keeps no cells for the nextn layer
     weights = {name: [i.memory.weight_bytes for i in infos[name]] for name in infos}
-    print(f"{placement}: {len(TEXTS)} prompts x {N_DECODE} tokens, tiny-v4-mtp (MTP off) == tiny-v4 bitwise; "
-          f"weight bytes per stage {weights['tiny-v4-mtp']} vs {weights['tiny-v4']}")
+    print(
+        f"{placement}: {len(TEXTS)} prompts x {N_DECODE} tokens, tiny-v4-mtp (MTP off) == tiny-v4 bitwise; "
+        f"weight bytes per stage {weights['tiny-v4-mtp']} vs {weights['tiny-v4']}"
+    )
     if len(infos["tiny-v4"]) > 1:
         # a stage counts the tensors it holds; a whole model (no range) reports its file's tensors, the
         # skipped nextn block included (llama_model_size of an unranged model: the loader's total)
@@ -102,10 +105,19 @@ def mtp_probe(real_ctx, cpu_build, tmp_path_factory) -> Path:
     libs = [cpu_build.dir / "llama" / lib for lib in LIBS]
     assert all(lib.is_file() for lib in libs), f"the CPU lane build changed shape: {libs}"
     out = tmp_path_factory.mktemp("mtp") / "mtp-last-stage"
-    argv = [setting.get("CMAKE_CXX_COMPILER") or "c++", "-std=c++17", "-O1",
-            *setting.get("OpenMP_CXX_FLAGS", "").split(),
-            *(f"-I{tree / d}" for d in ("include", "src", "ggml/include")), str(PROBE), "-o", str(out),
-            *map(str, libs), "-lpthread", "-ldl"]
+    argv = [
+        setting.get("CMAKE_CXX_COMPILER") or "c++",
+        "-std=c++17",
+        "-O1",
+        *setting.get("OpenMP_CXX_FLAGS", "").split(),
+        *(f"-I{tree / d}" for d in ("include", "src", "ggml/include")),
+        str(PROBE),
+        "-o",
+        str(out),
+        *map(str, libs),
+        "-lpthread",
+        "-ldl",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"building {PROBE.name} failed:\n{done.stderr[-3000:]}"
     return out
@@ -114,17 +126,37 @@ def mtp_probe(real_ctx, cpu_build, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("cut", [8, 2])  # 2: the last stage starts in the hash-routed layers (token sideband)
 def test_the_last_stage_runs_the_nextn_block(sets, mtp_probe, cut) -> None:
     threads = os.environ.get("DGR_TEST_THREADS", "2")
-    done = subprocess.run([str(mtp_probe), "-m", str(sets["tiny-v4-mtp"]), "-c", str(cut), "-n", "8",
-                           "-t", threads, "-p", TEXTS[0]], capture_output=True, text=True, timeout=900,
-                          check=False)
+    done = subprocess.run(
+        [
+            str(mtp_probe),
+            "-m",
+            str(sets["tiny-v4-mtp"]),
+            "-c",
+            str(cut),
+            "-n",
+            "8",
+            "-t",
+            threads,
+            "-p",
+            TEXTS[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0 and done.stdout.rstrip().endswith("OK"), (done.stdout, done.stderr[-3000:])
     figures = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     print(f"\n[mtp last stage, cut {cut}] " + "; ".join(f"{k} {v}" for k, v in figures.items()))
     # the block brings its own embed_tokens: the last stage holds no token_embd
     assert figures["n_layer_nextn last"] == "1" and figures["last stage has token_embd"] == "0"
     assert int(figures["drafts"]) == 8
-    for key in ("main logits staged - whole", "h_nextn staged - whole", "mtp logits staged - whole",
-                "main logits mtp on - off"):
+    for key in (
+        "main logits staged - whole",
+        "h_nextn staged - whole",
+        "mtp logits staged - whole",
+        "main logits mtp on - off",
+    ):
         assert float(figures[f"max |{key}|"]) == 0.0
     # the block on the last stage: its layer, eh_proj, the norms and the embedding copy (f32)
     n_vocab, n_embd = 32000, 64

@@ -57,8 +57,9 @@ def tied_v4_model(real_ctx, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def v4_prompts(cpu_build, v4_model, v4_recipe, stubs, worker_env, tmp_path_factory) -> list[list[int]]:
     """The recipe's prompts as the certifier tokenizes them: by a worker."""
-    command = WorkerCommand(program=(os.fspath(cpu_build.worker),), model=v4_model, threads=THREADS,
-                            ctx_size=256, lane="cpu")
+    command = WorkerCommand(
+        program=(os.fspath(cpu_build.worker),), model=v4_model, threads=THREADS, ctx_size=256, lane="cpu"
+    )
     with launch(command, [(0, 12)], stubs=stubs, evidence=tmp_path_factory.mktemp("ev"), env=worker_env) as p:
         return [p.clients[0].tokenize(text) for text in v4_recipe.prompts.texts]
 
@@ -67,10 +68,12 @@ def conditioning(cpu_build, model: Path, prompts, n_decode: int) -> dict:
     report = measure_conditioning(cpu_build.dir, model, prompts, n_decode, THREADS)
     print(model.name)
     for s in report["selections"]:
-        print(f"  {s['kind']:8} layer {s['layer']:>2} {s['op']}({s['input']}) k={s['k']}: rows {s['rows']}, "
-              f"contested {s['contested_rows']}, exact ties {s['exact_ties']}, near ties {s['near_ties']}, "
-              f"min margin {s['min_abs_margin']:.3g} at {s['min_abs_margin_at']}, "
-              f"min rel margin {s['min_rel_margin']:.3g} at {s['min_rel_margin_at']}")
+        print(
+            f"  {s['kind']:8} layer {s['layer']:>2} {s['op']}({s['input']}) k={s['k']}: rows {s['rows']}, "
+            f"contested {s['contested_rows']}, exact ties {s['exact_ties']}, near ties {s['near_ties']}, "
+            f"min margin {s['min_abs_margin']:.3g} at {s['min_abs_margin_at']}, "
+            f"min rel margin {s['min_rel_margin']:.3g} at {s['min_rel_margin_at']}"
+        )
     return report
 
 
@@ -124,8 +127,21 @@ def test_probe_tokenizes_texts_as_the_worker(cpu_build, v4_model, v4_recipe, v4_
     prompts = tmp_path / "texts.json"
     prompts.write_text(json.dumps(list(v4_recipe.prompts.texts)))
     out = tmp_path / "report.json"
-    proc.run([cpu_build.dir / "bin" / TOPK_PROBE_TARGET, "--model", v4_model, "--threads", str(THREADS),
-              "--n-decode", str(v4_recipe.n_decode), "--prompts-file", prompts, "--out", out])
+    proc.run(
+        [
+            cpu_build.dir / "bin" / TOPK_PROBE_TARGET,
+            "--model",
+            v4_model,
+            "--threads",
+            str(THREADS),
+            "--n-decode",
+            str(v4_recipe.n_decode),
+            "--prompts-file",
+            prompts,
+            "--out",
+            out,
+        ]
+    )
     assert json.loads(out.read_text())["selections"] == v4_report["selections"]
 
 
@@ -138,10 +154,13 @@ def test_ties_repro_selects_a_valid_top_k_on_the_cpu(cpu_build) -> None:
     out = proc.run([cpu_build.dir / "bin" / TOPK_TIES_TARGET]).output
     print(out)
     k = int(re.search(r"k=(\d+)", out).group(1))
-    rows = {int(r): [float(v) for v in vals.split()]
-            for r, vals in re.findall(r"^  row (\d+):(.*)$", out, re.M)}
-    cpu = {int(r): [int(i) for i in sel.split()]
-           for r, sel in re.findall(r"^CPU: row (\d+) -> ([\d ]+?)  ", out, re.M)}
+    rows = {
+        int(r): [float(v) for v in vals.split()] for r, vals in re.findall(r"^  row (\d+):(.*)$", out, re.M)
+    }
+    cpu = {
+        int(r): [int(i) for i in sel.split()]
+        for r, sel in re.findall(r"^CPU: row (\d+) -> ([\d ]+?)  ", out, re.M)
+    }
     assert len(rows) == 4 and sorted(cpu) == sorted(rows)
     for r, values in rows.items():
         chosen = cpu[r]

@@ -32,16 +32,35 @@ THP = Path("/sys/kernel/mm/transparent_hugepage")
 def test_the_patches_own_tests_pass_under_ctest(real_ctx, cpu_build) -> None:
     patched = ensure_patched(real_ctx)
     t0 = time.monotonic()
-    build = ensure_test_build(real_ctx, side="patched", tree=patched.path, tree_digest=patched.digest,
-                              commit=patched.pristine.commit, targets=("test-llama-archs", *PATCH_TESTS),
-                              root=real_ctx.workspace.ensure(real_ctx.workspace.upstream))
+    build = ensure_test_build(
+        real_ctx,
+        side="patched",
+        tree=patched.path,
+        tree_digest=patched.digest,
+        commit=patched.pristine.commit,
+        targets=("test-llama-archs", *PATCH_TESTS),
+        root=real_ctx.workspace.ensure(real_ctx.workspace.upstream),
+    )
     assert not build.error, build.error
     built = time.monotonic() - t0
     t1 = time.monotonic()
     wanted = "^(" + "|".join(PATCH_TESTS) + ")$"
-    done = subprocess.run(["ctest", "--test-dir", str(build.dir / "llama" / "tests"), "-R", wanted,
-                           "--output-on-failure", "--timeout", "300"],
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            "ctest",
+            "--test-dir",
+            str(build.dir / "llama" / "tests"),
+            "-R",
+            wanted,
+            "--output-on-failure",
+            "--timeout",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     ran = time.monotonic() - t1
     print(f"\n[ctest] build {built:.1f} s (configure {build.configure_s} s), ctest {ran:.1f} s")
     print(done.stdout[-3000:])

@@ -23,11 +23,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    env = {
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": "/usr/bin:/bin",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,7 @@ def test_a_mail_that_lost_a_line_is_refused(series, real_ctx, tmp_path) -> None:
     mail = sorted(broken.glob("0003-*.patch"))[0]
     lines = mail.read_text().splitlines(keepends=True)
     added = next(i for i, ln in enumerate(lines) if ln.startswith("+") and not ln.startswith("+++"))
-    mail.write_text("".join(lines[:added] + lines[added + 1:]))
+    mail.write_text("".join(lines[:added] + lines[added + 1 :]))
     from patches.dev import make_dev_tree
 
     who = upstream.identity(upstream.DEFAULT_AUTHOR, upstream.DEFAULT_DATE)

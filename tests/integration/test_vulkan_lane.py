@@ -64,8 +64,9 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
         placements=types.MappingProxyType({k: v for k, v in full.placements.items() if k in PLACEMENTS}),
         # Speed is not what this test checks: one repetition of 4 prompt and 4 decoded tokens, no
         # concurrency (the recipe's 32 + 32 tokens made the speed runs a third of the lavapipe time).
-        measure=dataclasses.replace(full.measure, warmup=1, repetitions=1, prompt_tokens=4, decode_tokens=4,
-                                    concurrency=()),
+        measure=dataclasses.replace(
+            full.measure, warmup=1, repetitions=1, prompt_tokens=4, decode_tokens=4, concurrency=()
+        ),
     )
     fp = hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class("vulkan", int(fp["cpu_cores"]), hardware.gpu_names(fp))
@@ -97,8 +98,11 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
     device = lane_device("vulkan", out.figures["placements"])
     assert device is not None and device["software_rasterizer"] is True
     assert any("llvmpipe" in d for d in device["devices"])
-    parity = [r for r in out.results if r.name.startswith(("staging-parity/", "backend-agreement/",
-                                                            "route-change/"))]
+    parity = [
+        r
+        for r in out.results
+        if r.name.startswith(("staging-parity/", "backend-agreement/", "route-change/"))
+    ]
     staged = [p for p in PLACEMENTS if p != "mono"]
     expected = {f"staging-parity/{p}" for p in staged} | {"backend-agreement/vulkan-vs-cpu"}
     assert {r.name for r in parity} >= expected
@@ -107,11 +111,15 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
     for p in out.figures["placements"]:
         if p["role"] == "under test":
             fig = p["parity"]
-            print(f"\nstaging {p['name']}: top1 {fig['top1_agreement']:.4f} kl_mean {fig['kl_mean']:.2e} "
-                  f"kl_max {fig['kl_max']:.2e} nmse {fig['logits_nmse']:.2e} "
-                  f"greedy {fig['greedy_match']:.3f} bitwise {fig['bitwise_logits']}")
+            print(
+                f"\nstaging {p['name']}: top1 {fig['top1_agreement']:.4f} kl_mean {fig['kl_mean']:.2e} "
+                f"kl_max {fig['kl_max']:.2e} nmse {fig['logits_nmse']:.2e} "
+                f"greedy {fig['greedy_match']:.3f} bitwise {fig['bitwise_logits']}"
+            )
     ba = out.figures["backend_agreement"]
-    print(f"\nagreement: top1(clear) {ba['top1_agreement_clear']:.4f} of {ba['clear_rows']}/"
-          f"{ba['rows_compared']} rows, kl_mean {ba['kl_mean']:.2e} kl_max {ba['kl_max']:.2e} "
-          f"nmse {ba['logits_nmse']:.2e} "
-          f"max|dlogit| {ba['max_abs_logit_diff']:.2e} free greedy {ba['free_running_greedy_match']:.3f}")
+    print(
+        f"\nagreement: top1(clear) {ba['top1_agreement_clear']:.4f} of {ba['clear_rows']}/"
+        f"{ba['rows_compared']} rows, kl_mean {ba['kl_mean']:.2e} kl_max {ba['kl_max']:.2e} "
+        f"nmse {ba['logits_nmse']:.2e} "
+        f"max|dlogit| {ba['max_abs_logit_diff']:.2e} free greedy {ba['free_running_greedy_match']:.3f}"
+    )

@@ -23,11 +23,33 @@ from core.workspace import Workspace
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "manifests", "fetch", "patches", "lanes", "worker", "pipeline", "certify", "reports",
-            "cli")
+PACKAGES = (
+    "core",
+    "manifests",
+    "fetch",
+    "patches",
+    "lanes",
+    "worker",
+    "pipeline",
+    "certify",
+    "reports",
+    "cli",
+)
 EVIDENCE = REPO / "evidence" / "tiny-llama-wan-cpu"
-SKIP = shutil.ignore_patterns(".git", ".work", ".nox", "__pycache__", "build", "dist", "*.egg-info",
-                              ".pytest_cache", ".benchmarks", "tests", "evidence", "docs")
+SKIP = shutil.ignore_patterns(
+    ".git",
+    ".work",
+    ".nox",
+    "__pycache__",
+    "build",
+    "dist",
+    "*.egg-info",
+    ".pytest_cache",
+    ".benchmarks",
+    "tests",
+    "evidence",
+    "docs",
+)
 
 
 def data_files() -> set[str]:
@@ -53,8 +75,20 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source") / "dgr-certify"
     shutil.copytree(REPO, source, ignore=SKIP, symlinks=True)
     out = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "-w", str(out), str(source)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out),
+            str(source),
+        ]
+    )
     (built,) = out.glob("dgr_certify-*.whl")
     return built
 
@@ -63,9 +97,16 @@ def test_the_wheel_carries_every_data_file(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = sorted(data_files() - names)
     assert not missing, f"not in {wheel.name}: {missing}"
-    for must in ("manifests/recipes/tiny-llama.json", "manifests/schemas/recipe.schema.json",
-                 "patches/series", "worker/CMakeLists.txt", "worker/proto/shard.proto", "worker/src/main.cpp",
-                 "reports/templates/report.html.j2", "lanes/packages.py"):
+    for must in (
+        "manifests/recipes/tiny-llama.json",
+        "manifests/schemas/recipe.schema.json",
+        "patches/series",
+        "worker/CMakeLists.txt",
+        "worker/proto/shard.proto",
+        "worker/src/main.cpp",
+        "reports/templates/report.html.j2",
+        "lanes/packages.py",
+    ):
         assert must in names
     assert not [n for n in names if n.startswith(("tests/", ".work/", "evidence/"))]
 
@@ -80,19 +121,42 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
     # line is not processed as a site dir, so the checkout's editable install stays out
     borrowed = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
     (site / "borrowed-deps.pth").write_text("\n".join(borrowed) + "\n")
-    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
-         "--disable-pip-version-check", str(wheel)])
+    run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            str(wheel),
+        ]
+    )
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "PYTHON", "XDG_"))}
-    env.update(HOME=str(home), PATH=f"{venv / 'bin'}:{env.get('PATH', os.defpath)}",
-               # the pinned sdist from the cache this checkout's tests already share; git stays unused
-               DGR_CACHE=str(Workspace.from_env(os.environ).cache), DGR_FETCH_SOURCES="sdist")
-    where = run([str(python), "-c", "import core.workspace as w, lanes.packages; "
-                 "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({}).root)"],
-                cwd=outside, env=env).stdout.split()
+    env.update(
+        HOME=str(home),
+        PATH=f"{venv / 'bin'}:{env.get('PATH', os.defpath)}",
+        # the pinned sdist from the cache this checkout's tests already share; git stays unused
+        DGR_CACHE=str(Workspace.from_env(os.environ).cache),
+        DGR_FETCH_SOURCES="sdist",
+    )
+    where = run(
+        [
+            str(python),
+            "-c",
+            "import core.workspace as w, lanes.packages; "
+            "print(w.MANIFESTS, w.WORKER, w.CHECKOUT, w.Workspace.from_env({}).root)",
+        ],
+        cwd=outside,
+        env=env,
+    ).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where[:2]), where
     per_user = str(home / ".local" / "share" / "dgr-certify")  # platformdirs' rule on Linux
     assert where[2:] == ["None", per_user], "installed: the workspace is per user"
@@ -105,8 +169,11 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
     workspace = home / ".local" / "share" / "dgr-certify"
     assert f"in {workspace / 'store' / 'tiny-llama' / 'f32'}" in provision
 
-    verify = run([dgr, "verify", str(EVIDENCE / "certificate.json"), "--key",
-                  str(EVIDENCE / "signing-key.pub.pem")], cwd=outside, env=env).stdout
+    verify = run(
+        [dgr, "verify", str(EVIDENCE / "certificate.json"), "--key", str(EVIDENCE / "signing-key.pub.pem")],
+        cwd=outside,
+        env=env,
+    ).stdout
     assert "verified: tiny-llama-wan on cpu, verdict PASS" in verify
     assert verify.count("blake3 + sha256 match") == 3, "the provisioned files are the certified ones"
     assert not (outside / ".work").exists() and list(outside.iterdir()) == []

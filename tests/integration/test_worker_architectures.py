@@ -79,8 +79,14 @@ def _shape(command) -> tuple[str, int]:
 
 def test_a_capture_is_refused_and_the_worker_stays_up(unstaged_command, stubs, worker_env, tmp_path) -> None:
     arch, n_layer = _shape(unstaged_command)
-    with launch(unstaged_command, [(0, n_layer)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        unstaged_command,
+        [(0, n_layer)],
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=worker_env,
+        call_deadline=60,
+    ) as p:
         client = p.clients[0]
         assert client.info().architecture == arch
         prompt = PROMPT
@@ -97,8 +103,14 @@ def test_a_capture_is_refused_and_the_worker_stays_up(unstaged_command, stubs, w
 def test_a_layer_range_is_refused_at_start(unstaged_command, stubs, worker_env, tmp_path) -> None:
     arch, n_layer = _shape(unstaged_command)
     with pytest.raises(RuntimeFailure) as caught:
-        with launch(unstaged_command, [(0, 1), (1, n_layer)], stubs=stubs, evidence=tmp_path / "ev",
-                    env=worker_env, start_timeout=120):
+        with launch(
+            unstaged_command,
+            [(0, 1), (1, n_layer)],
+            stubs=stubs,
+            evidence=tmp_path / "ev",
+            env=worker_env,
+            start_timeout=120,
+        ):
             pass
     text = f"{caught.value.one_line()} {caught.value.hint or ''}"
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "ev").rglob("*.log"))

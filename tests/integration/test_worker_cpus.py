@@ -18,9 +18,14 @@ from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-BAD_LISTS = {"x": "expected a CPU list such as 0-3,8", "3-1": "range '3-1' runs backwards",
-             "0-1,": "expected a CPU list", "": "expected a CPU list", "-1": "expected a CPU list",
-             "1024": "CPU 1024 is past the last one"}
+BAD_LISTS = {
+    "x": "expected a CPU list such as 0-3,8",
+    "3-1": "range '3-1' runs backwards",
+    "0-1,": "expected a CPU list",
+    "": "expected a CPU list",
+    "-1": "expected a CPU list",
+    "1024": "CPU 1024 is past the last one",
+}
 
 
 def _exit_of(worker_command, cpus: str) -> subprocess.CompletedProcess:
@@ -40,8 +45,9 @@ def test_a_cpu_this_process_may_not_use_is_refused(worker_command) -> None:
     done = _exit_of(worker_command, f"{min(os.sched_getaffinity(0))},{beyond}")
     assert done.returncode == 2, done.stderr
     line = done.stderr.strip()
-    assert line.startswith(f"dgr-shard-worker: --cpus: CPU {beyond} cannot be used here "
-                           f"(this process may use CPUs")
+    assert line.startswith(
+        f"dgr-shard-worker: --cpus: CPU {beyond} cannot be used here (this process may use CPUs"
+    )
     assert "\n" not in line
 
 
@@ -54,8 +60,9 @@ def _allowed_per_thread(pid: int) -> dict[str, set[frozenset[int]]]:
     return sets
 
 
-def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_command, stubs, worker_env,
-                                                                      tmp_path) -> None:
+def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(
+    worker_command, stubs, worker_env, tmp_path
+) -> None:
     cpu = str(min(os.sched_getaffinity(0)))
     pinned = dataclasses.replace(worker_command, cpus=(cpu,))
     with launch(pinned, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "pinned", env=worker_env) as p:
@@ -66,8 +73,9 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(worker_co
             assert allowed.pop("dgr-deliver") == {frozenset(os.sched_getaffinity(0))}
             assert set().union(*allowed.values()) == {frozenset({int(cpu)})}
         assert [i.cpus for i in drive.describe(p.clients)] == [cpu, cpu]  # Info says so (the certificate's)
-    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free",
-                env=worker_env) as p:
+    with launch(
+        worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free", env=worker_env
+    ) as p:
         assert drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens == tokens
         assert [i.cpus for i in drive.describe(p.clients)] == ["", ""]
     assert our_workers(worker_command.program[0]) == []

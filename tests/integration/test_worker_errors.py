@@ -23,8 +23,9 @@ PLACEMENT = [(0, 4), (4, 8), (8, 12)]
 
 @pytest.fixture
 def pipeline(worker_command, stubs, worker_env, tmp_path):
-    with launch(worker_command, PLACEMENT, stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        worker_command, PLACEMENT, stubs=stubs, evidence=tmp_path / "ev", env=worker_env, call_deadline=60
+    ) as p:
         yield p
     assert not any(proc_alive(pid) for pid in p.pids)
     assert our_workers(worker_command.program[0]) == []
@@ -117,8 +118,15 @@ def test_killed_stage_mid_run(worker_command, stubs, worker_env, tmp_path) -> No
 
 
 def test_hung_stage_hits_the_deadline_and_is_stopped(worker_command, stubs, worker_env, tmp_path) -> None:
-    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=2.0, grace=2.0) as p:
+    with launch(
+        worker_command,
+        [(0, 6), (6, 12)],
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=worker_env,
+        call_deadline=2.0,
+        grace=2.0,
+    ) as p:
         prompt = _prompt(p)
         os.kill(p.stages[1].pid, signal.SIGSTOP)  # alive but answering nothing
         with pytest.raises(StageFailed, match=r"stage 1 \(layers 6:12\) failed: DEADLINE_EXCEEDED"):
@@ -129,7 +137,13 @@ def test_hung_stage_hits_the_deadline_and_is_stopped(worker_command, stubs, work
 
 def test_worker_refuses_a_bad_range_at_start(worker_command, stubs, worker_env, tmp_path) -> None:
     with pytest.raises(StageFailed, match=r"stage 1 \(layers 6:40\) failed: DIED: worker exited with code"):
-        with launch(worker_command, [(0, 6), (6, 40)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                    start_timeout=120):
+        with launch(
+            worker_command,
+            [(0, 6), (6, 40)],
+            stubs=stubs,
+            evidence=tmp_path / "ev",
+            env=worker_env,
+            start_timeout=120,
+        ):
             pass
     assert our_workers(worker_command.program[0]) == []

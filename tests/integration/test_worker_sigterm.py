@@ -74,8 +74,9 @@ class StallingProxy:
 @pytest.fixture
 def stalled(worker_command, stubs, worker_env, tmp_path):
     """A 1-stage worker with two large replies on the way to a client that reads none of them."""
-    with launch(worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                grace=60.0) as pipe:
+    with launch(
+        worker_command, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env, grace=60.0
+    ) as pipe:
         proxy = StallingProxy(pipe.stages[0].address)
         client = StageClient(proxy.address, stubs.pb2, stubs.pb2_grpc, stage=0, layers=(0, 12), deadline=60)
         tokens = (client.tokenize(PROMPT) * 8)[:128]
@@ -85,9 +86,12 @@ def stalled(worker_command, stubs, worker_env, tmp_path):
             client.reset(f"warm-{i}")
         proxy.stalled.set()
         pending = [  # noqa: F841  (kept alive: a dropped future cancels its call)
-            client._stub.Forward.future(stubs.pb2.ForwardRequest(
-                session_id=f"stuck-{i}", epoch=0, positions=positions, tokens=tokens, all_logits=True),
-                timeout=120)
+            client._stub.Forward.future(
+                stubs.pb2.ForwardRequest(
+                    session_id=f"stuck-{i}", epoch=0, positions=positions, tokens=tokens, all_logits=True
+                ),
+                timeout=120,
+            )
             for i in range(2)
         ]
         time.sleep(1.5)  # computed long since; the replies sit in full socket buffers
@@ -112,4 +116,3 @@ def test_sigterm_with_replies_stuck_on_a_peer_that_stopped_reading(stalled) -> N
     took = _stop(process)
     print(f"\nworker exit {process.returncode} {took:.2f} s after SIGTERM, 2 replies stuck in flight")
     assert process.returncode == 0 and took < GRACE_S
-

@@ -38,7 +38,7 @@ def _cpu_ticks(pid: int) -> Ticks:
     ticks = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         stat = (task / "stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         ticks[int(task.name)] = ((task / "comm").read_text().strip(), int(fields[11]) + int(fields[12]))
     return ticks
 

@@ -23,8 +23,14 @@ TEXT = "A rejected request must not change the session it names."
 
 
 def test_a_rejected_request_leaves_a_live_session_usable(worker_command, stubs, worker_env, tmp_path) -> None:
-    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        worker_command,
+        [(0, 6), (6, 12)],
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=worker_env,
+        call_deadline=60,
+    ) as p:
         first = p.clients[0]
         prompt = first.tokenize(TEXT, add_special=True)
         n = len(prompt)
@@ -45,8 +51,9 @@ def test_a_rejected_request_leaves_a_live_session_usable(worker_command, stubs, 
 
 def test_a_rejected_new_session_holds_no_slot(worker_command, stubs, worker_env, tmp_path) -> None:
     one_slot = dataclasses.replace(worker_command, max_sessions=1)
-    with launch(one_slot, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        one_slot, [(0, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env, call_deadline=60
+    ) as p:
         client = p.clients[0]
         for k in range(3):  # non-contiguous positions of a new session: refused each time
             with pytest.raises(StageFailed, match="FAILED_PRECONDITION.*not contiguous"):
@@ -58,14 +65,23 @@ def test_a_rejected_new_session_holds_no_slot(worker_command, stubs, worker_env,
 
 
 def _chained(first, downstream, deliver_to):
-    return first.forward_chained("chained", 1, [0], tokens=[1], downstream=downstream, deliver_to=deliver_to,
-                                 request_id="r1", deadline=30)
+    return first.forward_chained(
+        "chained",
+        1,
+        [0],
+        tokens=[1],
+        downstream=downstream,
+        deliver_to=deliver_to,
+        request_id="r1",
+        deadline=30,
+    )
 
 
 def test_an_address_not_in_peers_is_refused(worker_command, stubs, worker_env, tmp_path) -> None:
     listed = dataclasses.replace(worker_command, extra=("--peers", "127.0.0.1:*"))
-    with launch(listed, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        listed, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env, call_deadline=60
+    ) as p:
         second = p.clients[1].address
         cases = {
             "downstream": (["10.255.255.1:7001"], "127.0.0.1:9"),
@@ -100,15 +116,22 @@ def test_a_bad_peers_entry_is_a_usage_error(worker_command, bad) -> None:
 
 
 def test_a_message_past_the_models_bound_is_refused(worker_command, stubs, worker_env, tmp_path) -> None:
-    with launch(worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env,
-                call_deadline=60) as p:
+    with launch(
+        worker_command,
+        [(0, 6), (6, 12)],
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=worker_env,
+        call_deadline=60,
+    ) as p:
         info = p.clients[1].info()
         # n_batch rows of logits plus a boundary row per layer and one more: 4 bytes each, +1 MiB of slack
         bound = info.n_batch * 4 * (info.n_vocab + (info.n_layer + 1) * info.boundary_width) + (2 << 20)
         rows = bound // (4 * info.boundary_width) + 1
         with pytest.raises(StageFailed, match="RESOURCE_EXHAUSTED") as caught:
-            p.clients[1].forward("big", 1, list(range(rows)),
-                                 boundary=np.zeros((rows, info.boundary_width), np.float32))
+            p.clients[1].forward(
+                "big", 1, list(range(rows)), boundary=np.zeros((rows, info.boundary_width), np.float32)
+            )
         size = rows * info.boundary_width * 4
         print(f"\n[limits] {rows} x {info.boundary_width} f32 ({size} bytes): {caught.value}")
         assert p.clients[1].health()[0]  # still serving

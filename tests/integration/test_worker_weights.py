@@ -34,8 +34,9 @@ def _loaded_line(evidence: Path) -> str:
     return next(line for line in text.splitlines() if "weights loaded" in line)
 
 
-def _logits(worker_command, stubs, worker_env, evidence: Path,
-            load: str | None) -> tuple[np.ndarray, int, str]:
+def _logits(
+    worker_command, stubs, worker_env, evidence: Path, load: str | None
+) -> tuple[np.ndarray, int, str]:
     cmd = dataclasses.replace(worker_command, load=load)
     with launch(cmd, [(0, 12)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         prompts = [p.clients[0].tokenize(PROMPT, add_special=True)]
@@ -47,11 +48,14 @@ def _logits(worker_command, stubs, worker_env, evidence: Path,
 
 
 def test_cpu_weights_are_read_onto_huge_pages_and_compute_what_mapped_weights_do(
-        worker_command, stubs, worker_env, tmp_path) -> None:
+    worker_command, stubs, worker_env, tmp_path
+) -> None:
     read, read_huge, read_said = _logits(worker_command, stubs, worker_env, tmp_path / "read", None)
     mapped, mapped_huge, mapped_said = _logits(worker_command, stubs, worker_env, tmp_path / "mapped", "mmap")
-    print(f"\n[weights] default: {read_said.split(': ', 1)[1]} (smaps {read_huge >> 20} MiB); "
-          f"--load mmap: {mapped_said.split(': ', 1)[1]} (smaps {mapped_huge >> 20} MiB)")
+    print(
+        f"\n[weights] default: {read_said.split(': ', 1)[1]} (smaps {read_huge >> 20} MiB); "
+        f"--load mmap: {mapped_said.split(': ', 1)[1]} (smaps {mapped_huge >> 20} MiB)"
+    )
     assert "(load mode none)" in read_said and "(load mode mmap)" in mapped_said
     assert np.array_equal(read, mapped), "the load mode changed a logit"
     if THP.is_file() and "[never]" not in THP.read_text():
@@ -65,5 +69,7 @@ def test_an_unknown_load_mode_is_a_usage_error(worker_command, bad) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     # the usage error's own line first, then the usage text (as every usage error of the worker)
-    assert done.stderr.splitlines()[0] == (f"dgr-shard-worker: --load: unknown load mode '{bad}' "
-                                           "(one of none, mmap, mlock, mmap+mlock, dio, auto)")
+    assert done.stderr.splitlines()[0] == (
+        f"dgr-shard-worker: --load: unknown load mode '{bad}' "
+        "(one of none, mmap, mlock, mmap+mlock, dio, auto)"
+    )

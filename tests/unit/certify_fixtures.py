@@ -28,8 +28,14 @@ def small_recipe_doc(**speed: float) -> dict[str, Any]:
     keep = ("mono", "two-middle", "three-first-middle", "twelve-single")
     doc["placements"] = {k: v for k, v in doc["placements"].items() if k in keep}
     doc["n_decode"] = 6
-    doc["measure"] = {"warmup": 1, "repetitions": 5, "prompt_tokens": 8, "decode_tokens": 4,
-                      "concurrency": [2], "concurrency_rounds": 1}
+    doc["measure"] = {
+        "warmup": 1,
+        "repetitions": 5,
+        "prompt_tokens": 8,
+        "decode_tokens": 4,
+        "concurrency": [2],
+        "concurrency_rounds": 1,
+    }
     doc["route_change"] = {"placement": "three-first-middle", "after_tokens": 3}
     doc["prompts"]["texts"] = doc["prompts"]["texts"][:2]
     cls = doc["hardware_classes"][0]

@@ -59,8 +59,11 @@ from dgr_shard_pb import shard_pb2_grpc as pbg  # noqa: E402
 
 N_BATCH = int(os.environ.get("DGR_FAKE_N_BATCH", "512"))
 FAILED_STAGE = "dgr-failed-stage"
-CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                   ("grpc.enable_http_proxy", 0))
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.enable_http_proxy", 0),
+)
 # What a real worker of each lane reports (ggml device name + description); the certifier refuses a
 # GPU-lane run whose workers name no device of their backend (a silent CPU fallback).
 FAKE_DEVICES = {"cuda": "CUDA0 (fake numpy device), CPU", "vulkan": "Vulkan0 (fake numpy device), CPU"}
@@ -101,19 +104,31 @@ class Servicer(pbg.ShardWorkerServicer):
         t = self.toy
         return pb.InfoReply(
             n_batch=N_BATCH,
-            worker_version="fake-0", llama_commit="0" * 40, lane=self.args.lane or "cpu",
+            worker_version="fake-0",
+            llama_commit="0" * 40,
+            lane=self.args.lane or "cpu",
             backend_devices=FAKE_DEVICES.get(self.args.lane or "cpu", "numpy"),
-            model_path=self.args.model, architecture="toy", n_layer=t.n_layer,
-            layer_begin=self.begin, layer_end=self.end, first_stage=self.begin == 0,
-            last_stage=self.end == t.n_layer, n_embd=t.n_embd, boundary_width=t.n_embd,
-            n_vocab=t.n_vocab, n_ctx=self.args.ctx, n_threads=self.args.threads,
-            max_rewind=self.args.max_rewind, mtp=self.args.mtp and self.end == t.n_layer,
+            model_path=self.args.model,
+            architecture="toy",
+            n_layer=t.n_layer,
+            layer_begin=self.begin,
+            layer_end=self.end,
+            first_stage=self.begin == 0,
+            last_stage=self.end == t.n_layer,
+            n_embd=t.n_embd,
+            boundary_width=t.n_embd,
+            n_vocab=t.n_vocab,
+            n_ctx=self.args.ctx,
+            n_threads=self.args.threads,
+            max_rewind=self.args.max_rewind,
+            mtp=self.args.mtp and self.end == t.n_layer,
             memory=pb.MemoryAccount(
                 weight_bytes=(self.end - self.begin) * t.w[0].nbytes
                 + (t.embed.nbytes if self.begin == 0 else 0)
                 + (t.embed.nbytes if self.end == t.n_layer else 0),
                 kv_bytes=(self.end - self.begin) * self.args.ctx * t.n_embd * 4,
-                has_token_embedding=self.begin == 0, has_output_head=self.end == t.n_layer,
+                has_token_embedding=self.begin == 0,
+                has_output_head=self.end == t.n_layer,
             ),
         )
 
@@ -145,20 +160,31 @@ class Servicer(pbg.ShardWorkerServicer):
     def _chained(self, request, context, received_ns: int):
         index, last = len(request.trace), self.end == self.toy.n_layer
         if request.capture_layers:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "capture_layers is not supported on a chained call")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "capture_layers is not supported on a chained call"
+            )
         if last and request.downstream:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "chained Forward: this is the last stage but "
-                          f"{len(request.downstream)} downstream address(es) were given")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "chained Forward: this is the last stage but "
+                f"{len(request.downstream)} downstream address(es) were given",
+            )
         if not last and not request.downstream:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "chained Forward: this stage is not the last but "
-                          "no downstream address was given")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "chained Forward: this stage is not the last but no downstream address was given",
+            )
         if request.HasField("ring") and request.ring.draft:
             self._check_drafting_ring(request, context, last)
         with self.lock:
             reply = self._forward(request, context)
-        hop = pb.Hop(stage=index, layer_begin=self.begin, layer_end=self.end,
-                     compute_seconds=reply.compute_seconds, received_ns=received_ns)
+        hop = pb.Hop(
+            stage=index,
+            layer_begin=self.begin,
+            layer_end=self.end,
+            compute_seconds=reply.compute_seconds,
+            received_ns=received_ns,
+        )
         timeout = context.time_remaining()
         try:
             if not last:
@@ -166,13 +192,22 @@ class Servicer(pbg.ShardWorkerServicer):
                 if request.keep_boundaries:
                     hop.boundary.CopyFrom(reply.boundary)
                 nxt = pb.ForwardRequest(
-                    session_id=request.session_id, epoch=request.epoch, positions=request.positions,
-                    tokens=request.tokens, boundary=reply.boundary, boundary_dtype=request.boundary_dtype,
-                    all_logits=request.all_logits, downstream=request.downstream[1:],
-                    deliver_to=request.deliver_to, request_id=request.request_id,
-                    keep_boundaries=request.keep_boundaries, trace=[*request.trace, hop],
-                    ring=request.ring if request.HasField("ring") else None, rewind=request.rewind,
-                    draft=request.draft, drafted=request.drafted,
+                    session_id=request.session_id,
+                    epoch=request.epoch,
+                    positions=request.positions,
+                    tokens=request.tokens,
+                    boundary=reply.boundary,
+                    boundary_dtype=request.boundary_dtype,
+                    all_logits=request.all_logits,
+                    downstream=request.downstream[1:],
+                    deliver_to=request.deliver_to,
+                    request_id=request.request_id,
+                    keep_boundaries=request.keep_boundaries,
+                    trace=[*request.trace, hop],
+                    ring=request.ring if request.HasField("ring") else None,
+                    rewind=request.rewind,
+                    draft=request.draft,
+                    drafted=request.drafted,
                 )
                 address, what = request.downstream[0], f"stage {index + 1} at {request.downstream[0]}"
                 nxt.trace[-1].sent_ns = time.monotonic_ns()
@@ -199,12 +234,17 @@ class Servicer(pbg.ShardWorkerServicer):
     def _check_drafting_ring(self, request, context, last: bool) -> None:
         draft = request.ring.draft
         if draft > self.args.max_rewind:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ring Forward with draft {draft}: this stage "
-                          f"takes back at most {self.args.max_rewind} (start every stage with --max-rewind "
-                          f"{draft})")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"ring Forward with draft {draft}: this stage "
+                f"takes back at most {self.args.max_rewind} (start every stage with --max-rewind "
+                f"{draft})",
+            )
         if last and not self.args.mtp:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ring Forward with draft {draft}: the last "
-                          "stage was started without --mtp")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"ring Forward with draft {draft}: the last stage was started without --mtp",
+            )
 
     def _ring_on(self, request, reply, hop) -> None:
         if request.ring.draft:
@@ -212,16 +252,27 @@ class Servicer(pbg.ShardWorkerServicer):
             return
         ring = request.ring
         logits = np.frombuffer(reply.logits.data, dtype="<f4").reshape(list(reply.logits.shape))
-        drifted = self.fault.startswith("wrong-token-after-forwards:") and \
-            self.forwards > int(self.fault.split(":")[1])  # a stage that goes wrong mid-run
+        drifted = self.fault.startswith("wrong-token-after-forwards:") and self.forwards > int(
+            self.fault.split(":")[1]
+        )  # a stage that goes wrong mid-run
         token = int(np.argmax(logits[-1])) + (self.fault == "wrong-token" or drifted)
         pos = request.positions[-1] + 1
         limit = min(ring.max_position or self.args.ctx - 1, self.args.ctx - 1)
-        end = (pb.RING_STOP_TOKEN if token in ring.stop_tokens else pb.RING_BUDGET if ring.budget <= 1
-               else pb.RING_CONTEXT_FULL if pos > limit else pb.RING_CONTINUES)
+        end = (
+            pb.RING_STOP_TOKEN
+            if token in ring.stop_tokens
+            else pb.RING_BUDGET
+            if ring.budget <= 1
+            else pb.RING_CONTEXT_FULL
+            if pos > limit
+            else pb.RING_CONTINUES
+        )
         hop.sent_ns = time.monotonic_ns()
-        delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop],
-                               ring=pb.RingToken(token=token, index=ring.index, end=end))
+        delivery = pb.Delivery(
+            request_id=request.request_id,
+            trace=[*request.trace, hop],
+            ring=pb.RingToken(token=token, index=ring.index, end=end),
+        )
         if not ring.tokens_only or self.fault == "logits-anyway":
             delivery.reply.logits.CopyFrom(reply.logits)
         nxt = None
@@ -230,10 +281,18 @@ class Servicer(pbg.ShardWorkerServicer):
             more.CopyFrom(ring)
             more.budget, more.index = ring.budget - 1, ring.index + 1
             nxt = pb.ForwardRequest(
-                session_id=request.session_id, epoch=request.epoch, positions=[pos], tokens=[token],
-                boundary_dtype=request.boundary_dtype, all_logits=request.all_logits,
-                downstream=ring.stages[1:], deliver_to=request.deliver_to, request_id=request.request_id,
-                keep_boundaries=request.keep_boundaries, ring=more)
+                session_id=request.session_id,
+                epoch=request.epoch,
+                positions=[pos],
+                tokens=[token],
+                boundary_dtype=request.boundary_dtype,
+                all_logits=request.all_logits,
+                downstream=ring.stages[1:],
+                deliver_to=request.deliver_to,
+                request_id=request.request_id,
+                keep_boundaries=request.keep_boundaries,
+                ring=more,
+            )
         self.ring_jobs.put((request.deliver_to, delivery, nxt))
 
     def _drafting_ring_on(self, request, reply, hop) -> None:
@@ -252,12 +311,14 @@ class Servicer(pbg.ShardWorkerServicer):
         pos = request.positions[0] + len(request.positions) - drafted + reply.accepted
         if end == pb.RING_CONTINUES and pos > limit:
             end = pb.RING_CONTEXT_FULL
-        drafts = list(reply.draft[:max(0, min(ring.budget - len(chosen) - 1, limit - pos))])
+        drafts = list(reply.draft[: max(0, min(ring.budget - len(chosen) - 1, limit - pos))])
         hop.sent_ns = time.monotonic_ns()
-        delivery = pb.Delivery(request_id=request.request_id, trace=[*request.trace, hop],
-                               ring=pb.RingToken(token=chosen[-1], index=ring.index, end=end, tokens=chosen,
-                                                 drafted=drafted))
-        delivery.reply.logits.CopyFrom(_tensor(rows[first:first + len(chosen)], pb.F32))
+        delivery = pb.Delivery(
+            request_id=request.request_id,
+            trace=[*request.trace, hop],
+            ring=pb.RingToken(token=chosen[-1], index=ring.index, end=end, tokens=chosen, drafted=drafted),
+        )
+        delivery.reply.logits.CopyFrom(_tensor(rows[first : first + len(chosen)], pb.F32))
         delivery.reply.accepted = reply.accepted
         nxt = None
         if end == pb.RING_CONTINUES:
@@ -266,11 +327,21 @@ class Servicer(pbg.ShardWorkerServicer):
             more.CopyFrom(ring)
             more.budget, more.index = ring.budget - len(chosen), ring.index + len(chosen)
             nxt = pb.ForwardRequest(
-                session_id=request.session_id, epoch=request.epoch, tokens=[chosen[-1], *drafts],
-                positions=range(pos, pos + 1 + len(drafts)), rewind=pos < request.positions[-1] + 1,
-                draft=ring.draft, drafted=len(drafts), boundary_dtype=request.boundary_dtype,
-                all_logits=request.all_logits, downstream=ring.stages[1:], deliver_to=request.deliver_to,
-                request_id=request.request_id, keep_boundaries=request.keep_boundaries, ring=more)
+                session_id=request.session_id,
+                epoch=request.epoch,
+                tokens=[chosen[-1], *drafts],
+                positions=range(pos, pos + 1 + len(drafts)),
+                rewind=pos < request.positions[-1] + 1,
+                draft=ring.draft,
+                drafted=len(drafts),
+                boundary_dtype=request.boundary_dtype,
+                all_logits=request.all_logits,
+                downstream=ring.stages[1:],
+                deliver_to=request.deliver_to,
+                request_id=request.request_id,
+                keep_boundaries=request.keep_boundaries,
+                ring=more,
+            )
         self.ring_jobs.put((request.deliver_to, delivery, nxt))
 
     def _ring_loop(self) -> None:
@@ -297,8 +368,14 @@ class Servicer(pbg.ShardWorkerServicer):
         named = dict(exc.trailing_metadata() or ()).get(FAILED_STAGE)
         code = exc.code().name
         detail = exc.details() if named is not None else f"stage 0 at {address}: {code}: {exc.details()}"
-        failed = pb.RingToken(token=-1, index=nxt.ring.index, end=pb.RING_FAILED,
-                              failed_stage=int(named or 0), code=code, detail=detail)
+        failed = pb.RingToken(
+            token=-1,
+            index=nxt.ring.index,
+            end=pb.RING_FAILED,
+            failed_stage=int(named or 0),
+            code=code,
+            detail=detail,
+        )
         self.ring_jobs.put((nxt.deliver_to, pb.Delivery(request_id=nxt.request_id, ring=failed), None))
 
     def _forward(self, request, context):
@@ -313,8 +390,11 @@ class Servicer(pbg.ShardWorkerServicer):
         positions = list(request.positions)
         n = len(positions)
         if self.end == self.toy.n_layer and (_draft_count(request) or request.drafted) and not self.args.mtp:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this stage drafts nothing: only the last "
-                          "stage of workers started with --mtp verifies and drafts")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this stage drafts nothing: only the last "
+                "stage of workers started with --mtp verifies and drafts",
+            )
         if n > N_BATCH:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n} positions in one Forward (max {N_BATCH})")
         epoch, kv, used = self.sessions.get(request.session_id, (request.epoch, {}, 0))
@@ -325,8 +405,10 @@ class Servicer(pbg.ShardWorkerServicer):
         if request.rewind and request.session_id in self.sessions and positions and positions[0] < used:
             kv, used = self._rewound(context, kv, used, positions[0])
         if positions != list(range(used, used + n)):
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"positions {positions[:3]}... do not continue the KV at {used}")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"positions {positions[:3]}... do not continue the KV at {used}",
+            )
         if self.begin == 0:
             if len(request.tokens) != n:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first stage needs one token per position")
@@ -334,8 +416,10 @@ class Servicer(pbg.ShardWorkerServicer):
         else:
             shape = list(request.boundary.shape)
             if shape != [n, self.toy.n_embd]:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"boundary shape {shape}, expected [{n}, {self.toy.n_embd}]")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"boundary shape {shape}, expected [{n}, {self.toy.n_embd}]",
+                )
             dt = "<f2" if request.boundary.dtype == pb.F16 else "<f4"
             x = np.frombuffer(request.boundary.data, dtype=dt).reshape(shape).astype(np.float32)
         captures = []
@@ -359,7 +443,6 @@ class Servicer(pbg.ShardWorkerServicer):
         reply.compute_seconds = time.perf_counter() - t0
         return reply
 
-
     def _draft(self, request, context, x: np.ndarray, reply) -> None:
         """The stand-in nextn block: verify the pass's drafts, then draft copies of the bonus token."""
         draft = _draft_count(request)
@@ -376,9 +459,11 @@ class Servicer(pbg.ShardWorkerServicer):
     def _rewound(self, context, kv: dict[int, list[np.ndarray]], used: int, to: int):
         """The session's KV without the positions from ``to`` on (the C++ worker's checks and messages)."""
         if used - to > self.args.max_rewind:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"rewind from {used} to {to} takes back {used - to} positions; this worker "
-                          f"takes back at most {self.args.max_rewind}")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"rewind from {used} to {to} takes back {used - to} positions; this worker "
+                f"takes back at most {self.args.max_rewind}",
+            )
         return {il: rows[:to] for il, rows in kv.items()}, to
 
 

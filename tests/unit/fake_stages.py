@@ -24,8 +24,9 @@ def load_stubs(root: Path) -> stubs_mod.Stubs:
 def fake_command(tmp: Path, *, threads: int = 1, ctx_size: int = 256) -> WorkerCommand:
     model = tmp / "toy.json"
     model.write_text(json.dumps(TOY))
-    return WorkerCommand(program=(sys.executable, os.fspath(FAKE)), model=model, threads=threads,
-                         ctx_size=ctx_size)
+    return WorkerCommand(
+        program=(sys.executable, os.fspath(FAKE)), model=model, threads=threads, ctx_size=ctx_size
+    )
 
 
 def fake_env(stubs: stubs_mod.Stubs, **faults: str) -> dict[str, str]:

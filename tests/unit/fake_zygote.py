@@ -50,6 +50,7 @@ def _netns() -> str:
 
 # ---- the stub's side: called first thing by fake_shard_worker.py when run as a script ----
 
+
 def run_forked_if_possible(script: str) -> None:
     """Have the zygote run ``script`` as this process's worker and exit as it exits; return at once
     (the caller runs the worker itself) when there is no zygote for this process to use."""
@@ -74,8 +75,9 @@ def run_forked_if_possible(script: str) -> None:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     env = {k: v for k, v in os.environ.items() if k not in (ZYGOTE_ENV, NETNS_ENV)}
-    request = json.dumps({"script": os.path.abspath(script), "argv": sys.argv, "env": env,
-                          "cwd": os.getcwd()}).encode()
+    request = json.dumps(
+        {"script": os.path.abspath(script), "argv": sys.argv, "env": env, "cwd": os.getcwd()}
+    ).encode()
     socket.send_fds(conn, [request], [0, 1, 2])
     pid, _ = STATUS.unpack(conn.recv(STATUS.size))
     worker.append(pid)
@@ -95,6 +97,7 @@ def _exit_as(status: int) -> None:
 
 
 # ---- the zygote's side ----
+
 
 def _preload() -> None:
     """What every fake worker imports (the stubs themselves differ per workspace: the child imports them)."""
@@ -254,8 +257,12 @@ def ensure() -> dict[str, str]:
 def _start() -> dict[str, str]:
     folder = Path(tempfile.mkdtemp(prefix="dgr-fake-zygote-"))
     path = folder / "socket"
-    proc = subprocess.Popen([sys.executable, os.fspath(Path(__file__)), os.fspath(path)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.fspath(Path(__file__)), os.fspath(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
     if line != READY:

@@ -107,8 +107,9 @@ def test_member_count_cap(tmp_path: Path) -> None:
     members = _good_members() + [_file(f"{PREFIX}/many/{i}") for i in range(20)]
     dest = _dest(tmp_path)
     with pytest.raises(IntegrityError, match="more than 10 members"):
-        extract_subtree(_archive(tmp_path, members), PREFIX, dest, Caps(max_members=10, max_bytes=1 << 20),
-                        where="t")
+        extract_subtree(
+            _archive(tmp_path, members), PREFIX, dest, Caps(max_members=10, max_bytes=1 << 20), where="t"
+        )
     assert list(dest.iterdir()) == []
 
 
@@ -116,8 +117,9 @@ def test_total_size_cap(tmp_path: Path) -> None:
     members = _good_members() + [_file(f"{PREFIX}/big.bin", b"\0" * 4096)]
     dest = _dest(tmp_path)
     with pytest.raises(IntegrityError, match="more than 1000 bytes"):
-        extract_subtree(_archive(tmp_path, members), PREFIX, dest, Caps(max_members=100, max_bytes=1000),
-                        where="t")
+        extract_subtree(
+            _archive(tmp_path, members), PREFIX, dest, Caps(max_members=100, max_bytes=1000), where="t"
+        )
     assert list(dest.iterdir()) == []
 
 

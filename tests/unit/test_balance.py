@@ -16,15 +16,25 @@ from pipeline.balance import StageBytes, balanced_stages, decode_cost, even_stag
 
 def _header(tensors: dict[str, int], **kv: object) -> Header:
     """A header of f32 tensors given as name -> bytes (the shape's last dimension is 4 rows)."""
-    infos = tuple(TensorInfo(name=name, shape=(nbytes // 16, 4), ggml_type=0, offset=0, nbytes=nbytes)
-                  for name, nbytes in tensors.items())
-    return Header(path=Path("m.gguf"), version=3, kv={"general.architecture": "llama", **kv}, tensors=infos,
-                  alignment=32, data_offset=0, file_size=0)
+    infos = tuple(
+        TensorInfo(name=name, shape=(nbytes // 16, 4), ggml_type=0, offset=0, nbytes=nbytes)
+        for name, nbytes in tensors.items()
+    )
+    return Header(
+        path=Path("m.gguf"),
+        version=3,
+        kv={"general.architecture": "llama", **kv},
+        tensors=infos,
+        alignment=32,
+        data_offset=0,
+        file_size=0,
+    )
 
 
 def _llama(n_layer: int, layer_bytes: int, head_bytes: int, *, tied: bool = False) -> Header:
-    tensors = {f"blk.{i}.{part}.weight": layer_bytes // 2
-               for i in range(n_layer) for part in ("attn_q", "ffn_up")}
+    tensors = {
+        f"blk.{i}.{part}.weight": layer_bytes // 2 for i in range(n_layer) for part in ("attn_q", "ffn_up")
+    }
     tensors |= {"token_embd.weight": head_bytes, "output_norm.weight": 64}
     if not tied:
         tensors["output.weight"] = head_bytes
@@ -84,15 +94,20 @@ def test_the_cut_is_the_best_of_every_cut_by_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     n_layer = rng.randint(1, 9)
     n_stages = rng.randint(1, n_layer)
-    cost = StageBytes(layers=tuple(rng.randint(1, 50) for _ in range(n_layer)), first=rng.randint(0, 30),
-                      last=rng.randint(0, 200))
+    cost = StageBytes(
+        layers=tuple(rng.randint(1, 50) for _ in range(n_layer)),
+        first=rng.randint(0, 30),
+        last=rng.randint(0, 200),
+    )
 
     def score(cut: list[tuple[int, int]]) -> tuple[int, int]:
         costs = [cost.stage(a, b) for a, b in cut]
         return max(costs), sum(c * c for c in costs)
 
-    every = [list(zip((0, *inner), (*inner, n_layer), strict=True))
-             for inner in itertools.combinations(range(1, n_layer), n_stages - 1)]
+    every = [
+        list(zip((0, *inner), (*inner, n_layer), strict=True))
+        for inner in itertools.combinations(range(1, n_layer), n_stages - 1)
+    ]
     chosen = balanced_stages(cost, n_stages)
     assert [b for _, b in chosen][-1] == n_layer and all(a < b for a, b in chosen)
     assert score(chosen) == min(score(cut) for cut in every)
@@ -126,8 +141,13 @@ def test_a_tied_embedding_is_the_last_stages_head_and_held_once_by_a_stage_that_
 
 
 def test_a_stage_holds_every_expert_and_the_nextn_blocks_only_where_mtp_loads_them() -> None:
-    tensors = {"blk.0.ffn_up_exps.weight": 6400, "blk.1.attn_q.weight": 100, "blk.2.attn_q.weight": 70,
-               "rope_freqs.weight": 8, "output.weight": 40}
+    tensors = {
+        "blk.0.ffn_up_exps.weight": 6400,
+        "blk.1.attn_q.weight": 100,
+        "blk.2.attn_q.weight": 70,
+        "rope_freqs.weight": 8,
+        "output.weight": 40,
+    }
     experts = {"llama.expert_count": 64, "llama.expert_used_count": 4}
     header = _header(tensors, **{"llama.block_count": 2, **experts})
     assert held_bytes([header]).layers == (6400, 100)
@@ -141,12 +161,21 @@ def test_under_a_limit_the_cut_is_the_best_of_the_cuts_that_fit_by_brute_force(s
     rng = random.Random(1000 + seed)
     n_layer = rng.randint(1, 9)
     n_stages = rng.randint(1, n_layer)
-    cost = StageBytes(layers=tuple(rng.randint(1, 50) for _ in range(n_layer)), first=rng.randint(0, 30),
-                      last=rng.randint(0, 200))
-    held = StageBytes(layers=tuple(rng.randint(1, 500) for _ in range(n_layer)), first=rng.randint(0, 300),
-                      last=rng.randint(0, 300), every=rng.randint(0, 20))
-    every = [list(zip((0, *inner), (*inner, n_layer), strict=True))
-             for inner in itertools.combinations(range(1, n_layer), n_stages - 1)]
+    cost = StageBytes(
+        layers=tuple(rng.randint(1, 50) for _ in range(n_layer)),
+        first=rng.randint(0, 30),
+        last=rng.randint(0, 200),
+    )
+    held = StageBytes(
+        layers=tuple(rng.randint(1, 500) for _ in range(n_layer)),
+        first=rng.randint(0, 300),
+        last=rng.randint(0, 300),
+        every=rng.randint(0, 20),
+    )
+    every = [
+        list(zip((0, *inner), (*inner, n_layer), strict=True))
+        for inner in itertools.combinations(range(1, n_layer), n_stages - 1)
+    ]
     limit = rng.choice(sorted({max(held.stage(*s) for s in cut) for cut in every}))  # some cut fits
     fitting = [cut for cut in every if all(held.stage(*s) <= limit for s in cut)]
 
@@ -170,8 +199,13 @@ def test_a_limit_without_the_held_bytes_is_a_configuration_error() -> None:
 def test_nextn_blocks_counted_in_block_count_are_no_layer_of_a_stage() -> None:
     """A set carrying its MTP block counts it in block_count (tiny-v4-mtp: 13 blocks, 12 layers); a
     cut of 13 "layers" would hand a worker a range llama refuses."""
-    tensors = {"blk.0.attn_q.weight": 10, "blk.1.attn_q.weight": 10, "blk.2.nextn.eh_proj.weight": 7,
-               "blk.2.attn_q.weight": 5, "output.weight": 40}
+    tensors = {
+        "blk.0.attn_q.weight": 10,
+        "blk.1.attn_q.weight": 10,
+        "blk.2.nextn.eh_proj.weight": 7,
+        "blk.2.attn_q.weight": 5,
+        "output.weight": 40,
+    }
     kv = {"llama.block_count": 3, "llama.nextn_predict_layers": 1}
     header = _header(tensors, **kv)
     assert decode_cost([header]).layers == (10, 10)

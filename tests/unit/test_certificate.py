@@ -59,8 +59,10 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
     }
     results = [
         gates.evaluate(
-            "staging-parity", "two-middle",
-            gates.staging_parity_checks(HC.staging_parity, RECIPE.placements["two-middle"]), figures
+            "staging-parity",
+            "two-middle",
+            gates.staging_parity_checks(HC.staging_parity, RECIPE.placements["two-middle"]),
+            figures,
         )
     ]
     prepared = Prepared(

@@ -29,8 +29,9 @@ def test_artifact_subjects_say_which_digest_provisioning_checked(
     entries = artifacts.load_set(RECIPE.artifacts).variant(RECIPE.variant).files
     vdir = tmp_path / "store" / RECIPE.artifacts / RECIPE.variant
     files = tuple(vdir / e.name for e in entries)  # never hashed: verified_inputs must not claim it did
-    provisioned = types.SimpleNamespace(variant=RECIPE.variant, files=files, store=vdir,
-                                        manifest_digest="m" * 64, provenance={})
+    provisioned = types.SimpleNamespace(
+        variant=RECIPE.variant, files=files, store=vdir, manifest_digest="m" * 64, provenance={}
+    )
     patched = types.SimpleNamespace(pristine=types.SimpleNamespace(provenance={}), provenance={}, digest="p")
     monkeypatch.setattr(provision_mod, "provision", lambda *a, **k: provisioned)
     monkeypatch.setattr(stack, "ensure_patched", lambda *a, **k: patched)

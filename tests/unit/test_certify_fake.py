@@ -40,8 +40,12 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     floor = pred["figures"]["transport_floor"]
     carried = {b for p in staged for b in p["speed"]["seam_bytes_per_token"]}
     assert {row["bytes"] for row in floor["sizes"]} == carried and carried
-    assert all(0 < row["tcp_round_trip_s"]["median"] and 0 < row["grpc_round_trip_s"]["median"]
-               and 0 < row["tcp_one_core_round_trip_s"]["median"] for row in floor["sizes"])
+    assert all(
+        0 < row["tcp_round_trip_s"]["median"]
+        and 0 < row["grpc_round_trip_s"]["median"]
+        and 0 < row["tcp_one_core_round_trip_s"]["median"]
+        for row in floor["sizes"]
+    )
     if len(os.sched_getaffinity(0)) > 1:
         assert all(0 < row["tcp_two_cores_round_trip_s"]["median"] for row in floor["sizes"])
     # Two sessions at once on every placement, each bitwise the session alone, held by the speed gate.
@@ -57,7 +61,8 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     # The CPU lane is the reference: its certificate claims staging parity and says why nothing more.
     assert pred["gates"]["staging_parity"]["status"] == "PASS"
     assert pred["gates"]["backend_agreement"] == {
-        "applies": False, "status": "NOT_APPLICABLE",
+        "applies": False,
+        "status": "NOT_APPLICABLE",
         "reason": "lane cpu is the reference every other lane is held to",
     }
     assert "Not applicable: lane cpu is the reference" in w.html.read_text()
@@ -193,4 +198,3 @@ def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     assert figures["clear_rows"] >= 1 and figures["logits_nmse"] == 0.0
     html = w.html.read_text()
     assert 'id="staging-parity"' in html and 'id="backend-agreement"' in html
-

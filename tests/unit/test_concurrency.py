@@ -25,8 +25,14 @@ def test_identical_sessions_do_not_diverge() -> None:
 def test_a_token_a_flipped_bit_or_a_missing_row_is_named() -> None:
     flipped = LOGITS.copy()
     flipped.view(np.uint32)[1, 2] ^= 1  # one ulp: no tolerance
-    together = Together(sessions=(_session(), _session(tokens=(1, 2, 4)), _session(logits=flipped),
-                                  _session(logits=LOGITS[:2])))
+    together = Together(
+        sessions=(
+            _session(),
+            _session(tokens=(1, 2, 4)),
+            _session(logits=flipped),
+            _session(logits=LOGITS[:2]),
+        )
+    )
     assert diverging(together, _session()) == [1, 2, 3]
 
 

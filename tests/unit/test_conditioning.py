@@ -75,18 +75,30 @@ def test_parse_report_refuses_other_documents() -> None:
 
 
 def _selection(kind: str, name: str, ties: int, near: int, abs_m: float | None, rel_m: float | None) -> dict:
-    return {"input": name, "kind": kind, "k": 4, "rows": 10, "contested_rows": 8, "exact_ties": ties,
-            "near_ties": near, "min_abs_margin": abs_m, "min_rel_margin": rel_m}
+    return {
+        "input": name,
+        "kind": kind,
+        "k": 4,
+        "rows": 10,
+        "contested_rows": 8,
+        "exact_ties": ties,
+        "near_ties": near,
+        "min_abs_margin": abs_m,
+        "min_rel_margin": rel_m,
+    }
 
 
 def test_summary_keeps_the_smallest_margin_per_kind_and_where_it_is() -> None:
     from fetch.conditioning import describe, summary, tied
 
-    report = {"near_tie_rel": 1e-3, "selections": [
-        _selection("indexer", "lid_score_masked-2", 0, 1, 3e-5, 2e-3),
-        _selection("indexer", "lid_score_masked-4", 0, 0, 1e-5, 5e-3),
-        _selection("router", "ffn_moe_probs_biased-3", 0, 0, None, None),
-    ]}
+    report = {
+        "near_tie_rel": 1e-3,
+        "selections": [
+            _selection("indexer", "lid_score_masked-2", 0, 1, 3e-5, 2e-3),
+            _selection("indexer", "lid_score_masked-4", 0, 0, 1e-5, 5e-3),
+            _selection("router", "ffn_moe_probs_biased-3", 0, 0, None, None),
+        ],
+    }
     s = summary(report)
     ix = s["kinds"]["indexer"]
     assert (ix["ops"], ix["contested_rows"], ix["exact_ties"], ix["near_ties"]) == (2, 16, 0, 1)

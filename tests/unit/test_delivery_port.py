@@ -108,8 +108,9 @@ def test_stop_ends_every_connection_and_thread(pb2) -> None:
     address = port.start()
     conns = [_connect(address) for _ in range(3)]
     try:
-        assert _wait(lambda: sum(t.name == "dgr-delivery-read" and t.is_alive()
-                                 for t in threading.enumerate()) >= 3)
+        assert _wait(
+            lambda: sum(t.name == "dgr-delivery-read" and t.is_alive() for t in threading.enumerate()) >= 3
+        )
         port.stop()
         for conn in conns:
             assert conn.recv(1) == b"", "a connection outlived stop()"

@@ -28,8 +28,17 @@ print(dev_key(Context.from_env().workspace).keyid)
 def test_concurrent_first_runs_get_one_whole_key(ctx: Context, tmp_path: Path) -> None:
     go = tmp_path / "go"
     env = {**ctx.env, "PYTHONPATH": str(PROJECT_ROOT)}
-    runs = [subprocess.Popen([sys.executable, "-c", FIRST_RUN, str(go)], cwd=PROJECT_ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_RUN, str(go)],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     time.sleep(1.0)  # every child imported and spinning
     go.touch()
     results = [r.communicate(timeout=60) for r in runs]

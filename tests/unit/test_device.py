@@ -68,11 +68,16 @@ def test_requirements_are_pyprojects_dependencies() -> None:
 
 def test_python_check_exit_codes(tmp_path: Path) -> None:
     """The device script's first question, asked of this interpreter by a real subprocess."""
+
     def check(deps: str) -> subprocess.CompletedProcess[str]:
         (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "x"\ndependencies = [{deps}]\n')
-        return subprocess.run([sys.executable, "-m", "device", "python-check", "--pyproject",
-                               str(tmp_path / "pyproject.toml")], capture_output=True, text=True,
-                              cwd=PROJECT_ROOT, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "device", "python-check", "--pyproject", str(tmp_path / "pyproject.toml")],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=60,
+        )
 
     ok = check('"pytest>=1"')
     assert ok.returncode == 0, ok.stdout
@@ -129,8 +134,9 @@ def test_merge_usr_refuses_links_out_of_the_tree(tmp_path: Path, target: str) ->
 def _small_bundle(root: Path) -> Path:
     """A bundle with the code the script runs before any install (device, core) and a few files."""
     for package in ("device", "core"):
-        shutil.copytree(PROJECT_ROOT / package, root / "project" / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            PROJECT_ROOT / package, root / "project" / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     (root / "project" / "scripts").mkdir(parents=True)
     (root / "project" / "scripts" / "run.sh").write_text("#!/bin/sh\n")
     (root / "project" / "scripts" / "run.sh").chmod(0o755)
@@ -161,10 +167,14 @@ def test_manifest_of_an_intact_bundle_verifies(tmp_path: Path) -> None:
         (lambda b: (b / "wheels" / "a.whl").write_bytes(b"wheel"), "size changed: wheels/a.whl"),
         (lambda b: (b / "wheels" / "a.whl").unlink(), "missing: wheels/a.whl"),
         (lambda b: (b / "wheels" / "extra.whl").write_bytes(b"x"), "not in the manifest: wheels/extra.whl"),
-        (lambda b: ((b / "sysroot" / "libx.so").unlink(), (b / "sysroot" / "libx.so").symlink_to("/etc")),
-         "link changed: sysroot/libx.so"),
-        (lambda b: (b / "project" / "scripts" / "run.sh").chmod(0o644),
-         "mode changed: project/scripts/run.sh"),
+        (
+            lambda b: ((b / "sysroot" / "libx.so").unlink(), (b / "sysroot" / "libx.so").symlink_to("/etc")),
+            "link changed: sysroot/libx.so",
+        ),
+        (
+            lambda b: (b / "project" / "scripts" / "run.sh").chmod(0o644),
+            "mode changed: project/scripts/run.sh",
+        ),
     ],
 )
 def test_manifest_names_every_kind_of_damage(tmp_path: Path, damage, reason: str) -> None:
@@ -232,8 +242,14 @@ def test_split_parts_join_back(tmp_path: Path) -> None:
 
 
 def _script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k != "OUT"})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "OUT"},
+    )
 
 
 def test_script_usage_errors(tmp_path: Path) -> None:
@@ -248,8 +264,9 @@ def test_script_stops_on_a_damaged_bundle(tmp_path: Path) -> None:
     """Exit 3 before anything is set up, with the reason in the log and a summary in the output."""
     root = _small_bundle(tmp_path / "b")
     (root / "wheels" / "a.whl").write_bytes(b"tampered!!!")
-    done = _script("--bundle", str(root), "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"),
-                   cwd=tmp_path)
+    done = _script(
+        "--bundle", str(root), "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"), cwd=tmp_path
+    )
     assert done.returncode == 3, done.stdout[-2000:]
     log = (tmp_path / "o" / "log.txt").read_text()
     assert "content changed: wheels/a.whl" in log
@@ -264,8 +281,13 @@ def test_a_worker_only_build_is_the_one_certify_reuses(tmp_path: Path) -> None:
     from device.cli import WORKER_TARGETS
     from lanes import build
 
-    inputs = build.key_inputs(tree_digest="t" * 64, lane="cuda", cmake_args=["-DGGML_CUDA=ON"],
-                              versions={"nvcc": "13.0.88"}, worker="w" * 64)
+    inputs = build.key_inputs(
+        tree_digest="t" * 64,
+        lane="cuda",
+        cmake_args=["-DGGML_CUDA=ON"],
+        versions={"nvcc": "13.0.88"},
+        worker="w" * 64,
+    )
     assert not any("target" in k for k in inputs)
     key = build.build_key(inputs)
     where = tmp_path / f"cuda-{key[:16]}"
@@ -275,11 +297,23 @@ def test_a_worker_only_build_is_the_one_certify_reuses(tmp_path: Path) -> None:
         path = where / ("bin" if name == "dgr-shard-worker" else "") / name
         path.write_bytes(name.encode())
         st = path.stat()
-        binaries[name] = {"path": path.relative_to(where).as_posix(), "size": st.st_size,
-                          "mtime_ns": st.st_mtime_ns, "sha256": hashlib.sha256(name.encode()).hexdigest()}
-    (where / build.RECORD).write_text(json.dumps({"schema_version": build.SCHEMA_VERSION, "key": key,
-                                                  "lane": "cuda", "targets": list(WORKER_TARGETS),
-                                                  "binaries": binaries}))
+        binaries[name] = {
+            "path": path.relative_to(where).as_posix(),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": hashlib.sha256(name.encode()).hexdigest(),
+        }
+    (where / build.RECORD).write_text(
+        json.dumps(
+            {
+                "schema_version": build.SCHEMA_VERSION,
+                "key": key,
+                "lane": "cuda",
+                "targets": list(WORKER_TARGETS),
+                "binaries": binaries,
+            }
+        )
+    )
     reused = build._reuse(where, key, reverify=False)
     assert reused is not None and reused.worker == where / "bin" / "dgr-shard-worker"
 

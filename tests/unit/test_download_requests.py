@@ -49,14 +49,21 @@ def clean_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def _set(tmp_path: Path, base_url: str) -> tuple[str, bytes]:
     blob = split_set(1, [(3 * CHUNK + 100) // 4 - 40])[0]
-    entries = write_set(tmp_path / "src", tmp_path / "m", "web", [blob], chunk_size=CHUNK,
-                        origins=[{"kind": "http", "base_url": base_url}])
+    entries = write_set(
+        tmp_path / "src",
+        tmp_path / "m",
+        "web",
+        [blob],
+        chunk_size=CHUNK,
+        origins=[{"kind": "http", "base_url": base_url}],
+    )
     return entries[0]["name"], blob
 
 
 def _provision(ctx: Context, tmp_path: Path) -> Path:
-    done = provision(ctx, "web", store=tmp_path / "store", manifests=tmp_path / "m", policy=FAST,
-                     progress=None)
+    done = provision(
+        ctx, "web", store=tmp_path / "store", manifests=tmp_path / "m", policy=FAST, progress=None
+    )
     return done.first
 
 
@@ -85,15 +92,19 @@ def _tls_files(tmp_path: Path) -> tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return cert_path, key_path
 
 

@@ -79,8 +79,11 @@ def test_preflight_counts_a_right_size_file_that_turns_out_wrong(served: Served)
     assert served.final.read_bytes() == served.blob
 
 
-def test_failed_generation_leaves_no_staging_folder(ctx, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
-                                                    tmp_path: Path) -> None:
+def test_failed_generation_leaves_no_staging_folder(
+    ctx,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     from fetch import source, tinymodel
 
     class Boom(RuntimeFailure):
@@ -100,8 +103,9 @@ def test_failed_generation_leaves_no_staging_folder(ctx, monkeypatch: pytest.Mon
 
 def test_staging_of_a_dead_run_is_swept(ctx) -> None:  # noqa: F811
     staging = ctx.workspace.ensure(ctx.workspace.staging)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     gone = staging / f"tiny-llama-f32-pid{int(dead.stdout)}-abc"
     alive = staging / f"tiny-llama-f32-pid{os.getppid()}-def"
     for d in (gone, alive):

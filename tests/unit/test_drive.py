@@ -31,8 +31,9 @@ def reference(stubs, tmp_path_factory: pytest.TempPathFactory) -> drive.Trace:
 
 
 def _run(stubs, tmp_path: Path, placement, **kw) -> drive.Trace:
-    with launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "ev",
-                env=fake_env(stubs)) as p:
+    with launch(
+        fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs)
+    ) as p:
         return drive.run_placement(p.clients, PROMPTS, N_DECODE, **kw)
 
 
@@ -49,9 +50,14 @@ def test_reference_trace_shapes(reference: drive.Trace) -> None:
     assert reference.seam_bytes() == ()
 
 
-@pytest.mark.parametrize("placement", [
-    [(0, 6), (6, 12)], [(0, 1), (1, 11), (11, 12)], [(k, k + 1) for k in range(12)],
-])
+@pytest.mark.parametrize(
+    "placement",
+    [
+        [(0, 6), (6, 12)],
+        [(0, 1), (1, 11), (11, 12)],
+        [(k, k + 1) for k in range(12)],
+    ],
+)
 def test_staged_equals_monolithic(stubs, tmp_path: Path, reference: drive.Trace, placement) -> None:
     trace = _run(stubs, tmp_path, placement)
     assert trace.cuts == tuple(b for b, _ in placement[1:])
@@ -82,13 +88,14 @@ def test_capture_on_a_staged_run_routes_to_the_owner(stubs, tmp_path: Path, refe
         assert np.array_equal(got.captures[layer], ref.captures[layer])
     assert got.logits.shape == (N_DECODE, TOY["n_vocab"]) and got.tokens == ref.tokens
     # One logits row instead of all rows is a different matmul shape: close, not necessarily bitwise.
-    assert np.allclose(got.logits, ref.logits[len(PROMPTS[2]) - 1:], rtol=1e-5, atol=1e-3)
+    assert np.allclose(got.logits, ref.logits[len(PROMPTS[2]) - 1 :], rtol=1e-5, atol=1e-3)
 
 
 def test_long_prompts_are_prefilled_in_n_batch_chunks(stubs, tmp_path: Path, reference: drive.Trace) -> None:
     env = fake_env(stubs, DGR_FAKE_N_BATCH="3")
-    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=env) as p:
+    with launch(
+        fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=env
+    ) as p:
         assert p.clients[0].info().n_batch == 3
         trace = drive.run_placement(p.clients, PROMPTS, N_DECODE, capture=[2, 8])
     for ref, got in zip(reference.prompts, trace.prompts, strict=True):
@@ -102,8 +109,9 @@ def test_long_prompts_are_prefilled_in_n_batch_chunks(stubs, tmp_path: Path, ref
 
 
 def test_speed_samples(stubs, tmp_path: Path) -> None:
-    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=fake_env(stubs)) as p:
+    with launch(
+        fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs)
+    ) as p:
         speed = drive.measure_speed(p.clients, PROMPTS[0], 8, repetitions=5, warmup=1)
     assert len(speed.decode_tok_s) == 5 and all(v > 0 for v in speed.decode_tok_s + speed.prefill_tok_s)
     assert speed.seam_bytes_per_token == (TOY["n_embd"] * 4,)
@@ -111,10 +119,22 @@ def test_speed_samples(stubs, tmp_path: Path) -> None:
 
 
 def test_route_change_reprefills_to_the_same_tokens(stubs, tmp_path: Path) -> None:
-    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "a",
-                env=fake_env(stubs)) as first, \
-         launch(fake_command(tmp_path), [(0, 4), (4, 12)], stubs=stubs, evidence=tmp_path / "b",
-                env=fake_env(stubs)) as second:
+    with (
+        launch(
+            fake_command(tmp_path),
+            [(0, 6), (6, 12)],
+            stubs=stubs,
+            evidence=tmp_path / "a",
+            env=fake_env(stubs),
+        ) as first,
+        launch(
+            fake_command(tmp_path),
+            [(0, 4), (4, 12)],
+            stubs=stubs,
+            evidence=tmp_path / "b",
+            env=fake_env(stubs),
+        ) as second,
+    ):
         same = drive.route_change(first.clients, PROMPTS[0], 10, 4)
         moved = drive.route_change(first.clients, PROMPTS[0], 10, 4, after=second.clients)
     assert same.identical and moved.identical and same.reference == moved.reference
@@ -123,8 +143,9 @@ def test_route_change_reprefills_to_the_same_tokens(stubs, tmp_path: Path) -> No
 
 
 def test_wrong_boundary_width_is_refused_by_the_stage(stubs, tmp_path: Path) -> None:
-    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=fake_env(stubs)) as p:
+    with launch(
+        fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs)
+    ) as p:
         with pytest.raises(StageFailed, match=r"stage 1 \(layers 6:12\) failed: INVALID_ARGUMENT") as caught:
             p.clients[1].forward("s", 1, [0], boundary=np.zeros((1, TOY["n_embd"] + 1), np.float32))
         assert caught.value.code == "INVALID_ARGUMENT"
@@ -134,8 +155,9 @@ def test_wrong_boundary_width_is_refused_by_the_stage(stubs, tmp_path: Path) -> 
 
 def test_stage_killed_mid_run_names_stage_and_layers(stubs, tmp_path: Path) -> None:
     env = fake_env(stubs, DGR_FAKE_FAULT="die-after-forwards:3", DGR_FAKE_FAULT_BEGIN="4")
-    with launch(fake_command(tmp_path), [(0, 4), (4, 8), (8, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=env) as p:
+    with launch(
+        fake_command(tmp_path), [(0, 4), (4, 8), (8, 12)], stubs=stubs, evidence=tmp_path / "ev", env=env
+    ) as p:
         died = r"stage 1 \(layers 4:8\) failed: DIED: worker was killed by SIGKILL"
         with pytest.raises(StageFailed, match=died):
             drive.run_placement(p.clients, PROMPTS, N_DECODE)
@@ -144,8 +166,9 @@ def test_stage_killed_mid_run_names_stage_and_layers(stubs, tmp_path: Path) -> N
 
 
 def test_placement_in_the_wrong_order_is_refused(stubs, tmp_path: Path) -> None:
-    with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                env=fake_env(stubs)) as p:
+    with launch(
+        fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs)
+    ) as p:
         with pytest.raises(StageFailed, match="WRONG_STAGE"):
             drive.run_placement(list(reversed(p.clients)), PROMPTS, 2)
 
@@ -171,8 +194,13 @@ def test_interrupt_mid_run_leaves_no_worker(stubs, tmp_path: Path) -> None:
 
 def _interrupt_a_running_launch(stubs, tmp_path: Path, pids: list[int]) -> None:
     with pytest.raises(KeyboardInterrupt):
-        with launch(fake_command(tmp_path), [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev",
-                    env=fake_env(stubs)) as p:
+        with launch(
+            fake_command(tmp_path),
+            [(0, 6), (6, 12)],
+            stubs=stubs,
+            evidence=tmp_path / "ev",
+            env=fake_env(stubs),
+        ) as p:
             pids.extend(p.pids)
             signal.raise_signal(signal.SIGINT)
 

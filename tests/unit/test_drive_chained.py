@@ -37,8 +37,14 @@ def stubs(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _launch(stubs, tmp_path: Path, placement, **faults: str):
-    return launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "ev",
-                  env=fake_env(stubs, **faults), call_deadline=20.0)
+    return launch(
+        fake_command(tmp_path),
+        placement,
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=fake_env(stubs, **faults),
+        call_deadline=20.0,
+    )
 
 
 @pytest.mark.parametrize("name", list(PLACEMENTS))
@@ -70,8 +76,9 @@ def test_chained_equals_relayed_bitwise(stubs, tmp_path: Path, name: str) -> Non
 def test_chained_f16_seams_match_relayed_f16(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE, boundary_dtype="f16")
-        chained = drive.run_placement(p.clients, PROMPTS, N_DECODE, boundary_dtype="f16",
-                                      forwarding="chained")
+        chained = drive.run_placement(
+            p.clients, PROMPTS, N_DECODE, boundary_dtype="f16", forwarding="chained"
+        )
     rows = sum(len(x) + N_DECODE - 1 for x in PROMPTS)
     assert chained.seam_bytes() == relayed.seam_bytes() == (rows * TOY["n_embd"] * 2,) * 2
     for r, c in zip(relayed.prompts, chained.prompts, strict=True):
@@ -111,21 +118,28 @@ def test_capture_and_unknown_forwarding_are_refused(stubs, tmp_path: Path) -> No
 def test_wrong_position_in_the_chain_is_refused(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["2"]) as p, Sink(stubs.pb2, stubs.pb2_grpc) as sink:
         first, last = p.clients
-        ack = first.forward_chained("s", 1, [0], tokens=[1], downstream=[], deliver_to=sink.address,
-                                    request_id="x")
+        ack = first.forward_chained(
+            "s", 1, [0], tokens=[1], downstream=[], deliver_to=sink.address, request_id="x"
+        )
         with pytest.raises(grpc.RpcError) as caught:
             ack.result()
         assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "not the last but no downstream" in caught.value.details()
         refused = "INVALID_ARGUMENT: Forward: downstream addresses without deliver_to"
         with pytest.raises(StageFailed, match=refused):
-            last._call("Forward", stubs.pb2.ForwardRequest(session_id="s", positions=[0], downstream=["x:1"]),
-                       None)
+            last._call(
+                "Forward", stubs.pb2.ForwardRequest(session_id="s", positions=[0], downstream=["x:1"]), None
+            )
 
 
 def test_mid_chain_error_names_that_stage(stubs, tmp_path: Path) -> None:
-    with _launch(stubs, tmp_path, [(0, 3), (3, 6), (6, 9), (9, 12)],
-                 DGR_FAKE_FAULT="fail-after-forwards:2", DGR_FAKE_FAULT_BEGIN="6") as p:
+    with _launch(
+        stubs,
+        tmp_path,
+        [(0, 3), (3, 6), (6, 9), (9, 12)],
+        DGR_FAKE_FAULT="fail-after-forwards:2",
+        DGR_FAKE_FAULT_BEGIN="6",
+    ) as p:
         with pytest.raises(StageFailed) as caught:
             drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="chained")
         addr = p.clients[2].address
@@ -141,8 +155,13 @@ def test_wrong_address_order_is_refused_by_the_stage_it_reaches(stubs, tmp_path:
     with _launch(stubs, tmp_path, [(0, 3), (3, 6), (6, 9), (9, 12)]) as p:
         addrs = [c.address for c in p.clients]
         with pytest.raises(StageFailed) as caught:
-            drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="chained",
-                                addresses=[addrs[0], addrs[1], addrs[3], addrs[2]])
+            drive.run_placement(
+                p.clients,
+                PROMPTS[:1],
+                3,
+                forwarding="chained",
+                addresses=[addrs[0], addrs[1], addrs[3], addrs[2]],
+            )
     # stage 1 hands its boundary to the worker at addrs[3] (layers 9:12): that is the last stage and
     # it is given a downstream address, which it refuses; the driver names the hop as stage 2
     err = caught.value
@@ -151,8 +170,13 @@ def test_wrong_address_order_is_refused_by_the_stage_it_reaches(stubs, tmp_path:
 
 
 def test_killed_mid_chain_stage_is_seen_as_died(stubs, tmp_path: Path) -> None:
-    with _launch(stubs, tmp_path, [(0, 4), (4, 8), (8, 12)],
-                 DGR_FAKE_FAULT="die-after-forwards:3", DGR_FAKE_FAULT_BEGIN="4") as p:
+    with _launch(
+        stubs,
+        tmp_path,
+        [(0, 4), (4, 8), (8, 12)],
+        DGR_FAKE_FAULT="die-after-forwards:3",
+        DGR_FAKE_FAULT_BEGIN="4",
+    ) as p:
         started = time.monotonic()
         died = r"stage 1 \(layers 4:8\) failed: DIED: worker was killed by SIGKILL"
         with pytest.raises(StageFailed, match=died):
@@ -174,15 +198,23 @@ def test_stage_dead_before_the_pass_is_named(stubs, tmp_path: Path) -> None:
 
 
 def test_hung_stage_ends_at_the_deadline(stubs, tmp_path: Path) -> None:
-    with launch(fake_command(tmp_path), PLACEMENTS["3"], stubs=stubs, evidence=tmp_path / "ev",
-                env=fake_env(stubs, DGR_FAKE_FAULT="hang-forward", DGR_FAKE_FAULT_BEGIN="1"),
-                call_deadline=1.5, grace=1.0) as p:
+    with launch(
+        fake_command(tmp_path),
+        PLACEMENTS["3"],
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=fake_env(stubs, DGR_FAKE_FAULT="hang-forward", DGR_FAKE_FAULT_BEGIN="1"),
+        call_deadline=1.5,
+        grace=1.0,
+    ) as p:
         infos = drive.describe(p.clients)
         started = time.monotonic()
         # the route directly: run_placement would go on to Reset the session, which the hung stage's
         # fake holds its lock against until Reset's own deadline
-        with pytest.raises(StageFailed, match="DEADLINE_EXCEEDED") as caught, \
-                chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
+        with (
+            pytest.raises(StageFailed, match="DEADLINE_EXCEEDED") as caught,
+            chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route,
+        ):
             route.run("s", 1, [0], [1], boundary_dtype="f32", all_logits=False, keep_boundaries=False)
         assert time.monotonic() - started < 5
     assert caught.value.code == "DEADLINE_EXCEEDED" and "1.5 s" in caught.value.detail

@@ -37,8 +37,14 @@ def stubs(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _launch(stubs, tmp_path: Path, placement, **faults: str):
-    return launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "ev",
-                  env=fake_env(stubs, **faults), call_deadline=20.0)
+    return launch(
+        fake_command(tmp_path),
+        placement,
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=fake_env(stubs, **faults),
+        call_deadline=20.0,
+    )
 
 
 @pytest.mark.parametrize("name", list(PLACEMENTS))
@@ -68,7 +74,7 @@ def test_budget_and_stop_tokens(stubs, tmp_path: Path) -> None:
             stopped = ring.generate(r, VARIED, 12, stop_tokens=(ref.tokens[at],), session="s")
             refused, framed, came = r.sink.refused, r.sink.frames, r.sink.deliveries_came_as()
     assert budget.end == "budget" and budget.tokens == ref.tokens[:5] and budget.logits.shape[0] == 5
-    assert stopped.end == "stop_token" and stopped.tokens == ref.tokens[:at + 1]
+    assert stopped.end == "stop_token" and stopped.tokens == ref.tokens[: at + 1]
     assert refused == 0
     # a worker that ignores Ring.delivery_stream (the fake, as one that predates it) calls Deliver
     assert framed == 0 and came == "Deliver calls"
@@ -81,8 +87,9 @@ def test_a_token_that_is_not_the_argmax_is_refused(stubs, tmp_path: Path) -> Non
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY" and "argmax" in caught.value.detail
 
 
-@pytest.mark.parametrize("fault, code", [("fail-after-forwards:3", "INTERNAL"),
-                                         ("die-after-forwards:3", "DIED")])
+@pytest.mark.parametrize(
+    "fault, code", [("fail-after-forwards:3", "INTERNAL"), ("die-after-forwards:3", "DIED")]
+)
 def test_a_failing_middle_stage_is_named(stubs, tmp_path: Path, fault: str, code: str) -> None:
     with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT=fault, DGR_FAKE_FAULT_BEGIN="1") as p:
         with pytest.raises(StageFailed) as caught:
@@ -107,8 +114,9 @@ def test_a_token_only_ring_chooses_the_same_tokens_and_delivers_no_logits(stubs,
             bare = ring.generate(r, VARIED, 12, session="bare", logits=False)
             with pytest.raises(ConfigurationError, match="drafting ring needs its logits"):
                 r.decode("draft", 1, 0, VARIED[0], 3, draft=2, logits=False)
-        speed = drive.measure_speed(p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring",
-                                    ring_logits=False)
+        speed = drive.measure_speed(
+            p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring", ring_logits=False
+        )
     assert bare.tokens == tuple(ref.tokens) and bare.end == "budget"
     assert bare.logits.shape == (1, ref.logits.shape[1])  # the prefill's row, picked by the driver
     assert bare.ring is not None and all(len(ps.logits) == 0 for ps in bare.ring.passes)
@@ -118,8 +126,9 @@ def test_a_token_only_ring_chooses_the_same_tokens_and_delivers_no_logits(stubs,
 def test_a_token_only_ring_that_delivers_logits_is_refused(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="logits-anyway", DGR_FAKE_FAULT_BEGIN="11") as p:
         with pytest.raises(StageFailed) as caught:
-            drive.measure_speed(p.clients, VARIED, 8, repetitions=1, warmup=0, forwarding="ring",
-                                ring_logits=False)
+            drive.measure_speed(
+                p.clients, VARIED, 8, repetitions=1, warmup=0, forwarding="ring", ring_logits=False
+            )
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
     assert "token-only ring delivered logits" in caught.value.detail
 
@@ -127,11 +136,13 @@ def test_a_token_only_ring_that_delivers_logits_is_refused(stubs, tmp_path: Path
 def test_token_only_speed_runs_that_disagree_are_refused(stubs, tmp_path: Path) -> None:
     """A token-only ring cannot be held to its logits, so its repetitions are held to each other: a
     last stage that starts choosing other tokens part way (here after 20 passes) is caught."""
-    with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="wrong-token-after-forwards:20",
-                 DGR_FAKE_FAULT_BEGIN="11") as p:
+    with _launch(
+        stubs, tmp_path, THREE, DGR_FAKE_FAULT="wrong-token-after-forwards:20", DGR_FAKE_FAULT_BEGIN="11"
+    ) as p:
         with pytest.raises(StageFailed) as caught:
-            drive.measure_speed(p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring",
-                                ring_logits=False)
+            drive.measure_speed(
+                p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring", ring_logits=False
+            )
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
     assert "different greedy continuations" in caught.value.detail
 
@@ -150,7 +161,8 @@ def test_the_driver_yields_to_the_stages_while_it_reads_a_ring(stubs, tmp_path: 
     monkeypatch.setattr(ring.RingRoute, "_read", recording)
     with _launch(stubs, tmp_path, THREE) as p:
         for yields in (True, False):
-            drive.measure_speed(p.clients, VARIED, 4, repetitions=1, warmup=0, forwarding="ring",
-                                ring_driver_yields=yields)
+            drive.measure_speed(
+                p.clients, VARIED, 4, repetitions=1, warmup=0, forwarding="ring", ring_driver_yields=yields
+            )
             assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert seen == [(True, os.SCHED_BATCH), (False, os.SCHED_OTHER)]

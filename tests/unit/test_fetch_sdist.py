@@ -51,16 +51,27 @@ def sdist(tmp_path: Path, upstream, upstream_pin, ctx: Context):
     check = tmp_path / "expected"
     check.mkdir()
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith("tiny-1.0/vendor/tiny/")
-                   and m.name != "tiny-1.0/vendor/tiny/.git"]
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.name.startswith("tiny-1.0/vendor/tiny/") and m.name != "tiny-1.0/vendor/tiny/.git"
+        ]
         for m in members:
             m.name = m.name.removeprefix("tiny-1.0/vendor/tiny/")
         tar.extractall(check, members=members, filter="data")
     tree = gittree.tree_id(check, ctx.env)
-    sd = SdistPin(package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256=sha256_file(archive),
-                  subtree="vendor/tiny", max_members=100, max_bytes=1 << 20)
-    pin = dataclasses.replace(upstream_pin, tree=tree, sources=dataclasses.replace(
-        upstream_pin.sources, order=("sdist",), sdist=sd))
+    sd = SdistPin(
+        package="tiny",
+        version="1.0",
+        filename="tiny-1.0.tar.gz",
+        sha256=sha256_file(archive),
+        subtree="vendor/tiny",
+        max_members=100,
+        max_bytes=1 << 20,
+    )
+    pin = dataclasses.replace(
+        upstream_pin, tree=tree, sources=dataclasses.replace(upstream_pin.sources, order=("sdist",), sdist=sd)
+    )
     return archive, pin
 
 
@@ -95,8 +106,12 @@ def test_download_verify_extract(ctx: Context, sdist) -> None:
 
 def test_download_with_wrong_digest_is_discarded(ctx: Context, sdist) -> None:
     archive, pin = sdist
-    bad = dataclasses.replace(pin, sources=dataclasses.replace(
-        pin.sources, sdist=dataclasses.replace(pin.sources.sdist, sha256="3" * 64)))
+    bad = dataclasses.replace(
+        pin,
+        sources=dataclasses.replace(
+            pin.sources, sdist=dataclasses.replace(pin.sources.sdist, sha256="3" * 64)
+        ),
+    )
     with pytest.raises(IntegrityError) as err:
         obtain_archive(ctx, bad, download=Index(archive))
     msg = err.value.message
@@ -130,8 +145,11 @@ def test_ensure_pristine_from_sdist_records_provenance(ctx: Context, sdist) -> N
 
 def test_git_unavailable_falls_back_to_a_verified_sdist(ctx: Context, tmp_path: Path, sdist) -> None:
     archive, pin = sdist
-    pin = dataclasses.replace(pin, upstream=(tmp_path / "no-such.git").as_uri(),
-                              sources=dataclasses.replace(pin.sources, order=("git", "sdist")))
+    pin = dataclasses.replace(
+        pin,
+        upstream=(tmp_path / "no-such.git").as_uri(),
+        sources=dataclasses.replace(pin.sources, order=("git", "sdist")),
+    )
     shutil.copy(archive, ctx.workspace.ensure(archive_path(ctx, pin).parent) / archive.name)
     pristine = ensure_pristine(ctx, pin=pin)
     assert pristine.provenance["source"] == "sdist"
@@ -147,15 +165,22 @@ def test_sdist_with_a_different_tree_is_refused(ctx: Context, tmp_path: Path, up
     assert not tree_dir(ctx, wrong).exists()
 
 
-def test_hostile_sdist_is_refused_before_extraction(ctx: Context, tmp_path: Path, upstream,
-                                                    upstream_pin) -> None:
+def test_hostile_sdist_is_refused_before_extraction(
+    ctx: Context, tmp_path: Path, upstream, upstream_pin
+) -> None:
     evil = tarfile.TarInfo("tiny-1.0/vendor/tiny/../../../../evil.txt")
     evil.size = 4
     archive = _build_sdist(tmp_path, upstream.work, extra=evil)
-    sd = SdistPin(package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256=sha256_file(archive),
-                  subtree="vendor/tiny")
-    pin = dataclasses.replace(upstream_pin, sources=dataclasses.replace(
-        upstream_pin.sources, order=("sdist",), sdist=sd))
+    sd = SdistPin(
+        package="tiny",
+        version="1.0",
+        filename="tiny-1.0.tar.gz",
+        sha256=sha256_file(archive),
+        subtree="vendor/tiny",
+    )
+    pin = dataclasses.replace(
+        upstream_pin, sources=dataclasses.replace(upstream_pin.sources, order=("sdist",), sdist=sd)
+    )
     shutil.copy(archive, ctx.workspace.ensure(archive_path(ctx, pin).parent) / archive.name)
     with pytest.raises(IntegrityError, match="'..' component"):
         ensure_pristine(ctx, pin=pin)

@@ -16,8 +16,12 @@ from tests.fuzz import seeds as seed_inputs
 from tests.fuzz import targets
 
 EXAMPLES = int(os.environ.get("DGR_FUZZ_EXAMPLES", "150"))
-BUDGET = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+BUDGET = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 NAMES = list(targets.TARGETS)
 TRIED: dict[str, int] = {}
 
@@ -45,13 +49,38 @@ def _apply(seed: bytes, edits: list[tuple[int, int, int]]) -> bytes:
     return bytes(out)
 
 
-EDITS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 1 << 20),
-                           st.sampled_from([0, 1, 0x7F, 0x80, 0xFF, ord("0"), ord("9"), ord('"'), ord("-"),
-                                            ord("\n"), ord("/"), ord("."), ord("["), ord("{")])),
-                 min_size=1, max_size=12)
+EDITS = st.lists(
+    st.tuples(
+        st.integers(0, 4),
+        st.integers(0, 1 << 20),
+        st.sampled_from(
+            [
+                0,
+                1,
+                0x7F,
+                0x80,
+                0xFF,
+                ord("0"),
+                ord("9"),
+                ord('"'),
+                ord("-"),
+                ord("\n"),
+                ord("/"),
+                ord("."),
+                ord("["),
+                ord("{"),
+            ]
+        ),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
@@ -101,8 +130,9 @@ def test_mutated_valid_inputs_parse_or_raise_a_typed_error(name: str, pick: int,
 @pytest.mark.parametrize("name", ["json", "recipe", "artifact_set"])
 @BUDGET
 @given(data=st.data(), value=JSON_VALUES, delete=st.booleans())
-def test_documents_with_one_value_changed_parse_or_raise_a_typed_error(name: str, data: st.DataObject,
-                                                                        value: Any, delete: bool) -> None:
+def test_documents_with_one_value_changed_parse_or_raise_a_typed_error(
+    name: str, data: st.DataObject, value: Any, delete: bool
+) -> None:
     doc = json.loads(seed_inputs.seeds(name)[0])
     paths = _paths(doc)
     path = data.draw(st.sampled_from(paths))

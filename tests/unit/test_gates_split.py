@@ -17,19 +17,33 @@ from tests.unit.test_gates import RECIPE
 CUTS = (3, 6, 9)
 N_VOCAB, WIDTH, PROMPT, N_DECODE = 64, 16, 5, 6
 ROWS = PROMPT + N_DECODE - 1
-AGREEMENT = BackendAgreement(top1_margin_min=0.01, top1_agreement_min=1.0, kl_mean_max=1e-5,
-                             kl_max_max=1e-4, logits_nmse_max=1e-4, boundary_nmse_max=1e-4)
-STAGING = StagingParity(top1_agreement_min=1.0, kl_mean_max=1e-9, kl_max_max=1e-7, logits_nmse_max=1e-10,
-                        boundary_nmse_max=1e-10, greedy_match_min=1.0)
-STEP = drive.Step(n_tokens=1, wall_seconds=1.0, stage_wall=(1.0,), stage_compute=(1.0,), seam_bytes=(),
-                  seam_seconds=())
+AGREEMENT = BackendAgreement(
+    top1_margin_min=0.01,
+    top1_agreement_min=1.0,
+    kl_mean_max=1e-5,
+    kl_max_max=1e-4,
+    logits_nmse_max=1e-4,
+    boundary_nmse_max=1e-4,
+)
+STAGING = StagingParity(
+    top1_agreement_min=1.0,
+    kl_mean_max=1e-9,
+    kl_max_max=1e-7,
+    logits_nmse_max=1e-10,
+    boundary_nmse_max=1e-10,
+    greedy_match_min=1.0,
+)
+STEP = drive.Step(
+    n_tokens=1, wall_seconds=1.0, stage_wall=(1.0,), stage_compute=(1.0,), seam_bytes=(), seam_seconds=()
+)
 
 
-def _prompt(logits: np.ndarray, captures: dict[int, np.ndarray], boundaries: dict[int, np.ndarray]
-            ) -> drive.PromptTrace:
+def _prompt(
+    logits: np.ndarray, captures: dict[int, np.ndarray], boundaries: dict[int, np.ndarray]
+) -> drive.PromptTrace:
     return drive.PromptTrace(
         prompt=tuple(range(PROMPT)),
-        tokens=tuple(int(t) for t in logits[PROMPT - 1:].argmax(axis=-1)),
+        tokens=tuple(int(t) for t in logits[PROMPT - 1 :].argmax(axis=-1)),
         logit_positions=tuple(range(ROWS)),
         logits=logits.astype(np.float32),
         boundaries={c: b.astype(np.float32) for c, b in boundaries.items()},
@@ -91,8 +105,9 @@ def test_a_jump_from_one_cut_on_fails_backend_agreement_naming_that_cut() -> Non
     staged = _trace([_prompt(_noisy(logits, 1e-2, 1), {}, {6: lane_res[6]})], (6,))
     parity = measure.staging_parity_figures(lane_mono, staged)
     placement = RECIPE.placements["two-middle"]
-    held = gates.evaluate(gates.STAGING_PARITY, placement.name,
-                          gates.staging_parity_checks(STAGING, placement), parity)
+    held = gates.evaluate(
+        gates.STAGING_PARITY, placement.name, gates.staging_parity_checks(STAGING, placement), parity
+    )
     assert parity["bitwise_logits"] and parity["boundary_nmse@6"] == 0.0
     assert held.status is Status.PASS, held.reason
 
@@ -103,9 +118,12 @@ def test_a_staging_difference_fails_staging_parity_naming_the_placement() -> Non
     # The second stage starts from a boundary that is not the residual the monolithic run had.
     staged = _trace([_prompt(_noisy(logits, 1e-6, 3), {}, {6: _noisy(residuals[6], 1e-6, 4)})], (6,))
     placement = RECIPE.placements["two-middle"]
-    result = gates.evaluate(gates.STAGING_PARITY, placement.name,
-                            gates.staging_parity_checks(STAGING, placement),
-                            measure.staging_parity_figures(mono, staged))
+    result = gates.evaluate(
+        gates.STAGING_PARITY,
+        placement.name,
+        gates.staging_parity_checks(STAGING, placement),
+        measure.staging_parity_figures(mono, staged),
+    )
     assert result.status is Status.FAIL
     assert result.name == "staging-parity/two-middle"
     assert "logits NMSE" in result.reason and "boundary NMSE at layer 6" in result.reason

@@ -66,7 +66,10 @@ def test_digest_file_equals_reference(sample: tuple[Path, bytes], chunk_size: in
     ref = _reference(data, chunk_size)
     got = digest_file(path, sha256=True, blake3=True, chunk_size=chunk_size)
     assert (got.size, got.sha256, got.blake3, list(got.chunks or ())) == (
-        ref["size"], ref["sha256"], ref["blake3"], ref["chunks"],
+        ref["size"],
+        ref["sha256"],
+        ref["blake3"],
+        ref["chunks"],
     )
 
 

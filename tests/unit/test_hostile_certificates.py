@@ -45,8 +45,14 @@ def _signed(ctx: Context, run_dir: Path, stmt: dict[str, Any], *, html: str = "<
 
 
 def _dgr(ctx: Context, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "certify", *args], cwd=PROJECT_ROOT, env=dict(ctx.env),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "certify", *args],
+        cwd=PROJECT_ROOT,
+        env=dict(ctx.env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _only_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -83,8 +89,7 @@ def _crafted_statements() -> dict[str, dict[str, Any]]:
         "subject digest a list": lambda s: s["subject"][0].update(digest=["sha256"]),
         "subject name a list": lambda s: s["subject"][0].update(name=["a"]),
         "local_paths a list": lambda s: s["predicate"].update(local_paths=[1]),
-        "local path a number": lambda s: s["predicate"].update(
-            local_paths={s["subject"][0]["name"]: 5}),
+        "local path a number": lambda s: s["predicate"].update(local_paths={s["subject"][0]["name"]: 5}),
         "signer a list": lambda s: s["predicate"].update(signer=[1]),
         "report a string": lambda s: s["predicate"].update(report="x"),
     }.items():
@@ -115,8 +120,9 @@ def _signed_statement_edit(ctx: Context, run_dir: Path, stmt: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("case", sorted(_crafted_statements()))
-def test_crafted_statement_signed_by_a_trusted_key_fails_typed(ctx: Context, tmp_path: Path,
-                                                               case: str) -> None:
+def test_crafted_statement_signed_by_a_trusted_key_fails_typed(
+    ctx: Context, tmp_path: Path, case: str
+) -> None:
     path = _signed_statement_edit(ctx, tmp_path / "r", _crafted_statements()[case])
     done = _dgr(ctx, "verify", str(path))
     assert done.returncode in (0, 3), done.stdout + done.stderr
@@ -135,8 +141,9 @@ def _reports_with_one_bad(ctx: Context, tmp_path: Path, bad: bytes) -> Path:
 
 
 @pytest.mark.parametrize("bad", [b"[" * 1000 + b"]" * 1000, b'{"payload": "x", "payload": "y"}'])
-def test_report_lists_a_bad_certificate_and_renders_the_rest(ctx: Context, tmp_path: Path,
-                                                             bad: bytes) -> None:
+def test_report_lists_a_bad_certificate_and_renders_the_rest(
+    ctx: Context, tmp_path: Path, bad: bytes
+) -> None:
     reports = _reports_with_one_bad(ctx, tmp_path, bad)
     entries = {e.certificate.parent.name: e for e in scan(reports, keys.trusted_keys(ws=ctx.workspace))}
     assert entries["run-good"].verified and entries["run-good"].verdict == "PASS"

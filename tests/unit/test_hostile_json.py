@@ -34,8 +34,14 @@ HOSTILE = {
 
 
 def _dgr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "certify", *args], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "certify", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -82,7 +88,8 @@ def test_reader_names_the_duplicate_key_and_the_limits(tmp_path: Path) -> None:
         read_json(big, max_bytes=5000)
     # what we write ourselves still reads back
     assert parse_json('{"a": [1, 2.5, {"b": null, "c": "[{"}]}', source="ok") == {
-        "a": [1, 2.5, {"b": None, "c": "[{"}]}
+        "a": [1, 2.5, {"b": None, "c": "[{"}]
+    }
 
 
 @pytest.mark.parametrize("case", ["deep", "duplicate", "nan"])
@@ -94,8 +101,9 @@ def test_recipe_file_is_refused_before_anything_runs(env: dict[str, str], tmp_pa
     assert not (tmp_path / "work" / "build").exists()
 
 
-def test_recipe_with_infinite_threshold_or_duplicate_key_exits_2_naming_it(env: dict[str, str],
-                                                                           tmp_path: Path) -> None:
+def test_recipe_with_infinite_threshold_or_duplicate_key_exits_2_naming_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     text = (PROJECT_ROOT / "manifests" / "recipes" / "tiny-llama.json").read_text()
     infinite = tmp_path / "inf.json"
     infinite.write_text(text.replace('"decode_tok_s_min":', '"decode_tok_s_min": Infinity, "_x":', 1))
@@ -105,8 +113,10 @@ def test_recipe_with_infinite_threshold_or_duplicate_key_exits_2_naming_it(env: 
     _one_line(_dgr(env, "certify", "--recipe-file", str(dup)), 2, "duplicate key 'name'")
 
 
-@pytest.mark.parametrize("field, value", [("decode_tokens", 10**9), ("prompt_tokens", 10**9),
-                                          ("repetitions", 10**9), ("warmup", 10**6)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("decode_tokens", 10**9), ("prompt_tokens", 10**9), ("repetitions", 10**9), ("warmup", 10**6)],
+)
 def test_unbounded_measure_numbers_are_refused_at_load(tmp_path: Path, field: str, value: int) -> None:
     from manifests import recipe_model as recipes
 
@@ -141,8 +151,9 @@ def test_artifact_manifest_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["deep", "duplicate", "not-utf8"])
-def test_verify_on_a_hostile_file_exits_3_with_one_line(env: dict[str, str], tmp_path: Path,
-                                                        case: str) -> None:
+def test_verify_on_a_hostile_file_exits_3_with_one_line(
+    env: dict[str, str], tmp_path: Path, case: str
+) -> None:
     path = tmp_path / "certificate.json"
     data = HOSTILE[case]
     path.write_bytes(data if isinstance(data, bytes) else data.encode())

@@ -25,8 +25,14 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _dgr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "certify", *args], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "certify", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _one_line_exit_2(done: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -43,16 +49,19 @@ def test_store_that_is_a_file(env: dict[str, str], tmp_path: Path) -> None:
     f = tmp_path / "f"
     f.write_text("not a folder\n")
     for command in (("provision", "--artifacts", "tiny-llama"), ("certify",), ("verify", str(f))):
-        line = _one_line_exit_2(_dgr(env, *command, "--store", str(f)),
-                                f"store {f} is not a writable directory", "--store DIR")
+        line = _one_line_exit_2(
+            _dgr(env, *command, "--store", str(f)), f"store {f} is not a writable directory", "--store DIR"
+        )
         assert line.startswith("dgr: configuration error:")
     assert f.read_text() == "not a folder\n"
 
 
 @pytest.mark.parametrize("store", ["/sys/kernel/dgr-store", "/proc/dgr-store"])
 def test_store_under_a_pseudo_filesystem(env: dict[str, str], store: str) -> None:
-    _one_line_exit_2(_dgr(env, "provision", "--artifacts", "tiny-llama", "--store", store),
-                     f"store {store} is not a writable directory")
+    _one_line_exit_2(
+        _dgr(env, "provision", "--artifacts", "tiny-llama", "--store", store),
+        f"store {store} is not a writable directory",
+    )
 
 
 def test_store_on_a_read_only_mount(env: dict[str, str], tmp_path: Path) -> None:
@@ -60,10 +69,18 @@ def test_store_on_a_read_only_mount(env: dict[str, str], tmp_path: Path) -> None
         pytest.skip("unshare is not available")
     store = tmp_path / "ro"
     store.mkdir()
-    script = (f'mount -t tmpfs tmpfs "{store}" && mount -o remount,ro "{store}" && '
-              f'exec "{sys.executable}" -m certify provision --artifacts tiny-llama --store "{store}"')
-    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    script = (
+        f'mount -t tmpfs tmpfs "{store}" && mount -o remount,ro "{store}" && '
+        f'exec "{sys.executable}" -m certify provision --artifacts tiny-llama --store "{store}"'
+    )
+    done = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0 and "mount" in done.stderr and "dgr:" not in done.stderr:
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
     _one_line_exit_2(done, f"store {store} is not a writable directory (not writable)")
@@ -84,18 +101,22 @@ def test_lock_wait_must_be_a_finite_non_negative_number(env: dict[str, str], val
     assert done.returncode == 2 and "--lock-wait" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("name, value, needle", [
-    ("DGR_SEAMS", "maybe", "DGR_SEAMS='maybe' is not one of off, on"),
-    ("DGR_SEAMS_BACKEND", "tc", "DGR_SEAMS_BACKEND='tc'"),
-    ("DGR_WORKER_THREADS", "abc", "DGR_WORKER_THREADS='abc' is not a positive integer"),
-    ("DGR_WORKER_THREADS", "0", "DGR_WORKER_THREADS='0' is not a positive integer"),
-    ("DGR_WORKER_CPUS", "0 x", "DGR_WORKER_CPUS: 'x' is not a CPU list such as 0-3,8"),
-    ("DGR_WORKER_CPUS", "0-1,", "DGR_WORKER_CPUS: '0-1,' is not a CPU list"),
-    ("DGR_WORKER_LOAD", "mapped", "DGR_WORKER_LOAD='mapped' is not one of none, mmap, mlock"),
-    ("DGR_RECIPES_DIR", "FILE", "is not a directory"),
-])
-def test_bad_settings_are_refused_at_start(env: dict[str, str], tmp_path: Path, name: str, value: str,
-                                           needle: str) -> None:
+@pytest.mark.parametrize(
+    "name, value, needle",
+    [
+        ("DGR_SEAMS", "maybe", "DGR_SEAMS='maybe' is not one of off, on"),
+        ("DGR_SEAMS_BACKEND", "tc", "DGR_SEAMS_BACKEND='tc'"),
+        ("DGR_WORKER_THREADS", "abc", "DGR_WORKER_THREADS='abc' is not a positive integer"),
+        ("DGR_WORKER_THREADS", "0", "DGR_WORKER_THREADS='0' is not a positive integer"),
+        ("DGR_WORKER_CPUS", "0 x", "DGR_WORKER_CPUS: 'x' is not a CPU list such as 0-3,8"),
+        ("DGR_WORKER_CPUS", "0-1,", "DGR_WORKER_CPUS: '0-1,' is not a CPU list"),
+        ("DGR_WORKER_LOAD", "mapped", "DGR_WORKER_LOAD='mapped' is not one of none, mmap, mlock"),
+        ("DGR_RECIPES_DIR", "FILE", "is not a directory"),
+    ],
+)
+def test_bad_settings_are_refused_at_start(
+    env: dict[str, str], tmp_path: Path, name: str, value: str, needle: str
+) -> None:
     if value == "FILE":
         value = str(tmp_path / "recipe.json")
         Path(value).write_text("{}")
@@ -118,11 +139,18 @@ def test_disk_full_reports_what_the_whole_set_still_needs(local: LocalSet) -> No
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not available")
     local.store.mkdir()
-    script = (f'mount -t tmpfs -o size=256k tmpfs "{local.store}" && exec "{sys.executable}" -c "$0" '
-              f'"{local.store}" "{local.manifests}"')
-    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script, DISK_FULL_CHILD], cwd=PROJECT_ROOT,
-                          env={**local.ctx.env, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True,
-                          text=True, timeout=120)
+    script = (
+        f'mount -t tmpfs -o size=256k tmpfs "{local.store}" && exec "{sys.executable}" -c "$0" '
+        f'"{local.store}" "{local.manifests}"'
+    )
+    done = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, DISK_FULL_CHILD],
+        cwd=PROJECT_ROOT,
+        env={**local.ctx.env, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0 and "mount" in done.stderr:
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
     out = json.loads(done.stdout.strip().splitlines()[-1])

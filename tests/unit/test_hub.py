@@ -60,8 +60,7 @@ class HubCase:
 
     def provision(self, **kw: object) -> Provisioned:
         kw.setdefault("progress", None)
-        return provision(self.ctx(), "hubset", store=self.store, manifests=self.manifests, policy=FAST,
-                         **kw)  # type: ignore[arg-type]
+        return provision(self.ctx(), "hubset", store=self.store, manifests=self.manifests, policy=FAST, **kw)  # type: ignore[arg-type]
 
     def manifest(self) -> dict:
         return json.loads((self.manifests / "hubset.json").read_text())
@@ -86,8 +85,14 @@ def case(tmp_path: Path, ctx: Context) -> Iterator[HubCase]:
             "storage": "any",
             "origins": [{"kind": "hub", "repo": REPO, "allowed_redirect_hosts": [storage.netloc]}],
             "default_variant": "q4",
-            "variants": {"q4": {"chunk_size": CHUNK, "chunk_digest": "blake3",
-                                "gguf": {"architecture": "llama", "block_count": 1}, "files": []}},
+            "variants": {
+                "q4": {
+                    "chunk_size": CHUNK,
+                    "chunk_digest": "blake3",
+                    "gguf": {"architecture": "llama", "block_count": 1},
+                    "files": [],
+                }
+            },
         }
         (tmp_path / "m" / "hubset.json").write_text(json.dumps(template))
         yield HubCase(hub=fake, storage=storage, tmp=tmp_path, env=env, files=files)
@@ -281,12 +286,28 @@ def test_hub_origin_without_revision_refuses_sealed_variants(tmp_path: Path) -> 
     from manifests.artifact_sets import parse_set
 
     data = {
-        "schema_version": 1, "name": "x", "description": "", "storage": "any",
-        "origins": [{"kind": "hub", "repo": REPO}], "default_variant": "v",
-        "variants": {"v": {"chunk_size": CHUNK, "chunk_digest": "blake3",
-                           "gguf": {"architecture": "llama", "block_count": 1},
-                           "files": [{"name": "a.gguf", "size": 1, "sha256": "0" * 64, "blake3": "0" * 64,
-                                      "chunks": ["0" * 64]}]}},
+        "schema_version": 1,
+        "name": "x",
+        "description": "",
+        "storage": "any",
+        "origins": [{"kind": "hub", "repo": REPO}],
+        "default_variant": "v",
+        "variants": {
+            "v": {
+                "chunk_size": CHUNK,
+                "chunk_digest": "blake3",
+                "gguf": {"architecture": "llama", "block_count": 1},
+                "files": [
+                    {
+                        "name": "a.gguf",
+                        "size": 1,
+                        "sha256": "0" * 64,
+                        "blake3": "0" * 64,
+                        "chunks": ["0" * 64],
+                    }
+                ],
+            }
+        },
     }
     with pytest.raises(ConfigurationError, match="names no revision"):
         parse_set(data, source="x.json")
@@ -300,7 +321,9 @@ def test_hub_origin_without_revision_refuses_sealed_variants(tmp_path: Path) -> 
 def test_endpoint_and_token_follow_the_huggingface_hub_conventions(tmp_path: Path) -> None:
     assert hub.endpoint(None, {}) == hub.DEFAULT_ENDPOINT
     assert hub.endpoint("https://mirror.example/", {}) == "https://mirror.example"
-    assert hub.endpoint("https://mirror.example", {"HF_ENDPOINT": "http://127.0.0.1:9/"}) == "http://127.0.0.1:9"
+    assert (
+        hub.endpoint("https://mirror.example", {"HF_ENDPOINT": "http://127.0.0.1:9/"}) == "http://127.0.0.1:9"
+    )
     assert hub.token({"HF_TOKEN": " t1 ", "HOME": str(tmp_path)}) == "t1"
     assert hub.token({"HOME": str(tmp_path)}) is None
     (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
@@ -342,10 +365,21 @@ def test_progress_counts_resumed_bytes_as_done(case: HubCase) -> None:
         case.seal(include=["Q4/*.gguf"])
     case.storage.restart()
     bars = _Bars()
-    seal_hub("hubset", f"{REPO}@main", ctx=case.ctx(), root=case.manifests, progress=bars, policy=FAST,
-             include=["Q4/*.gguf"])
-    assert bars.bars[0] == {"label": f"seal {PATHS[0]}", "total": len(first), "initial": 3 * CHUNK,
-                            "done": len(first) - 3 * CHUNK}
+    seal_hub(
+        "hubset",
+        f"{REPO}@main",
+        ctx=case.ctx(),
+        root=case.manifests,
+        progress=bars,
+        policy=FAST,
+        include=["Q4/*.gguf"],
+    )
+    assert bars.bars[0] == {
+        "label": f"seal {PATHS[0]}",
+        "total": len(first),
+        "initial": 3 * CHUNK,
+        "done": len(first) - 3 * CHUNK,
+    }
     case.storage.kill_after = case.storage.sent + 2 * CHUNK + 10
     with pytest.raises(RuntimeFailure):
         case.provision()
@@ -353,8 +387,14 @@ def test_progress_counts_resumed_bytes_as_done(case: HubCase) -> None:
     bars = _Bars()
     case.provision(progress=bars)
     fetch = [b for b in bars.bars if b["label"] == f"fetch {PATHS[0]}"]
-    assert fetch == [{"label": f"fetch {PATHS[0]}", "total": len(first), "initial": 2 * CHUNK,
-                      "done": len(first) - 2 * CHUNK}]
+    assert fetch == [
+        {
+            "label": f"fetch {PATHS[0]}",
+            "total": len(first),
+            "initial": 2 * CHUNK,
+            "done": len(first) - 2 * CHUNK,
+        }
+    ]
 
 
 def _cli(case: HubCase, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
@@ -369,10 +409,20 @@ def _cli(case: HubCase, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     return main(list(argv))
 
 
-def test_cli_seal_from_the_hub(case: HubCase, monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture[str]) -> None:
-    rc = _cli(case, monkeypatch, "seal", "--artifacts", "hubset", "--from", f"hub:{REPO}@main",
-              "--include", "Q4/*.gguf")
+def test_cli_seal_from_the_hub(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = _cli(
+        case,
+        monkeypatch,
+        "seal",
+        "--artifacts",
+        "hubset",
+        "--from",
+        f"hub:{REPO}@main",
+        "--include",
+        "Q4/*.gguf",
+    )
     assert rc == 0
     assert f"({REPO} at {case.hub.repos[REPO].commit})" in capsys.readouterr().out
     assert case.manifest()["origins"][0]["revision"] == case.hub.repos[REPO].commit

@@ -94,7 +94,9 @@ def test_a_gpu_lane_certificate_names_its_device(tmp_path: Path) -> None:
     w = run_certification(ctx, recipe_from(tmp_path, doc), "vulkan", prepared, render=render)
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
     assert pred["hardware"]["lane_device"] == {
-        "lane": "vulkan", "devices": ["Vulkan0 (fake numpy device)"], "software_rasterizer": False
+        "lane": "vulkan",
+        "devices": ["Vulkan0 (fake numpy device)"],
+        "software_rasterizer": False,
     }
     html = w.html.read_text()
     assert 'id="device"' in html and "Vulkan0 (fake numpy device)" in html

@@ -62,8 +62,13 @@ def write_pin(directory: Path, name: str, files: list[Path], **extra: object) ->
         "description": "a test toolchain",
         "root": "nvidia/cu13",
         "files": [
-            {"package": f.name.split("_")[0].split("-")[0], "version": "13.0.2.14", "filename": f.name,
-             "size": f.stat().st_size, "sha256": sha(f)}
+            {
+                "package": f.name.split("_")[0].split("-")[0],
+                "version": "13.0.2.14",
+                "filename": f.name,
+                "size": f.stat().st_size,
+                "sha256": sha(f),
+            }
             for f in files
         ],
         **extra,
@@ -209,8 +214,9 @@ def build_deb(tmp_path: Path, name: str, files: Mapping[str, bytes], links: Mapp
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).symlink_to(target)
     out = tmp_path / f"{name}_1.0-1_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(root), str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-b", str(root), str(out)], check=True, capture_output=True
+    )
     return out
 
 
@@ -326,16 +332,33 @@ def test_vulkan_provisions_newer_headers_beside_the_systems_glslc_and_loader(
     monkeypatch.setattr(vulkan, "SYSTEM_PREFIXES", (str(system),))
     monkeypatch.setattr(vulkan, "LOADER_DIRS", (str(system / "lib"),))
     monkeypatch.setattr(toolchains, "workspace", lambda env: ws)
-    headers = build_deb(tmp_path, "libvulkan-dev", {
-        "usr/include/vulkan/vulkan_core.h": b"#define VK_HEADER_VERSION 309\n",
-        "usr/include/vulkan/vulkan_structs.hpp": b"struct LayerSettingEXT {};\n",
-    })
-    spirv = build_deb(tmp_path, "spirv-headers", {
-        "usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake": b"",
-        "usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfigVersion.cmake": b'set(PACKAGE_VERSION "1.5.5")\n',
-    })
-    pin(tmp_path / "pins", "vulkan-headers-debian13", [headers, spirv], kind="deb", root="usr",
-        lane="vulkan", suite="trixie", version="1.4.309")
+    headers = build_deb(
+        tmp_path,
+        "libvulkan-dev",
+        {
+            "usr/include/vulkan/vulkan_core.h": b"#define VK_HEADER_VERSION 309\n",
+            "usr/include/vulkan/vulkan_structs.hpp": b"struct LayerSettingEXT {};\n",
+        },
+    )
+    spirv_cmake = "usr/share/cmake/SPIRV-Headers"
+    spirv = build_deb(
+        tmp_path,
+        "spirv-headers",
+        {
+            f"{spirv_cmake}/SPIRV-HeadersConfig.cmake": b"",
+            f"{spirv_cmake}/SPIRV-HeadersConfigVersion.cmake": b'set(PACKAGE_VERSION "1.5.5")\n',
+        },
+    )
+    pin(
+        tmp_path / "pins",
+        "vulkan-headers-debian13",
+        [headers, spirv],
+        kind="deb",
+        root="usr",
+        lane="vulkan",
+        suite="trixie",
+        version="1.4.309",
+    )
     monkeypatch.setattr(toolchains, "TOOLCHAINS", tmp_path / "pins")
     monkeypatch.setattr(toolchains, "DOWNLOADERS", {"deb": Shelf(headers, spirv)})
     env = {**host, "PATH": f"{host['PATH']}:/usr/bin:/bin"}

@@ -26,8 +26,14 @@ def stubs(tmp_path_factory: pytest.TempPathFactory):
 
 def _launch(stubs, tmp_path: Path, placement=PLACEMENT, **kw):
     faults = kw.pop("faults", {})
-    return launch(fake_command(tmp_path), placement, stubs=stubs, evidence=tmp_path / "evidence",
-                  env=fake_env(stubs, **faults), **kw)
+    return launch(
+        fake_command(tmp_path),
+        placement,
+        stubs=stubs,
+        evidence=tmp_path / "evidence",
+        env=fake_env(stubs, **faults),
+        **kw,
+    )
 
 
 def test_starts_every_stage_and_stops_them_all(stubs, tmp_path: Path) -> None:
@@ -79,8 +85,12 @@ def test_worker_exiting_at_start_names_stage_and_stderr(stubs, tmp_path: Path) -
 def test_worker_that_never_listens_times_out(stubs, tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(StageFailed, match=r"stage 0 \(layers 0:4\) failed: START_TIMEOUT"):
-        with _launch(stubs, tmp_path, faults={"DGR_FAKE_FAULT": "no-listen", "DGR_FAKE_FAULT_BEGIN": "0"},
-                     start_timeout=3):
+        with _launch(
+            stubs,
+            tmp_path,
+            faults={"DGR_FAKE_FAULT": "no-listen", "DGR_FAKE_FAULT_BEGIN": "0"},
+            start_timeout=3,
+        ):
             pass
     assert time.monotonic() - started < 15
     _assert_all_reaped(tmp_path)
@@ -110,8 +120,9 @@ def test_killed_worker_is_detected_and_named(stubs, tmp_path: Path) -> None:
 
 
 def test_hung_worker_hits_the_call_deadline(stubs, tmp_path: Path) -> None:
-    with _launch(stubs, tmp_path, [(0, 12)], faults={"DGR_FAKE_FAULT": "hang-forward"},
-                 call_deadline=1.0, grace=1.0) as pipeline:
+    with _launch(
+        stubs, tmp_path, [(0, 12)], faults={"DGR_FAKE_FAULT": "hang-forward"}, call_deadline=1.0, grace=1.0
+    ) as pipeline:
         client = pipeline.clients[0]
         with pytest.raises(StageFailed, match="DEADLINE_EXCEEDED: Forward got no reply within 1.0 s"):
             client.forward("s", 1, [0], tokens=[1])
@@ -155,8 +166,17 @@ def _assert_all_reaped(tmp_path: Path) -> None:
 def test_default_command_line_listens_on_loopback(tmp_path: Path) -> None:
     cmd = WorkerCommand(program=("w",), model=tmp_path / "m.gguf", threads=3)
     argv = cmd.argv((2, 5))
-    assert argv == ["w", "--model", os.fspath(tmp_path / "m.gguf"), "--layers", "2:5",
-                    "--listen", "127.0.0.1:0", "--threads", "3"]
+    assert argv == [
+        "w",
+        "--model",
+        os.fspath(tmp_path / "m.gguf"),
+        "--layers",
+        "2:5",
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "3",
+    ]
     assert cmd.argv((2, 5), listen="10.1.2.3:0")[6] == "10.1.2.3:0"
 
 
@@ -224,8 +244,12 @@ def test_a_launcher_killed_by_sigkill_takes_its_workers_with_it(tmp_path: Path) 
     # No atexit hook or finally runs on SIGKILL; before the launcher pipe the workers (each in a session
     # of its own) served on, orphaned, until someone killed them by hand.
     pids: list[int] = []
-    with subprocess.Popen([sys.executable, "-c", _LAUNCH_AND_WAIT, str(tmp_path)], stdout=subprocess.PIPE,
-                          text=True, cwd=Path(__file__).parents[2]) as launcher:
+    with subprocess.Popen(
+        [sys.executable, "-c", _LAUNCH_AND_WAIT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    ) as launcher:
         try:
             pids = [int(p) for p in launcher.stdout.readline().split()]
             assert len(pids) == 2 and all(running(p) for p in pids)

@@ -25,8 +25,9 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     if not LINT_IMPORTS.is_file():
         pytest.fail(f"no lint-imports beside {sys.executable}: install the test extra ('.[test]')")
     env = {**os.environ, "PYTHONPATH": str(root)}  # the tree under test shadows any installed copy
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_import_contracts_hold() -> None:
@@ -46,8 +47,12 @@ def _copy_tree(dest: Path) -> None:
     ("module", "planted", "broken", "named"),
     [
         ("fetch/provision.py", "import lanes.build", "one-way layers", "fetch.provision -> lanes.build"),
-        ("core/proc.py", "import certify.verdict", "the kernel imports nothing",
-         "core.proc -> certify.verdict"),
+        (
+            "core/proc.py",
+            "import certify.verdict",
+            "the kernel imports nothing",
+            "core.proc -> certify.verdict",
+        ),
         ("certify/inputs.py", "import certify.run", "no import cycle", "No cycles are allowed in certify."),
     ],
 )
@@ -68,7 +73,12 @@ def test_the_kernel_uses_only_the_standard_library_blake3_and_platformdirs() -> 
     outside = []
     for path in sorted((REPO / "core").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
             outside += [f"{path.name}: {n}" for n in names if n and n.split(".")[0] not in allowed]
     assert not outside, outside

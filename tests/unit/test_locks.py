@@ -88,8 +88,13 @@ with hold(Path(sys.argv[1]), what="the target"):
 
 
 def _child_holding(path: Path) -> subprocess.Popen[str]:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], cwd=PROJECT_ROOT, text=True,
-                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)],
+        cwd=PROJECT_ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
     assert child.stdout is not None and child.stdout.readline().strip() == "held"
     return child
 

@@ -17,21 +17,38 @@ from manifests.artifact_sets import load_set
 from worker.launcher import WorkerCommand
 
 NAMES = [
-    "token_embd.weight", "output_norm.weight", "output.weight", "output_hc_fn.weight",
-    "blk.0.attn_norm.weight", "blk.0.ffn_gate_tid2eid.weight", "blk.2.ffn_gate_tid2eid.weight",
-    "blk.3.exp_probs_b.bias", "blk.11.ffn_up_exps.weight",
-    "blk.12.attn_norm.weight", "blk.12.ffn_up_exps.weight", "blk.12.nextn.eh_proj.weight",
-    "blk.12.nextn.enorm.weight", "blk.12.nextn.hnorm.weight", "blk.12.nextn.embed_tokens.weight",
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "output_hc_fn.weight",
+    "blk.0.attn_norm.weight",
+    "blk.0.ffn_gate_tid2eid.weight",
+    "blk.2.ffn_gate_tid2eid.weight",
+    "blk.3.exp_probs_b.bias",
+    "blk.11.ffn_up_exps.weight",
+    "blk.12.attn_norm.weight",
+    "blk.12.ffn_up_exps.weight",
+    "blk.12.nextn.eh_proj.weight",
+    "blk.12.nextn.enorm.weight",
+    "blk.12.nextn.hnorm.weight",
+    "blk.12.nextn.embed_tokens.weight",
 ]
 
 
 def test_the_mtp_file_keeps_what_the_converter_keeps_in_file_order() -> None:
     kept = mtp_file.mtp_tensor_names(NAMES, 12)
     assert kept == [
-        "token_embd.weight", "output_norm.weight", "output.weight", "output_hc_fn.weight",
-        "blk.0.ffn_gate_tid2eid.weight", "blk.2.ffn_gate_tid2eid.weight",
-        "blk.12.attn_norm.weight", "blk.12.ffn_up_exps.weight", "blk.12.nextn.eh_proj.weight",
-        "blk.12.nextn.enorm.weight", "blk.12.nextn.hnorm.weight",
+        "token_embd.weight",
+        "output_norm.weight",
+        "output.weight",
+        "output_hc_fn.weight",
+        "blk.0.ffn_gate_tid2eid.weight",
+        "blk.2.ffn_gate_tid2eid.weight",
+        "blk.12.attn_norm.weight",
+        "blk.12.ffn_up_exps.weight",
+        "blk.12.nextn.eh_proj.weight",
+        "blk.12.nextn.enorm.weight",
+        "blk.12.nextn.hnorm.weight",
     ]
     assert not any(n.startswith(("blk.11.", "blk.3.")) for n in kept)
 
@@ -56,8 +73,9 @@ def test_the_sealed_mtp_only_set_is_the_mtp_set_cut() -> None:
 
 
 def test_the_last_stage_alone_gets_the_mtp_file(tmp_path: Path) -> None:
-    cmd = WorkerCommand(program=("w",), model=tmp_path / "main.gguf", mtp=True,
-                        mtp_model=tmp_path / "mtp-main.gguf")
+    cmd = WorkerCommand(
+        program=("w",), model=tmp_path / "main.gguf", mtp=True, mtp_model=tmp_path / "mtp-main.gguf"
+    )
     assert cmd.argv((8, 12), last=True)[-2:] == ["--mtp-model", str(tmp_path / "mtp-main.gguf")]
     assert "--mtp-model" not in cmd.argv((0, 8)) and "--mtp" not in cmd.argv((0, 8))
     in_file = WorkerCommand(program=("w",), model=tmp_path / "main.gguf", mtp=True)

@@ -15,8 +15,13 @@ from lanes.base import Status
 from tests.unit.test_lanes import BANNERS, tool
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_PACKAGES = ["pkg-config", "libgrpc++-dev", "libprotobuf-dev", "protobuf-compiler",
-                   "protobuf-compiler-grpc"]
+WORKER_PACKAGES = [
+    "pkg-config",
+    "libgrpc++-dev",
+    "libprotobuf-dev",
+    "protobuf-compiler",
+    "protobuf-compiler-grpc",
+]
 
 
 @pytest.fixture
@@ -47,7 +52,13 @@ def test_every_lane_has_a_group_and_every_lane_brings_the_workers_parts() -> Non
         assert set(cmake.WORKER_PARTS) <= set(keys), lane
         assert {"c++", "cmake", "ninja"} <= set(keys), lane
     assert packages.names(packages.parts("cpu")) == [
-        "g++", "cmake", "ninja-build", *WORKER_PACKAGES, "git", "ccache"]
+        "g++",
+        "cmake",
+        "ninja-build",
+        *WORKER_PACKAGES,
+        "git",
+        "ccache",
+    ]
     assert [p.key for p in packages.parts("cpu") if p.optional] == ["git", "ccache"]
     with pytest.raises(KeyError, match="unknown package group 'cpux'"):
         packages.parts("cpux")
@@ -55,12 +66,22 @@ def test_every_lane_has_a_group_and_every_lane_brings_the_workers_parts() -> Non
 
 def test_the_command_runs_on_the_bare_standard_library() -> None:
     """.ci/run calls it before anything is installed: no site-packages (-S), no PYTHON* variables (-E)."""
-    out = subprocess.run([sys.executable, "-S", "-E", "-m", "lanes.packages", "cpu", "vulkan", "tests"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-S", "-E", "-m", "lanes.packages", "cpu", "vulkan", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.split() == packages.names(packages.parts("cpu", "vulkan", "tests"))
     assert "chromium" in out.split() and out.count("g++") == 1
-    brew = subprocess.run([sys.executable, "-S", "-E", "-m", "lanes.packages", "--brew", "--required",
-                           "metal"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    brew = subprocess.run(
+        [sys.executable, "-S", "-E", "-m", "lanes.packages", "--brew", "--required", "metal"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert brew == ["cmake", "ninja", "pkgconf", "grpc", "protobuf"]
 
 
@@ -88,7 +109,8 @@ def test_cpu_probe_names_every_missing_worker_part(host: dict[str, str], bindir:
     for what in ("pkg-config grpc++", "pkg-config protobuf", "protoc", "grpc_cpp_plugin"):
         assert what in probe.reason
     assert probe.reason.endswith(
-        "(sudo apt-get install -y libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)")
+        "(sudo apt-get install -y libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)"
+    )
     with pytest.raises(ToolchainMissing) as err:
         probe.require()
     assert err.value.exit_code == 4
@@ -109,8 +131,9 @@ def test_every_missing_host_part_is_named_at_once(host: dict[str, str], bindir: 
     assert "no gcc or clang" not in reason, "one missing compiler package, said once"
 
 
-def test_a_complete_host_records_the_worker_parts_and_notes_ccache(host: dict[str, str],
-                                                                   bindir: Path) -> None:
+def test_a_complete_host_records_the_worker_parts_and_notes_ccache(
+    host: dict[str, str], bindir: Path
+) -> None:
     probe = cpu.probe(host)
     assert probe.usable and probe.reason is None
     assert probe.locations["grpc++"] == "1.51.1" and probe.locations["protoc"] == str(bindir / "protoc")
@@ -128,7 +151,10 @@ def test_every_lane_probe_fails_without_the_worker_parts(host: dict[str, str], b
 
 
 def test_build_without_grpc_exits_4_before_any_work(
-    host: dict[str, str], bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    host: dict[str, str],
+    bindir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pkg_config_without(bindir, "grpc++")
@@ -143,11 +169,16 @@ def test_build_without_grpc_exits_4_before_any_work(
     assert not (tmp_path / "work").exists(), "nothing fetched, patched or configured"
 
 
-def test_cmake_saying_grpc_is_missing_is_a_toolchain_error(host: dict[str, str], bindir: Path,
-                                                          tmp_path: Path) -> None:
+def test_cmake_saying_grpc_is_missing_is_a_toolchain_error(
+    host: dict[str, str], bindir: Path, tmp_path: Path
+) -> None:
     """Should CMake find less than the probe did, configure's FATAL_ERROR is exit 4, not 6."""
-    tool(bindir, "cmake", f"CMake Error: {cmake.WORKER_DEPS_MISSING} (need pkg-config modules ...)",
-         exit_code=1)
+    tool(
+        bindir,
+        "cmake",
+        f"CMake Error: {cmake.WORKER_DEPS_MISSING} (need pkg-config modules ...)",
+        exit_code=1,
+    )
     tools = cmake.HostTools(cmake=str(bindir / "cmake"), generator="Ninja")
     with pytest.raises(ToolchainMissing) as err:
         cmake.configure(tools, source=tmp_path, build_dir=tmp_path / "b", args=[], env=host)
@@ -206,8 +237,18 @@ def test_deps_as_root_updates_once_then_installs_what_is_missing(
     assert packages.ensure(["cpu"], host, run=apt) == 0
     assert apt.calls == [
         [str(apt_get), "update", "-qq"],
-        [str(apt_get), "install", "-y", "-qq", "--no-install-recommends", "pkg-config", "libgrpc++-dev",
-         "libprotobuf-dev", "protobuf-compiler", "ccache"],
+        [
+            str(apt_get),
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "pkg-config",
+            "libgrpc++-dev",
+            "libprotobuf-dev",
+            "protobuf-compiler",
+            "ccache",
+        ],
     ]
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("deps: installing pkg-config libgrpc++-dev")

@@ -17,8 +17,10 @@ def test_a_drift_between_rounds_cancels() -> None:
     staged[2] = staged[2][:2]  # a round with fewer runs still pairs
     assert paired_ratio(staged, reference) == pytest.approx(0.8)
     # the ratio of the whole run's medians is not (the rounds' drift is in it)
-    whole_run = median_iqr([v for r in staged for v in r]).median / \
-        median_iqr([v for r in reference for v in r]).median
+    whole_run = (
+        median_iqr([v for r in staged for v in r]).median
+        / median_iqr([v for r in reference for v in r]).median
+    )
     assert whole_run != pytest.approx(0.8)
 
 

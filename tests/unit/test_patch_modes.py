@@ -19,18 +19,41 @@ from patches.stack import SERIES_HEADER, ensure_patched, git_mode, touched_paths
 
 # Mode spellings git reads as something other than a regular file (or refuses outright).
 NOT_REGULAR = [
-    "120000", "0120000", "00120000", "120777", "120644", "127777", "+120000", "120000junk",
+    "120000",
+    "0120000",
+    "00120000",
+    "120777",
+    "120644",
+    "127777",
+    "+120000",
+    "120000junk",
     "100000120000",  # wraps to 0120000 in git's unsigned int
-    "160000", "0160000", "160644", "040000", "40000", "040755",
-    "644", "755", "0", "000000", "170000", "777777", "-1", "99999999999999999999999",
-    "100600", "100777", "100000",  # regular, but not one of the two modes git itself writes
+    "160000",
+    "0160000",
+    "160644",
+    "040000",
+    "40000",
+    "040755",
+    "644",
+    "755",
+    "0",
+    "000000",
+    "170000",
+    "777777",
+    "-1",
+    "99999999999999999999999",
+    "100600",
+    "100777",
+    "100000",  # regular, but not one of the two modes git itself writes
 ]
 REGULAR = ["100644", "0100644", "100755", "0100755"]
 
 
 def _new_file(mode: str, path: str = "evil-link") -> str:
-    return (f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
-            "@@ -0,0 +1 @@\n+/tmp/outside\n\\ No newline at end of file\n")
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
+        "@@ -0,0 +1 @@\n+/tmp/outside\n\\ No newline at end of file\n"
+    )
 
 
 def _headers(mode: str) -> dict[str, str]:
@@ -39,11 +62,15 @@ def _headers(mode: str) -> dict[str, str]:
         "new file mode": _new_file(mode),
         "new mode": f"diff --git a/README.md b/README.md\nold mode 100644\nnew mode {mode}\n",
         "old mode": f"diff --git a/README.md b/README.md\nold mode {mode}\nnew mode 100644\n",
-        "deleted file mode": (f"diff --git a/README.md b/README.md\ndeleted file mode {mode}\n"
-                              "--- a/README.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-tiny upstream\n"),
-        "index": ("diff --git a/README.md b/README.md\n"
-                  f"index 1111111..2222222 {mode}\n--- a/README.md\n+++ b/README.md\n"
-                  "@@ -1 +1 @@\n-tiny upstream\n+tiny upstream!\n"),
+        "deleted file mode": (
+            f"diff --git a/README.md b/README.md\ndeleted file mode {mode}\n"
+            "--- a/README.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-tiny upstream\n"
+        ),
+        "index": (
+            "diff --git a/README.md b/README.md\n"
+            f"index 1111111..2222222 {mode}\n--- a/README.md\n+++ b/README.md\n"
+            "@@ -1 +1 @@\n-tiny upstream\n+tiny upstream!\n"
+        ),
     }
 
 
@@ -54,8 +81,9 @@ def _git_makes(tmp_path: Path, mode: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
     subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
-    done = subprocess.run(["git", "apply", "-"], cwd=repo, env=env, input=_new_file(mode).encode(),
-                          capture_output=True)
+    done = subprocess.run(
+        ["git", "apply", "-"], cwd=repo, env=env, input=_new_file(mode).encode(), capture_output=True
+    )
     target = repo / "evil-link"
     if done.returncode != 0:
         return "refused"
@@ -94,12 +122,15 @@ def test_git_mode_reads_octal_like_strtoul() -> None:
 
 
 @pytest.mark.parametrize("mode", ["0120000", "120777", "120644"])
-def test_symlink_patch_refuses_the_whole_stack_and_leaves_the_tree(ctx: Context, tmp_path: Path,
-                                                                   upstream_pin, mode: str) -> None:
+def test_symlink_patch_refuses_the_whole_stack_and_leaves_the_tree(
+    ctx: Context, tmp_path: Path, upstream_pin, mode: str
+) -> None:
     patches = tmp_path / "patches"
     patches.mkdir()
-    good = ("diff --git a/src/model.cpp b/src/model.cpp\n--- a/src/model.cpp\n+++ b/src/model.cpp\n"
-            "@@ -1 +1 @@\n-int layers() { return 4; }\n+int layers() { return 8; }\n")
+    good = (
+        "diff --git a/src/model.cpp b/src/model.cpp\n--- a/src/model.cpp\n+++ b/src/model.cpp\n"
+        "@@ -1 +1 @@\n-int layers() { return 4; }\n+int layers() { return 8; }\n"
+    )
     series = SERIES_HEADER
     for name, text in (("0001-good.patch", good), ("0002-evil-link.patch", _new_file(mode))):
         (patches / name).write_text(text)

@@ -56,15 +56,17 @@ def test_empty_series_gives_a_copy_equal_to_pristine(ctx: Context, upstream_pin,
     assert patched.provenance["patches"] == [] and patched.provenance["pristine"]["tree"] == pristine.tree
 
 
-def test_apply_records_digests_and_second_run_is_a_no_op(ctx: Context, upstream_pin,
-                                                         patches_dir: Path) -> None:
+def test_apply_records_digests_and_second_run_is_a_no_op(
+    ctx: Context, upstream_pin, patches_dir: Path
+) -> None:
     _add(patches_dir, "0001-more-layers.patch", GOOD)
     first = ensure_patched(ctx, pin=upstream_pin, patches_dir=patches_dir)
     assert (first.path / "src" / "model.cpp").read_text() == "int layers() { return 8; }\n"
     assert first.digest != upstream_pin.tree
     assert first.digest == gittree.tree_id(first.path, ctx.env)
-    assert first.provenance["patches"] == [{"number": 1, "name": "0001-more-layers.patch",
-                                            "sha256": hashlib.sha256(GOOD.encode()).hexdigest()}]
+    assert first.provenance["patches"] == [
+        {"number": 1, "name": "0001-more-layers.patch", "sha256": hashlib.sha256(GOOD.encode()).hexdigest()}
+    ]
     pristine = ensure_pristine(ctx, pin=upstream_pin)
     assert (pristine.path / "src" / "model.cpp").read_text() == "int layers() { return 4; }\n"
     inode = first.path.stat().st_ino
@@ -114,30 +116,40 @@ def test_missing_patch_file_refuses_the_stack(ctx: Context, upstream_pin, patche
 
 def _new_file(path: str, *, mode: str = "100644", header_path: str | None = None) -> str:
     hp = header_path or path
-    return (f"diff --git a/{hp} b/{hp}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
-            "@@ -0,0 +1 @@\n+pwned\n")
+    return (
+        f"diff --git a/{hp} b/{hp}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
+        "@@ -0,0 +1 @@\n+pwned\n"
+    )
 
 
 HOSTILE = {
     "dotdot": (_new_file("../escape.txt"), "'..'"),
     "dotdot-deep": (_new_file("src/../../escape.txt"), "'..'"),
-    "absolute-in-plusplus": (_new_file("/tmp/dgr-patch-escape.txt", header_path="x.txt").replace(
-        "+++ b//tmp", "+++ /tmp"), "is absolute"),
+    "absolute-in-plusplus": (
+        _new_file("/tmp/dgr-patch-escape.txt", header_path="x.txt").replace("+++ b//tmp", "+++ /tmp"),
+        "is absolute",
+    ),
     "symlink-created": (_new_file("src/link", mode="120000"), "symbolic link"),
     "gitlink-created": (_new_file("src/sub", mode="160000"), "submodule"),
     "through-symlink": (GOOD.replace("src/model.cpp", "docs/model.cpp"), "symbolic link docs"),
     "into-dot-git": (_new_file(".git/hooks/post-checkout"), ".git"),
-    "rename-out": ("diff --git a/README.md b/../README.md\nsimilarity index 100%\n"
-                   "rename from README.md\nrename to ../README.md\n", "'..'"),
-    "smuggled-old-style": (GOOD + "--- a/../escape.txt\n+++ b/../escape.txt\n@@ -0,0 +1 @@\n+x\n",
-                           "non-git diff header"),
+    "rename-out": (
+        "diff --git a/README.md b/../README.md\nsimilarity index 100%\n"
+        "rename from README.md\nrename to ../README.md\n",
+        "'..'",
+    ),
+    "smuggled-old-style": (
+        GOOD + "--- a/../escape.txt\n+++ b/../escape.txt\n@@ -0,0 +1 @@\n+x\n",
+        "non-git diff header",
+    ),
     "preamble-old-style": ("--- /dev/null\n+++ b/escape.txt\n@@ -0,0 +1 @@\n+x\n", "non-git diff header"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_unsafe_patch_refuses_the_whole_stack(ctx: Context, tmp_path: Path, upstream_pin, patches_dir: Path,
-                                              case: str) -> None:
+def test_unsafe_patch_refuses_the_whole_stack(
+    ctx: Context, tmp_path: Path, upstream_pin, patches_dir: Path, case: str
+) -> None:
     text, match = HOSTILE[case]
     _add(patches_dir, "0001-more-layers.patch", GOOD)  # a good patch first: it must not be applied either
     _add(patches_dir, "0002-hostile.patch", text)
@@ -151,13 +163,16 @@ def test_patch_that_does_not_apply_leaves_nothing(ctx: Context, upstream_pin, pa
     _assert_refused(ctx, upstream_pin, patches_dir, "0002-again.patch does not apply")
 
 
-@pytest.mark.parametrize("line, error", [
-    ("0001-x.patch", ConfigurationError),
-    ("0001-x.patch deadbeef", ConfigurationError),
-    (f"../0001-x.patch {'a' * 64}", IntegrityError),
-    (f"0001-X.PATCH {'a' * 64}", IntegrityError),
-    (f"1-x.patch {'a' * 64}", IntegrityError),
-])
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        ("0001-x.patch", ConfigurationError),
+        ("0001-x.patch deadbeef", ConfigurationError),
+        (f"../0001-x.patch {'a' * 64}", IntegrityError),
+        (f"0001-X.PATCH {'a' * 64}", IntegrityError),
+        (f"1-x.patch {'a' * 64}", IntegrityError),
+    ],
+)
 def test_malformed_series_lines(patches_dir: Path, line: str, error: type) -> None:
     with open(patches_dir / "series", "a") as fh:
         fh.write(line + "  # trailing comment\n")
@@ -208,8 +223,9 @@ def test_refresh_round_trip(ctx: Context, tmp_path: Path, upstream_pin, patches_
     assert ensure_patched(ctx, pin=upstream_pin, patches_dir=patches_dir).digest == patched.digest
 
 
-def test_refresh_refuses_uncommitted_work_and_foreign_trees(ctx: Context, tmp_path: Path, upstream_pin,
-                                                            patches_dir: Path) -> None:
+def test_refresh_refuses_uncommitted_work_and_foreign_trees(
+    ctx: Context, tmp_path: Path, upstream_pin, patches_dir: Path
+) -> None:
     dev = tmp_path / "dev"
     make_dev_tree(ctx, dev, pin=upstream_pin, patches_dir=patches_dir)
     (dev / "README.md").write_text("edited, not committed\n")
@@ -226,7 +242,8 @@ def test_concurrent_runs_agree(ctx: Context, upstream_pin, patches_dir: Path) ->
 
     _add(patches_dir, "0001-more-layers.patch", GOOD)
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda _: ensure_patched(ctx, pin=upstream_pin, patches_dir=patches_dir),
-                                range(2)))
+        results = list(
+            pool.map(lambda _: ensure_patched(ctx, pin=upstream_pin, patches_dir=patches_dir), range(2))
+        )
     assert results[0].digest == results[1].digest and results[0].path == results[1].path
     assert _patched_entries(ctx) == sorted([results[0].key, f"{results[0].key}.provenance.json"])

@@ -152,8 +152,12 @@ def test_a_ring_crosses_each_seam_once_and_never_reaches_the_driver_on_the_criti
     assert len(ring) == 12 and [c.into for c in ring] == [f"stage {k}" for k in range(12)]
     assert ring == chained[:-1]  # chained's last leg (logits into the driver) is off the ring's path
     assert physics.seam_bound("ring", 3, ring) == physics.seam_bound("chained", 3, chained)
-    speed = {"seam_bytes_per_token": [1024] * 11, "seam_s": [0.021] * 11, "stage_compute_s": [1e-3] * 12,
-             "decode_tok_s": {"median": 3.5}}
+    speed = {
+        "seam_bytes_per_token": [1024] * 11,
+        "seam_s": [0.021] * 11,
+        "stage_compute_s": [1e-3] * 12,
+        "decode_tok_s": {"median": 3.5},
+    }
     m = physics.model(p, "ring", speed, n_vocab=32000)
     assert m["crossings_per_token"] == 12 and m["forwarding"] == "ring"
     assert m["token_bound_s"] == pytest.approx(12e-3 + sum(c.bound_s for c in ring))

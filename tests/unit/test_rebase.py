@@ -31,7 +31,7 @@ def _write(root: Path, name: str, lines: list[str]) -> None:
 
 
 def _edited(index: int, text: str, lines: list[str] = LINES) -> list[str]:
-    return lines[:index] + [text] + lines[index + 1:]
+    return lines[:index] + [text] + lines[index + 1 :]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,10 +45,16 @@ class Stack:
 
 
 def _pin(bare: Path, commit: str, tree: str) -> Pin:
-    sdist = SdistPin(package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256="0" * 64,
-                     subtree="vendor/tiny")
-    return Pin(schema_version=1, upstream=bare.as_uri(), commit=commit, tree=tree,
-               sources=SourcesPin(order=("git",), sdist=sdist))
+    sdist = SdistPin(
+        package="tiny", version="1.0", filename="tiny-1.0.tar.gz", sha256="0" * 64, subtree="vendor/tiny"
+    )
+    return Pin(
+        schema_version=1,
+        upstream=bare.as_uri(),
+        commit=commit,
+        tree=tree,
+        sources=SourcesPin(order=("git",), sdist=sdist),
+    )
 
 
 def _commit(work: Path, message: str) -> str:
@@ -95,8 +101,11 @@ def built(tmp_path_factory) -> Stack:
         git("commit", "-q", "-am", f"change {name}\n\nPatch {number} rewrites line 20 of {name}.", cwd=dev)
     refresh(ctx, dev, pin=pin, patches_dir=patches)
     assert [e.name for e in read_series(patches)] == [
-        "0001-change-a-cpp.patch", "0002-change-b-cpp.patch", "0003-change-c-cpp.patch",
-        "0004-change-d-cpp.patch"]
+        "0001-change-a-cpp.patch",
+        "0002-change-b-cpp.patch",
+        "0003-change-c-cpp.patch",
+        "0004-change-d-cpp.patch",
+    ]
     return Stack(pin=pin, bare=bare, patches=patches, moved=moved, taken=taken, work=work)
 
 
@@ -112,10 +121,12 @@ def _statuses(result: rebase.Rebase) -> list[tuple[str, str]]:
 
 
 def test_onto_the_pin_itself_every_patch_is_clean_and_the_series_is_byte_identical(
-        ctx: Context, stack: Stack, tmp_path: Path) -> None:
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
-    result = rebase.rebase_onto(ctx, stack.pin.commit, from_git=str(stack.bare), out=out, pin=stack.pin,
-                                patches_dir=stack.patches)
+    result = rebase.rebase_onto(
+        ctx, stack.pin.commit, from_git=str(stack.bare), out=out, pin=stack.pin, patches_dir=stack.patches
+    )
     assert result.ok and result.series_written and result.kept_tree is None
     assert _statuses(result) == [(f"{n:04d}", "clean") for n in range(1, 5)]
     assert all(not o.offsets for o in result.outcomes)
@@ -130,15 +141,21 @@ def test_onto_the_pin_itself_every_patch_is_clean_and_the_series_is_byte_identic
     assert [p["status"] for p in record["patches"]] == ["clean"] * 4
 
 
-def test_upstream_moved_clean_with_offset_3way_and_a_named_conflict(ctx: Context, stack: Stack,
-                                                                    tmp_path: Path) -> None:
+def test_upstream_moved_clean_with_offset_3way_and_a_named_conflict(
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     patches_before = {p.name: p.read_bytes() for p in stack.patches.iterdir()}
-    result = rebase.rebase_onto(ctx, stack.moved, from_git=stack.bare.as_uri(), out=out, pin=stack.pin,
-                                patches_dir=stack.patches)
+    result = rebase.rebase_onto(
+        ctx, stack.moved, from_git=stack.bare.as_uri(), out=out, pin=stack.pin, patches_dir=stack.patches
+    )
     print("\n" + rebase.table(result))
-    assert _statuses(result) == [("0001", "clean"), ("0002", "3-way"), ("0003", "conflict"),
-                                 ("0004", "clean")]
+    assert _statuses(result) == [
+        ("0001", "clean"),
+        ("0002", "3-way"),
+        ("0003", "conflict"),
+        ("0004", "clean"),
+    ]
     by = {o.name[:4]: o for o in result.outcomes}
     assert by["0001"].offsets == ("src/a.cpp: hunk #1 at line 22 (offset +5)",)
     assert by["0003"].conflicts == ("src/c.cpp",) and "conflict" in by["0003"].detail
@@ -163,11 +180,18 @@ def test_upstream_moved_clean_with_offset_3way_and_a_named_conflict(ctx: Context
     assert {p.name: p.read_bytes() for p in stack.patches.iterdir()} == patches_before
 
 
-def test_a_conflict_resolved_in_the_kept_tree_refreshes_once_the_pin_moves(ctx: Context, stack: Stack,
-                                                                           tmp_path: Path) -> None:
+def test_a_conflict_resolved_in_the_kept_tree_refreshes_once_the_pin_moves(
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     """The documented way on: resolve, `git commit`, cherry-pick the rest, move the pin, refresh."""
-    result = rebase.rebase_onto(ctx, stack.moved, from_git=str(stack.bare), out=tmp_path / "out",
-                                pin=stack.pin, patches_dir=stack.patches)
+    result = rebase.rebase_onto(
+        ctx,
+        stack.moved,
+        from_git=str(stack.bare),
+        out=tmp_path / "out",
+        pin=stack.pin,
+        patches_dir=stack.patches,
+    )
     kept = result.kept_tree
     assert kept is not None
     _write(kept, "c.cpp", _edited(19, "int line_20 = 3300;  // patch 3 on upstream's 2000"))
@@ -185,18 +209,31 @@ def test_a_conflict_resolved_in_the_kept_tree_refreshes_once_the_pin_moves(ctx: 
     assert "int line_20 = 3300;" in (patched.path / "src" / "c.cpp").read_text()
 
 
-def test_a_patch_upstream_took_is_dropped_and_the_refreshed_series_applies(ctx: Context, stack: Stack,
-                                                                           tmp_path: Path) -> None:
+def test_a_patch_upstream_took_is_dropped_and_the_refreshed_series_applies(
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
-    result = rebase.rebase_onto(ctx, stack.taken, from_git=str(stack.bare), out=out, pin=stack.pin,
-                                patches_dir=stack.patches)
-    assert _statuses(result) == [("0001", "clean"), ("0002", "upstream"), ("0003", "clean"),
-                                 ("0004", "clean")]
+    result = rebase.rebase_onto(
+        ctx, stack.taken, from_git=str(stack.bare), out=out, pin=stack.pin, patches_dir=stack.patches
+    )
+    assert _statuses(result) == [
+        ("0001", "clean"),
+        ("0002", "upstream"),
+        ("0003", "clean"),
+        ("0004", "clean"),
+    ]
     assert [o.refreshed for o in result.outcomes] == [
-        "0001-change-a-cpp.patch", None, "0002-change-c-cpp.patch", "0003-change-d-cpp.patch"]
+        "0001-change-a-cpp.patch",
+        None,
+        "0002-change-c-cpp.patch",
+        "0003-change-d-cpp.patch",
+    ]
     entries = read_series(out / "patches")
-    assert [e.name for e in entries] == ["0001-change-a-cpp.patch", "0002-change-c-cpp.patch",
-                                         "0003-change-d-cpp.patch"]
+    assert [e.name for e in entries] == [
+        "0001-change-a-cpp.patch",
+        "0002-change-c-cpp.patch",
+        "0003-change-d-cpp.patch",
+    ]
     renumbered = (out / "patches" / "0002-change-c-cpp.patch").read_text()
     assert renumbered.startswith("# 0002-change-c-cpp.patch\n# Patch 3 rewrites line 20 of c.cpp.\n\ndiff")
     assert "\n@@ -22,7 +22,7 @@" in (out / "patches" / "0001-change-a-cpp.patch").read_text()  # was -17
@@ -209,15 +246,21 @@ def test_a_patch_upstream_took_is_dropped_and_the_refreshed_series_applies(ctx: 
     assert "int line_20 = 22;" in (patched.path / "src" / "b.cpp").read_text()
 
 
-def test_the_candidate_from_a_directory_gives_the_same_answer(ctx: Context, stack: Stack,
-                                                              tmp_path: Path) -> None:
+def test_the_candidate_from_a_directory_gives_the_same_answer(
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     files = tmp_path / "candidate"
     files.mkdir()
     git("--work-tree", str(files), "checkout", stack.moved, "--", ".", cwd=stack.work)
-    result = rebase.rebase_onto(ctx, stack.moved, tree=files, out=tmp_path / "out", pin=stack.pin,
-                                patches_dir=stack.patches)
-    assert _statuses(result) == [("0001", "clean"), ("0002", "3-way"), ("0003", "conflict"),
-                                 ("0004", "clean")]
+    result = rebase.rebase_onto(
+        ctx, stack.moved, tree=files, out=tmp_path / "out", pin=stack.pin, patches_dir=stack.patches
+    )
+    assert _statuses(result) == [
+        ("0001", "clean"),
+        ("0002", "3-way"),
+        ("0003", "conflict"),
+        ("0004", "clean"),
+    ]
     assert result.candidate_tree == git("rev-parse", f"{stack.moved}^{{tree}}", cwd=stack.work)
     assert result.source == str(files)
 
@@ -236,10 +279,15 @@ def _sdist(stack: Stack, tmp_path: Path, commit: str, version: str) -> Path:
 
 def test_the_candidate_from_an_sdist_file_or_version(ctx: Context, stack: Stack, tmp_path: Path) -> None:
     sdist = _sdist(stack, tmp_path, stack.moved, "1.1")
-    result = rebase.rebase_onto(ctx, stack.moved, sdist=str(sdist), out=tmp_path / "o1", pin=stack.pin,
-                                patches_dir=stack.patches)
-    assert _statuses(result) == [("0001", "clean"), ("0002", "3-way"), ("0003", "conflict"),
-                                 ("0004", "clean")]
+    result = rebase.rebase_onto(
+        ctx, stack.moved, sdist=str(sdist), out=tmp_path / "o1", pin=stack.pin, patches_dir=stack.patches
+    )
+    assert _statuses(result) == [
+        ("0001", "clean"),
+        ("0002", "3-way"),
+        ("0003", "conflict"),
+        ("0004", "clean"),
+    ]
     assert result.candidate_tree == git("rev-parse", f"{stack.moved}^{{tree}}", cwd=stack.work)
     assert result.source == f"sdist tiny-1.1.tar.gz sha256 {hashlib.sha256(sdist.read_bytes()).hexdigest()}"
     assert sorted(p.name for p in (tmp_path / "o1").iterdir()) == ["rebase.json", "tree"]
@@ -249,41 +297,73 @@ def test_the_candidate_from_an_sdist_file_or_version(ctx: Context, stack: Stack,
         asked.append(f"{pin.sources.sdist.package}=={pin.sources.sdist.version}")
         shutil.copy(_sdist(stack, tmp_path, stack.taken, pin.sources.sdist.version), into)
 
-    result = rebase.rebase_onto(ctx, stack.taken, sdist="1.2", out=tmp_path / "o2", pin=stack.pin,
-                                patches_dir=stack.patches, download=download)
+    result = rebase.rebase_onto(
+        ctx,
+        stack.taken,
+        sdist="1.2",
+        out=tmp_path / "o2",
+        pin=stack.pin,
+        patches_dir=stack.patches,
+        download=download,
+    )
     assert asked == ["tiny==1.2"] and result.ok and result.source.startswith("sdist tiny-1.2.tar.gz sha256 ")
     assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["patches", "rebase.json"]
     with pytest.raises(ConfigurationError, match="neither a file nor a version"):
-        rebase.rebase_onto(ctx, stack.taken, sdist="../x", out=tmp_path / "o3", pin=stack.pin,
-                           patches_dir=stack.patches)
+        rebase.rebase_onto(
+            ctx, stack.taken, sdist="../x", out=tmp_path / "o3", pin=stack.pin, patches_dir=stack.patches
+        )
 
 
 def test_write_patches_replaces_the_series_only_when_asked_and_only_without_conflict(
-        ctx: Context, stack: Stack, tmp_path: Path) -> None:
+    ctx: Context, stack: Stack, tmp_path: Path
+) -> None:
     before = {p.name: p.read_bytes() for p in stack.patches.iterdir()}
-    rebase.rebase_onto(ctx, stack.moved, from_git=str(stack.bare), out=tmp_path / "o1", pin=stack.pin,
-                       patches_dir=stack.patches, write_patches=True)
+    rebase.rebase_onto(
+        ctx,
+        stack.moved,
+        from_git=str(stack.bare),
+        out=tmp_path / "o1",
+        pin=stack.pin,
+        patches_dir=stack.patches,
+        write_patches=True,
+    )
     assert {p.name: p.read_bytes() for p in stack.patches.iterdir()} == before
-    rebase.rebase_onto(ctx, stack.taken, from_git=str(stack.bare), out=tmp_path / "o2", pin=stack.pin,
-                       patches_dir=stack.patches)
+    rebase.rebase_onto(
+        ctx,
+        stack.taken,
+        from_git=str(stack.bare),
+        out=tmp_path / "o2",
+        pin=stack.pin,
+        patches_dir=stack.patches,
+    )
     assert {p.name: p.read_bytes() for p in stack.patches.iterdir()} == before
-    rebase.rebase_onto(ctx, stack.taken, from_git=str(stack.bare), out=tmp_path / "o3", pin=stack.pin,
-                       patches_dir=stack.patches, write_patches=True)
+    rebase.rebase_onto(
+        ctx,
+        stack.taken,
+        from_git=str(stack.bare),
+        out=tmp_path / "o3",
+        pin=stack.pin,
+        patches_dir=stack.patches,
+        write_patches=True,
+    )
     assert sorted(p.name for p in stack.patches.iterdir()) == sorted(
-        p.name for p in (tmp_path / "o3" / "patches").iterdir())
+        p.name for p in (tmp_path / "o3" / "patches").iterdir()
+    )
     assert (stack.patches / "series").read_bytes() == (tmp_path / "o3" / "patches" / "series").read_bytes()
 
 
 def test_the_default_git_source_is_dgr_llama_git_url(ctx: Context, stack: Stack, tmp_path: Path) -> None:
     mirror = Context.from_env(dict(ctx.env, DGR_LLAMA_GIT_URL=stack.bare.as_uri()))
-    result = rebase.rebase_onto(mirror, stack.taken, out=tmp_path / "out", pin=stack.pin,
-                                patches_dir=stack.patches)
+    result = rebase.rebase_onto(
+        mirror, stack.taken, out=tmp_path / "out", pin=stack.pin, patches_dir=stack.patches
+    )
     assert result.ok and result.source == stack.bare.as_uri()
 
 
 def test_refusals(ctx: Context, stack: Stack, tmp_path: Path) -> None:
-    call = functools.partial(rebase.rebase_onto, ctx, pin=stack.pin, patches_dir=stack.patches,
-                             out=tmp_path / "out")
+    call = functools.partial(
+        rebase.rebase_onto, ctx, pin=stack.pin, patches_dir=stack.patches, out=tmp_path / "out"
+    )
     with pytest.raises(ConfigurationError, match="40-hex"):
         call("moved", from_git=str(stack.bare))
     with_git = tmp_path / "with-git"
@@ -301,8 +381,9 @@ def test_cli_exit_codes(ctx: Context, stack: Stack, tmp_path: Path, monkeypatch,
 
     monkeypatch.setenv("DGR_WORK", str(ctx.workspace.root))
     monkeypatch.setenv("DGR_CACHE", str(ctx.workspace.cache))
-    monkeypatch.setattr(rebase, "rebase_onto", functools.partial(
-        rebase.rebase_onto, pin=stack.pin, patches_dir=stack.patches))
+    monkeypatch.setattr(
+        rebase, "rebase_onto", functools.partial(rebase.rebase_onto, pin=stack.pin, patches_dir=stack.patches)
+    )
     assert main(["patch", "--rebase-onto", stack.taken, "--from-git", str(stack.bare)]) == 0
     said = capsys.readouterr().out
     assert "0002-change-b-cpp.patch  upstream" in said and "-> 0002-change-c-cpp.patch" in said

@@ -113,8 +113,10 @@ def test_the_mtp_recipe_turns_it_on_explicitly() -> None:
 
 def test_the_mtp_file_recipes_name_the_block_s_own_set() -> None:
     """V4 Flash's block comes as an MTP-only file: the recipe names its set, the main set holds none."""
-    for name, main, block in (("v4-q4-mtp", "deepseek-v4-flash-q4", "deepseek-v4-flash-q4-mtp"),
-                              ("tiny-v4-mtp-file", "tiny-v4", "tiny-v4-mtp-only")):
+    for name, main, block in (
+        ("v4-q4-mtp", "deepseek-v4-flash-q4", "deepseek-v4-flash-q4-mtp"),
+        ("tiny-v4-mtp-file", "tiny-v4", "tiny-v4-mtp-only"),
+    ):
         r = recipes.load(name, {})
         assert r.artifacts == main and r.mtp == recipes.Mtp(draft_tokens=3, artifacts=block), name
 
@@ -127,8 +129,16 @@ def test_an_mtp_set_without_a_nextn_block_is_refused_at_its_key(tmp_path: Path) 
         recipes.load_file(_write(tmp_path, doc))
 
 
-@pytest.mark.parametrize("bad", [{"draft_tokens": 0}, {"draft_tokens": 9}, {}, {"draft_tokens": 3, "k": 1},
-                                 {"draft_tokens": 3, "variant": "f32"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"draft_tokens": 0},
+        {"draft_tokens": 9},
+        {},
+        {"draft_tokens": 3, "k": 1},
+        {"draft_tokens": 3, "variant": "f32"},
+    ],
+)
 def test_a_bad_mtp_section_is_refused_at_its_key(tmp_path: Path, bad: dict) -> None:
     doc = _doc("tiny-v4-mtp")
     doc["mtp"] = bad

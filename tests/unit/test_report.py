@@ -155,18 +155,29 @@ def test_report_and_matrix_commands(run, tmp_path: Path) -> None:
 def test_speed_table_says_where_each_stage_was_held() -> None:
     from reports.render import speed_frame
 
-    placements = [{"name": "pinned", "n_stages": 4, "cpus": ["0", "0", "1-2", ""]},
-                  {"name": "free", "n_stages": 2, "cpus": ["", ""]},
-                  {"name": "older", "n_stages": 1}]  # a certificate from before the field
+    placements = [
+        {"name": "pinned", "n_stages": 4, "cpus": ["0", "0", "1-2", ""]},
+        {"name": "free", "n_stages": 2, "cpus": ["", ""]},
+        {"name": "older", "n_stages": 1},
+    ]  # a certificate from before the field
     assert list(speed_frame(placements)["stage CPUs"]) == ["0 | 0 | 1-2 | any", "any", "any"]
 
 
 def test_speed_table_says_how_each_stage_held_its_weights() -> None:
     from reports.render import speed_frame
 
-    placements = [{"name": "read", "n_stages": 2, "load_mode": ["none", "none"],
-                   "huge_page_bytes": [98 << 20, 2 << 20]},
-                  {"name": "mapped", "n_stages": 1, "load_mode": ["mmap"], "huge_page_bytes": [-1]},
-                  {"name": "older", "n_stages": 1}]  # a certificate from before the fields
+    placements = [
+        {
+            "name": "read",
+            "n_stages": 2,
+            "load_mode": ["none", "none"],
+            "huge_page_bytes": [98 << 20, 2 << 20],
+        },
+        {"name": "mapped", "n_stages": 1, "load_mode": ["mmap"], "huge_page_bytes": [-1]},
+        {"name": "older", "n_stages": 1},
+    ]  # a certificate from before the fields
     assert list(speed_frame(placements)["stage weights"]) == [
-        "none, 98 MiB huge | none, 2 MiB huge", "mmap", "—"]
+        "none, 98 MiB huge | none, 2 MiB huge",
+        "mmap",
+        "—",
+    ]

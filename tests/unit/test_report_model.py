@@ -35,8 +35,10 @@ def test_synthetic_sets_add_no_model_rows() -> None:
 def test_identity_rows_name_the_mtp_file_set_only_where_there_is_one() -> None:
     art = {"set": "tiny-v4", "variant": "f32", "manifest_digest": "aa"}
     mtp = {"set": "tiny-v4-mtp-only", "variant": "f32", "manifest_digest": "bb"}
-    rows = {link: (digest, what) for link, digest, what in
-            identity_rows({"identity": {"artifacts": art, "mtp_artifacts": mtp}})}
+    rows = {
+        link: (digest, what)
+        for link, digest, what in identity_rows({"identity": {"artifacts": art, "mtp_artifacts": mtp}})
+    }
     assert rows["MTP block artifacts"] == ("bb", "set tiny-v4-mtp-only variant f32, loaded by the last stage")
     plain = [link for link, _, _ in identity_rows({"identity": {"artifacts": art}})]
     assert "MTP block artifacts" not in plain

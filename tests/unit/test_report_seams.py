@@ -71,8 +71,13 @@ def test_scaling_chart_is_valid_svg_with_a_line_per_group() -> None:
 FLOOR = {
     "round_trips": 300,
     "load_average": 1.5,
-    "sizes": [{"bytes": 1024, "tcp_round_trip_s": {"median": 2e-5, "q1": 1.9e-5, "q3": 2.2e-5},
-               "grpc_round_trip_s": {"median": 4e-4, "q1": 3.8e-4, "q3": 4.4e-4}}],
+    "sizes": [
+        {
+            "bytes": 1024,
+            "tcp_round_trip_s": {"median": 2e-5, "q1": 1.9e-5, "q3": 2.2e-5},
+            "grpc_round_trip_s": {"median": 4e-4, "q1": 3.8e-4, "q3": 4.4e-4},
+        }
+    ],
 }
 
 
@@ -94,13 +99,18 @@ def test_floor_table_reads_a_chained_seam_against_half_a_round_trip_and_a_relaye
 def test_floor_table_sets_each_seam_beside_the_floors_between_processes() -> None:
     """The one-core and two-core process floors (a later certificate's) beside the in-process one; a
     certificate without the two-core figure (one CPU) shows a dash in its place."""
-    row = {**FLOOR["sizes"][0], "tcp_one_core_round_trip_s": {"median": 8e-6, "q1": 7e-6, "q3": 9e-6},
-           "tcp_two_cores_round_trip_s": {"median": 6e-5, "q1": 5e-5, "q3": 7e-5}}
+    row = {
+        **FLOOR["sizes"][0],
+        "tcp_one_core_round_trip_s": {"median": 8e-6, "q1": 7e-6, "q3": 9e-6},
+        "tcp_two_cores_round_trip_s": {"median": 6e-5, "q1": 5e-5, "q3": 7e-5},
+    }
     frame = seams.floor_frame(_under_test(PLACEMENTS), {**FLOOR, "sizes": [row]})
     chained = frame[frame["forwarding"] == "chained"].iloc[0]
     assert chained["process floor ms (1 core / 2 cores)"] == "0.004 / 0.030"
-    assert chained["measured / process floor (1 core / 2 cores)"] == \
-        f"{0.0205 / 4e-6:.1f}× / {0.0205 / 3e-5:.1f}×"
+    assert (
+        chained["measured / process floor (1 core / 2 cores)"]
+        == f"{0.0205 / 4e-6:.1f}× / {0.0205 / 3e-5:.1f}×"
+    )
     one_cpu = {k: v for k, v in row.items() if k != "tcp_two_cores_round_trip_s"}
     frame = seams.floor_frame(_under_test(PLACEMENTS), {**FLOOR, "sizes": [one_cpu]})
     assert frame.iloc[0]["process floor ms (1 core / 2 cores)"].endswith(" / —")

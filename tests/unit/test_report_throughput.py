@@ -6,19 +6,36 @@ from reports import throughput
 
 
 def _level(sessions: int, median: float, diverging: int = 0) -> dict:
-    return {"sessions": sessions, "aggregate_tok_s": {"median": median, "iqr": 1.0},
-            "diverging_sessions": diverging}
+    return {
+        "sessions": sessions,
+        "aggregate_tok_s": {"median": median, "iqr": 1.0},
+        "diverging_sessions": diverging,
+    }
 
 
 def _placement(name: str, n: int, role: str, levels: list[dict]) -> dict:
-    return {"name": name, "n_stages": n, "role": role, "forwarding": "relayed",
-            "speed": {"concurrency": {"levels": levels}}}
+    return {
+        "name": name,
+        "n_stages": n,
+        "role": role,
+        "forwarding": "relayed",
+        "speed": {"concurrency": {"levels": levels}},
+    }
 
 
 PLACEMENTS = [
     _placement("mono", 1, "reference", [_level(1, 50.0), _level(4, 40.0)]),
-    _placement("twelve", 12, "under test", [_level(1, 25.0), _level(12, 100.0, diverging=1), _level(4, 60.0),
-                                            {"sessions": 16, "skipped": "the workers hold fewer sessions"}]),
+    _placement(
+        "twelve",
+        12,
+        "under test",
+        [
+            _level(1, 25.0),
+            _level(12, 100.0, diverging=1),
+            _level(4, 60.0),
+            {"sessions": 16, "skipped": "the workers hold fewer sessions"},
+        ],
+    ),
     {"name": "older", "n_stages": 2, "role": "under test", "speed": {}},  # measured before the table
 ]
 

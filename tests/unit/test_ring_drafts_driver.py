@@ -45,11 +45,25 @@ def _rows(picks: list[int]) -> np.ndarray:
     return rows
 
 
-def _delivery(stubs, chosen: list[int], *, drafted: int, accepted: int, next_drafts=(), picks=None,
-              token: int | None = None):
+def _delivery(
+    stubs,
+    chosen: list[int],
+    *,
+    drafted: int,
+    accepted: int,
+    next_drafts=(),
+    picks=None,
+    token: int | None = None,
+):
     ring = stubs.pb2.RingToken(token=chosen[-1] if token is None else token, tokens=chosen, drafted=drafted)
-    passed = ChainedPass(logits=_rows(chosen if picks is None else picks), hops=(), boundaries=(),
-                         wall_seconds=0.01, draft=tuple(next_drafts), accepted=accepted)
+    passed = ChainedPass(
+        logits=_rows(chosen if picks is None else picks),
+        hops=(),
+        boundaries=(),
+        wall_seconds=0.01,
+        draft=tuple(next_drafts),
+        accepted=accepted,
+    )
     return ring, passed
 
 
@@ -63,9 +77,19 @@ def test_accepted_drafts_and_the_bonus_token_are_taken_and_the_next_drafts_fed(s
     assert last_pass.fed == (11, 8) and last_pass.chosen == (8,)  # cut by the stop token before its bonus
 
 
-@pytest.mark.parametrize("case", [
-    "argmax", "overcount", "undercount", "short-pass", "token", "drafted", "rows", "too-many-drafts",
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "argmax",
+        "overcount",
+        "undercount",
+        "short-pass",
+        "token",
+        "drafted",
+        "rows",
+        "too-many-drafts",
+    ],
+)
 def test_a_delivery_the_driver_cannot_recompute_is_refused(stubs, last, case: str) -> None:
     check = DraftedPasses(last, 4, [5, 6, 7], K)
     bad = {
@@ -75,8 +99,10 @@ def test_a_delivery_the_driver_cannot_recompute_is_refused(stubs, last, case: st
         "short-pass": _delivery(stubs, [5], drafted=3, accepted=2),  # not cut, yet fewer than accepted + 1
         "token": _delivery(stubs, [5, 9], drafted=3, accepted=1, token=5),
         "drafted": _delivery(stubs, [5, 9], drafted=2, accepted=1),
-        "rows": (_delivery(stubs, [5, 9], drafted=3, accepted=1)[0],
-                 _delivery(stubs, [5], drafted=3, accepted=0)[1]),
+        "rows": (
+            _delivery(stubs, [5, 9], drafted=3, accepted=1)[0],
+            _delivery(stubs, [5], drafted=3, accepted=0)[1],
+        ),
         "too-many-drafts": _delivery(stubs, [5, 9], drafted=3, accepted=1, next_drafts=[1, 2, 3, 4]),
     }[case]
     with pytest.raises(StageFailed) as caught:
@@ -92,8 +118,14 @@ THREE = PLACEMENTS["3"]
 
 def _launch(stubs, tmp_path: Path, placement, *, mtp: bool = True, max_rewind: int = K, **faults: str):
     command = dataclasses.replace(fake_command(tmp_path), max_rewind=max_rewind, mtp=mtp)
-    return launch(command, placement, stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs, **faults),
-                  call_deadline=20.0)
+    return launch(
+        command,
+        placement,
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=fake_env(stubs, **faults),
+        call_deadline=20.0,
+    )
 
 
 @pytest.mark.parametrize("name", list(PLACEMENTS))
@@ -101,8 +133,12 @@ def test_a_drafting_ring_decodes_what_plain_greedy_decodes(stubs, tmp_path: Path
     n = len(PLACEMENTS[name])
     with _launch(stubs, tmp_path, PLACEMENTS[name]) as p:
         plain = drive.run_placement(p.clients, [PROMPT], N_DECODE, all_logits=False).prompts[0]
-        got, chained = (speculative.run(p.clients, PROMPT, N_DECODE, k=K, drafter=speculative.NextnDrafter(),
-                                        forwarding=f) for f in ("ring", "chained"))
+        got, chained = (
+            speculative.run(
+                p.clients, PROMPT, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=f
+            )
+            for f in ("ring", "chained")
+        )
     assert got.tokens == plain.tokens == chained.tokens
     assert np.array_equal(got.logits, plain.logits), "the rows the ring chose from are plain decoding's"
     assert [q.fed for q in got.passes] == [q.fed for q in chained.passes]
@@ -112,14 +148,18 @@ def test_a_drafting_ring_decodes_what_plain_greedy_decodes(stubs, tmp_path: Path
     assert got.crossings_per_token == pytest.approx(n / got.tokens_per_pass)
 
 
-def _inside_a_pass(route: ring.RingRoute, session: str, ref, budget: int, stop: tuple[int, ...]
-                   ) -> ring.RingRun:
+def _inside_a_pass(
+    route: ring.RingRoute, session: str, ref, budget: int, stop: tuple[int, ...]
+) -> ring.RingRun:
     """A ring whose first pass verifies the true continuation across the toy's change of token
     (ref[7]), its drafts given by the driver: every one stands, so budget and stop cut inside it."""
     fed = [*PROMPT, *ref[:5]]
-    route.run(session, 1, list(range(len(fed))), fed, boundary_dtype="f32", all_logits=False,
-              keep_boundaries=False)
-    return route.decode(session, 1, len(fed), ref[5], budget, stop_tokens=stop, draft=K, drafts=ref[6:6 + K])
+    route.run(
+        session, 1, list(range(len(fed))), fed, boundary_dtype="f32", all_logits=False, keep_boundaries=False
+    )
+    return route.decode(
+        session, 1, len(fed), ref[5], budget, stop_tokens=stop, draft=K, drafts=ref[6 : 6 + K]
+    )
 
 
 def test_budget_and_stop_tokens_end_a_drafting_ring_inside_a_pass(stubs, tmp_path: Path) -> None:
@@ -128,15 +168,19 @@ def test_budget_and_stop_tokens_end_a_drafting_ring_inside_a_pass(stubs, tmp_pat
         assert ref[6] != ref[7] == ref[8], "the toy's continuation changed"
         infos = drive.describe(p.clients)
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
-            budgets = {b: ring.generate(route, PROMPT, b, session=f"b{b}", draft=K)
-                       for b in range(1, N_DECODE)}
-            stops = {at: ring.generate(route, PROMPT, N_DECODE, stop_tokens=(ref[at],), session=f"s{at}",
-                                       draft=K) for at in range(N_DECODE) if ref[at] not in ref[:at]}
+            budgets = {
+                b: ring.generate(route, PROMPT, b, session=f"b{b}", draft=K) for b in range(1, N_DECODE)
+            }
+            stops = {
+                at: ring.generate(route, PROMPT, N_DECODE, stop_tokens=(ref[at],), session=f"s{at}", draft=K)
+                for at in range(N_DECODE)
+                if ref[at] not in ref[:at]
+            }
             inside_budget = _inside_a_pass(route, "ib", ref, 2, ())
             inside_stop = _inside_a_pass(route, "is", ref, 20, (ref[7],))
             refused = route.sink.refused
     assert all(g.end == "budget" and g.tokens == ref[:b] for b, g in budgets.items())
-    assert all(g.end == "stop_token" and g.tokens == ref[:at + 1] for at, g in stops.items())
+    assert all(g.end == "stop_token" and g.tokens == ref[: at + 1] for at, g in stops.items())
     assert len(stops) == 2 and refused == 0
     assert inside_budget.end == "budget" and inside_budget.tokens == ref[6:8]
     assert inside_stop.end == "stop_token" and inside_stop.tokens == ref[6:8]
@@ -151,8 +195,9 @@ def test_a_drafting_ring_is_refused_where_it_cannot_run(stubs, tmp_path: Path) -
         with _launch(stubs, tmp_path / name, THREE, **kw) as p:
             infos = drive.describe(p.clients)
             with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route:
-                route.run("s", 1, [0, 1, 2], PROMPT, boundary_dtype="f32", all_logits=False,
-                          keep_boundaries=False)
+                route.run(
+                    "s", 1, [0, 1, 2], PROMPT, boundary_dtype="f32", all_logits=False, keep_boundaries=False
+                )
                 with pytest.raises(StageFailed) as caught:
                     route.decode("s", 1, 3, 5, 8, draft=K)
                 failed[name] = caught.value

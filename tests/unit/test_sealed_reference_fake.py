@@ -61,8 +61,13 @@ def test_certify_against_a_provisioned_sealed_reference_gives_the_live_figures(t
     assert pred["gates"]["staging_parity"]["reference"]["sealed_sha256"] == entry["sha256"]
     assert pred["gates"]["sealed_reference"]["gate"] == "staging-parity"
     assert pred["figures"]["route_change"]["expected_from"] == "sealed reference's monolithic, same switch"
-    ratio = [r for res in pred["results"] if res["name"] == "speed/two-middle" for r in res["details"]["rows"]
-             if r["check"] == "staged/monolithic decode"]
+    ratio = [
+        r
+        for res in pred["results"]
+        if res["name"] == "speed/two-middle"
+        for r in res["details"]["rows"]
+        if r["check"] == "staged/monolithic decode"
+    ]
     assert ratio and ratio[0].get("status") != "NOT_APPLICABLE"  # same lane, build and hardware: carried
     record = json.loads((w.evidence / "run.json").read_text())
     assert record["monolithic_worker_started"] is False and record["workers_started"]
@@ -129,13 +134,19 @@ def test_another_recipe_or_patch_digest_is_refused_naming_it(tmp_path: Path) -> 
 def test_another_build_is_held_through_backend_agreement(tmp_path: Path) -> None:
     doc = small_recipe_doc()
     doc["hardware_classes"][0]["backend_agreement"] = {
-        "top1_margin_min": 0.01, "top1_agreement_min": 1.0, "kl_mean_max": 1e-6, "kl_max_max": 1e-5,
-        "logits_nmse_max": 1e-5, "boundary_nmse_max": 1e-5}
+        "top1_margin_min": 0.01,
+        "top1_agreement_min": 1.0,
+        "kl_mean_max": 1e-6,
+        "kl_max_max": 1e-5,
+        "logits_nmse_max": 1e-5,
+        "boundary_nmse_max": 1e-5,
+    }
     ctx, recipe, made = _made(tmp_path, doc)
     ref = sealed.load(ctx, made.manifest, store=tmp_path / "store")
     prepared = fake_prepared(tmp_path)
-    prepared = dataclasses.replace(prepared, identity={**prepared.identity,
-                                                       "build": {"key": "another-build", "lane": "cpu"}})
+    prepared = dataclasses.replace(
+        prepared, identity={**prepared.identity, "build": {"key": "another-build", "lane": "cpu"}}
+    )
     w = run_certification(ctx, recipe, "cpu", prepared, sealed=ref, render=render)
     assert w.verdict.passed, w.verdict.reasons
     pred = verify(w.certificate, keys.trusted_keys(ws=ctx.workspace)).predicate
@@ -145,8 +156,9 @@ def test_another_build_is_held_through_backend_agreement(tmp_path: Path) -> None
     assert pred["gates"]["backend_agreement"]["applies"]
     assert pred["gates"]["staging_parity"]["status"] == "SKIPPED"
     assert "backend-agreement gate applies" in pred["gates"]["sealed_reference"]["why"]
-    rows = [r for r in names["speed/two-middle"]["details"]["rows"]
-            if r["check"] == "staged/monolithic decode"]
+    rows = [
+        r for r in names["speed/two-middle"]["details"]["rows"] if r["check"] == "staged/monolithic decode"
+    ]
     assert rows[0]["status"] == "NOT_APPLICABLE"
     assert names["speed/mono"]["status"] == "SKIPPED" and "NOT_APPLICABLE" in names["speed/mono"]["reason"]
     assert pred["figures"]["route_change"]["expected_from"] == "uninterrupted"
@@ -178,19 +190,41 @@ def test_the_file_keeps_float32_exactly(tmp_path: Path) -> None:
     import numpy as np
 
     a = (np.arange(12, dtype=np.float32).reshape(3, 4) / np.float32(7)).astype(np.float32)
-    header = {"kind": reference_file.HEADER_KIND, "recipe": {"name": "r", "digest": "a" * 64},
-              "placement": "mono", "lane": "cpu", "n_layer": 2, "n_vocab": 4, "width": 4, "cuts": [1],
-              "run_id": "x", "made": "t",
-              "identity": {"source": {"commit": "c", "tree": "t"}, "patches": {"digest": "p"},
-                           "artifacts": {"set": "s", "variant": "v", "manifest_digest": "m"},
-                           "build": {"lane": "cpu", "key": "k"}},
-              "hardware": {}, "speed": None, "forced": None,
-              "route_change": {"placement": "mono", "switch_at": 1, "reprefill_tokens": 2,
-                               "cache_miss": "MISS", "reference": [1, 2], "switched": [1, 2]},
-              "free": {"prompts": [{"prompt": [1, 2], "tokens": [3, 4], "logit_positions": [0, 1, 2]}]}}
+    header = {
+        "kind": reference_file.HEADER_KIND,
+        "recipe": {"name": "r", "digest": "a" * 64},
+        "placement": "mono",
+        "lane": "cpu",
+        "n_layer": 2,
+        "n_vocab": 4,
+        "width": 4,
+        "cuts": [1],
+        "run_id": "x",
+        "made": "t",
+        "identity": {
+            "source": {"commit": "c", "tree": "t"},
+            "patches": {"digest": "p"},
+            "artifacts": {"set": "s", "variant": "v", "manifest_digest": "m"},
+            "build": {"lane": "cpu", "key": "k"},
+        },
+        "hardware": {},
+        "speed": None,
+        "forced": None,
+        "route_change": {
+            "placement": "mono",
+            "switch_at": 1,
+            "reprefill_tokens": 2,
+            "cache_miss": "MISS",
+            "reference": [1, 2],
+            "switched": [1, 2],
+        },
+        "free": {"prompts": [{"prompt": [1, 2], "tokens": [3, 4], "logit_positions": [0, 1, 2]}]},
+    }
     path = tmp_path / "r.gguf"
-    tensors = [reference_file.Tensor(name="free.p0.logits", array=a),
-               reference_file.Tensor(name="free.p0.capture.1", array=-a)]
+    tensors = [
+        reference_file.Tensor(name="free.p0.logits", array=a),
+        reference_file.Tensor(name="free.p0.capture.1", array=-a),
+    ]
     reference_file.write(path, header, {"lane": "cpu"}, tensors)
     first = path.read_bytes()
     reference_file.write(path, header, {"lane": "cpu"}, tensors)
@@ -226,7 +260,8 @@ def test_a_carried_monolithic_speed_below_the_floor_says_where_it_was_measured(t
     ref = sealed.load(ctx, made.manifest, store=tmp_path / "store")
     sealed.check_recipe(ref, strict)
     fp = hardware.fingerprint(ctx.env)
-    w = run_certification(ctx, strict, "cpu", fake_prepared(tmp_path), sealed=ref, fingerprint=fp,
-                          render=render)
+    w = run_certification(
+        ctx, strict, "cpu", fake_prepared(tmp_path), sealed=ref, fingerprint=fp, render=render
+    )
     mono = next(r for r in w.verdict.reasons if r.startswith("speed/mono:"))
     assert "measured when it was made" in mono and ref.header["run_id"] in mono

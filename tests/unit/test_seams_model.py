@@ -32,8 +32,9 @@ def test_one_listed_seam_shapes_every_link_and_the_driver_takes_seam_0() -> None
 
 
 def test_stage_k_plus_1_takes_seam_k() -> None:
-    p = _placement(Seam(delay_ms=1, rate_mbit=10000), Seam(delay_ms=20, jitter_ms=2, rate_mbit=1000),
-                   Seam(delay_ms=3))
+    p = _placement(
+        Seam(delay_ms=1, rate_mbit=10000), Seam(delay_ms=20, jitter_ms=2, rate_mbit=1000), Seam(delay_ms=3)
+    )
     prof = seam_model.profiles(p)
     rack = Link(delay_s=0.001, rate_bps=1e10)
     metro = Link(delay_s=0.020, jitter_s=0.002, rate_bps=1e9)
@@ -59,15 +60,31 @@ def test_names_fit_the_interface_limit() -> None:
     longest = [n.hub, n.root_link, n.stage(seams.MAX_STAGES - 1), seams.Names.hub_port(seams.MAX_STAGES - 1)]
     assert all(len(x) <= 15 for x in longest)
     assert (n.hub, n.stage(3), n.root_link, n.hub_port(None), n.hub_port(7)) == (
-        "dgra1b2c3h", "dgra1b2c3s3", "dgra1b2c3d", "drv", "n7")
+        "dgra1b2c3h",
+        "dgra1b2c3s3",
+        "dgra1b2c3d",
+        "drv",
+        "n7",
+    )
 
 
 def test_used_networks_and_a_free_subnet() -> None:
-    addr = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
-                                           {"family": "inet6", "local": "::1", "prefixlen": 128}]},
-            {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "10.1.2.7", "prefixlen": 24}]}]
-    route = [{"dst": "default", "gateway": "192.0.2.1"}, {"dst": "10.1.3.0/24"}, {"dst": "10.1.4.9"},
-             {"dst": "fd00::/64"}]
+    addr = [
+        {
+            "ifname": "lo",
+            "addr_info": [
+                {"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
+                {"family": "inet6", "local": "::1", "prefixlen": 128},
+            ],
+        },
+        {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "10.1.2.7", "prefixlen": 24}]},
+    ]
+    route = [
+        {"dst": "default", "gateway": "192.0.2.1"},
+        {"dst": "10.1.3.0/24"},
+        {"dst": "10.1.4.9"},
+        {"dst": "fd00::/64"},
+    ]
     used = seams.used_networks(addr, route)
     assert ipaddress.ip_network("10.1.2.0/24") in used and ipaddress.ip_network("10.1.4.9/32") in used
     seed = (1 << 8) + 2  # the scan starts at 10.1.2.0/24
@@ -88,21 +105,85 @@ def test_addresses_in_the_subnet() -> None:
 def test_netem_command_lines() -> None:
     # The kernel-netem backend cannot run on a kernel without sch_netem; its exact argv is held here.
     assert seams.netem_argv("dgrabch", "n2", Link(delay_s=0.005, rate_bps=100e6)) == [
-        "tc", "-n", "dgrabch", "qdisc", "add", "dev", "n2", "root", "netem", "delay", "5000us",
-        "rate", "100000000bit", "limit", "1000"]
+        "tc",
+        "-n",
+        "dgrabch",
+        "qdisc",
+        "add",
+        "dev",
+        "n2",
+        "root",
+        "netem",
+        "delay",
+        "5000us",
+        "rate",
+        "100000000bit",
+        "limit",
+        "1000",
+    ]
     assert seams.netem_argv("h", "drv", Link(delay_s=0.020, jitter_s=0.002, rate_bps=1e9)) == [
-        "tc", "-n", "h", "qdisc", "add", "dev", "drv", "root", "netem", "delay", "20000us", "2000us",
-        "rate", "1000000000bit", "limit", "3332"]
+        "tc",
+        "-n",
+        "h",
+        "qdisc",
+        "add",
+        "dev",
+        "drv",
+        "root",
+        "netem",
+        "delay",
+        "20000us",
+        "2000us",
+        "rate",
+        "1000000000bit",
+        "limit",
+        "3332",
+    ]
     assert seams.netem_argv("h", "n0", Link()) == [
-        "tc", "-n", "h", "qdisc", "add", "dev", "n0", "root", "netem", "delay", "0us", "limit", "1000"]
+        "tc",
+        "-n",
+        "h",
+        "qdisc",
+        "add",
+        "dev",
+        "n0",
+        "root",
+        "netem",
+        "delay",
+        "0us",
+        "limit",
+        "1000",
+    ]
 
 
 def test_shaper_command_line() -> None:
-    argv = seams.shaper_argv("/py", Link(delay_s=0.005, jitter_s=0.001, rate_bps=100e6), inner="f0",
-                             inner_ns="/run/netns/a", outer="n0", outer_ns="/run/netns/h")
-    assert argv == ["/py", "-m", "pipeline.shaper", "--inner", "f0", "--inner-ns", "/run/netns/a",
-                    "--outer", "n0", "--outer-ns", "/run/netns/h", "--delay-ms", "5.0", "--jitter-ms", "1.0",
-                    "--rate-mbit", "100.0"]
+    argv = seams.shaper_argv(
+        "/py",
+        Link(delay_s=0.005, jitter_s=0.001, rate_bps=100e6),
+        inner="f0",
+        inner_ns="/run/netns/a",
+        outer="n0",
+        outer_ns="/run/netns/h",
+    )
+    assert argv == [
+        "/py",
+        "-m",
+        "pipeline.shaper",
+        "--inner",
+        "f0",
+        "--inner-ns",
+        "/run/netns/a",
+        "--outer",
+        "n0",
+        "--outer-ns",
+        "/run/netns/h",
+        "--delay-ms",
+        "5.0",
+        "--jitter-ms",
+        "1.0",
+        "--rate-mbit",
+        "100.0",
+    ]
     plain = seams.shaper_argv("/py", Link(), inner="a", inner_ns="", outer="b", outer_ns="/h")
     assert "--rate-mbit" not in plain
 
@@ -113,20 +194,48 @@ def test_probe_can_be_turned_off() -> None:
 
 
 def test_sweep_removes_markers_of_dead_owners_only(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     gone_pid = int(dead.stdout)
-    (tmp_path / "aaaaaa.json").write_text(json.dumps({
-        "tag": "aaaaaa", "pid": gone_pid, "start": 1, "namespaces": ["dgraaaaaah"],
-        "root_links": ["dgraaaaaad"], "shapers": []}))
+    (tmp_path / "aaaaaa.json").write_text(
+        json.dumps(
+            {
+                "tag": "aaaaaa",
+                "pid": gone_pid,
+                "start": 1,
+                "namespaces": ["dgraaaaaah"],
+                "root_links": ["dgraaaaaad"],
+                "shapers": [],
+            }
+        )
+    )
     mine = seams._start_ticks(os.getpid())
-    (tmp_path / "bbbbbb.json").write_text(json.dumps({
-        "tag": "bbbbbb", "pid": os.getpid(), "start": mine, "namespaces": [], "root_links": [],
-        "shapers": []}))
+    (tmp_path / "bbbbbb.json").write_text(
+        json.dumps(
+            {
+                "tag": "bbbbbb",
+                "pid": os.getpid(),
+                "start": mine,
+                "namespaces": [],
+                "root_links": [],
+                "shapers": [],
+            }
+        )
+    )
     # Same pid, other start time: the pid was reused, the owner is gone.
-    (tmp_path / "cccccc.json").write_text(json.dumps({
-        "tag": "cccccc", "pid": os.getpid(), "start": (mine or 0) + 1, "namespaces": [], "root_links": [],
-        "shapers": []}))
+    (tmp_path / "cccccc.json").write_text(
+        json.dumps(
+            {
+                "tag": "cccccc",
+                "pid": os.getpid(),
+                "start": (mine or 0) + 1,
+                "namespaces": [],
+                "root_links": [],
+                "shapers": [],
+            }
+        )
+    )
     removed = seams.sweep_stale(dict(os.environ), tmp_path)
     assert sorted(removed) == ["aaaaaa", "cccccc"]
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["bbbbbb.json"]
@@ -137,11 +246,37 @@ def test_netem_fabric_links() -> None:
     wan, lan = Link(delay_s=0.020, rate_bps=1e9), Link(delay_s=0.001)
     got = seams.netem_links(names, seam_model.Profiles(driver=wan, stages=(wan, lan)))
     assert got == [
-        ["ip", "-n", "dgr00abcdh", "link", "add", "n0", "type", "veth", "peer", "name", "f0",
-         "netns", "dgr00abcds0"],
+        [
+            "ip",
+            "-n",
+            "dgr00abcdh",
+            "link",
+            "add",
+            "n0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "f0",
+            "netns",
+            "dgr00abcds0",
+        ],
         seams.netem_argv("dgr00abcdh", "n0", wan),
-        ["ip", "-n", "dgr00abcdh", "link", "add", "n1", "type", "veth", "peer", "name", "f0",
-         "netns", "dgr00abcds1"],
+        [
+            "ip",
+            "-n",
+            "dgr00abcdh",
+            "link",
+            "add",
+            "n1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "f0",
+            "netns",
+            "dgr00abcds1",
+        ],
         seams.netem_argv("dgr00abcdh", "n1", lan),
         ["ip", "link", "add", "dgr00abcdd", "type", "veth", "peer", "name", "drv", "netns", "dgr00abcdh"],
         seams.netem_argv("dgr00abcdh", "drv", wan),

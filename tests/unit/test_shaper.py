@@ -44,8 +44,11 @@ def test_the_wire_is_busy_until_the_previous_frame_is_serialised() -> None:
 
 def test_unlimited_rate_is_pure_delay() -> None:
     sched = Schedule(Link(delay_s=0.020))
-    assert [sched.release(t, 60000) for t in (0.0, 0.0, 1.0)] == [pytest.approx(0.02), pytest.approx(0.02),
-                                                                   pytest.approx(1.02)]
+    assert [sched.release(t, 60000) for t in (0.0, 0.0, 1.0)] == [
+        pytest.approx(0.02),
+        pytest.approx(0.02),
+        pytest.approx(1.02),
+    ]
 
 
 def test_jitter_stays_in_its_window_and_never_reorders() -> None:

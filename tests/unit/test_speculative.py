@@ -33,8 +33,14 @@ def stubs(tmp_path_factory: pytest.TempPathFactory):
 
 def _launch(stubs, tmp_path: Path, placement, *, max_rewind: int = 3, **faults: str):
     command = dataclasses.replace(fake_command(tmp_path), max_rewind=max_rewind)
-    return launch(command, placement, stubs=stubs, evidence=tmp_path / "ev", env=fake_env(stubs, **faults),
-                  call_deadline=20.0)
+    return launch(
+        command,
+        placement,
+        stubs=stubs,
+        evidence=tmp_path / "ev",
+        env=fake_env(stubs, **faults),
+        call_deadline=20.0,
+    )
 
 
 def _plain(clients) -> drive.PromptTrace:
@@ -61,17 +67,18 @@ def test_known_drafter_offers_the_truth_at_acceptance_one_and_never_at_zero() ->
 
 @pytest.mark.parametrize("name", list(PLACEMENTS))
 @pytest.mark.parametrize("forwarding", ["relayed", "chained"])
-def test_verify_passes_give_the_plain_greedy_run_bitwise(stubs, tmp_path: Path, name: str,
-                                                         forwarding: str) -> None:
+def test_verify_passes_give_the_plain_greedy_run_bitwise(
+    stubs, tmp_path: Path, name: str, forwarding: str
+) -> None:
     n = len(PLACEMENTS[name])
     with _launch(stubs, tmp_path, PLACEMENTS[name]) as p:
         plain = _plain(p.clients)
         for k in (1, 3):
             for acceptance in (1.0, 0.5, 0.0):
-                drafter = speculative.KnownDrafter(plain.tokens, acceptance=acceptance, n_vocab=40,
-                                                   seed=k)
-                got = speculative.run(p.clients, PROMPT, N_DECODE, k=k, drafter=drafter,
-                                      forwarding=forwarding)
+                drafter = speculative.KnownDrafter(plain.tokens, acceptance=acceptance, n_vocab=40, seed=k)
+                got = speculative.run(
+                    p.clients, PROMPT, N_DECODE, k=k, drafter=drafter, forwarding=forwarding
+                )
                 assert got.tokens == plain.tokens, (k, acceptance)
                 assert np.array_equal(got.logits, plain.logits), (k, acceptance)
                 assert sum(len(q.chosen) for q in got.passes) == N_DECODE - 1
@@ -91,10 +98,18 @@ def test_a_rejected_draft_leaves_no_trace(stubs, tmp_path: Path) -> None:
     """Two runs that differ only in the drafts they had rejected give bitwise the same logits after."""
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         plain = _plain(p.clients)
-        a, b = (speculative.run(p.clients, PROMPT, N_DECODE, k=3,
-                                drafter=speculative.KnownDrafter(plain.tokens, acceptance=0.4, n_vocab=40,
-                                                                 seed=3, wrong_by=by))
-                for by in (1, 7))
+        a, b = (
+            speculative.run(
+                p.clients,
+                PROMPT,
+                N_DECODE,
+                k=3,
+                drafter=speculative.KnownDrafter(
+                    plain.tokens, acceptance=0.4, n_vocab=40, seed=3, wrong_by=by
+                ),
+            )
+            for by in (1, 7)
+        )
     assert [q.fed for q in a.passes] != [q.fed for q in b.passes]  # they fed different rejected tokens
     assert [q.accepted for q in a.passes] == [q.accepted for q in b.passes]
     assert any(q.rewound for q in a.passes)
@@ -121,18 +136,21 @@ def test_a_ring_refuses_every_drafter_but_the_last_stages(stubs, tmp_path: Path)
     workers hold none."""
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         with pytest.raises(ConfigurationError, match="NextnDrafter") as known:
-            speculative.run(p.clients, PROMPT, 4, k=1, drafter=speculative.KnownDrafter([]),
-                            forwarding="ring")
+            speculative.run(
+                p.clients, PROMPT, 4, k=1, drafter=speculative.KnownDrafter([]), forwarding="ring"
+            )
         with pytest.raises(ConfigurationError, match="needs a last stage that drafts"):
             speculative.run(p.clients, PROMPT, 4, k=1, drafter=speculative.NextnDrafter(), forwarding="ring")
     assert "relayed or chained" in known.value.hint
 
 
 @pytest.mark.parametrize("forwarding", ["relayed", "chained"])
-def test_a_stage_killed_during_a_verify_pass_ends_the_run_naming_it(stubs, tmp_path: Path,
-                                                                    forwarding: str) -> None:
-    with _launch(stubs, tmp_path, PLACEMENTS["3"], DGR_FAKE_FAULT="die-after-forwards:3",
-                 DGR_FAKE_FAULT_BEGIN="1") as p:
+def test_a_stage_killed_during_a_verify_pass_ends_the_run_naming_it(
+    stubs, tmp_path: Path, forwarding: str
+) -> None:
+    with _launch(
+        stubs, tmp_path, PLACEMENTS["3"], DGR_FAKE_FAULT="die-after-forwards:3", DGR_FAKE_FAULT_BEGIN="1"
+    ) as p:
         drafter = speculative.KnownDrafter([1] * N_DECODE)
         started = time.perf_counter()
         with pytest.raises(StageFailed) as caught:

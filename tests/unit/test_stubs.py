@@ -80,8 +80,14 @@ def test_chained_forwarding_messages_and_sink_service(tmp_path: Path) -> None:
     loaded = stubs.load(_workspace(tmp_path))
     pb2 = loaded.pb2
     hop = pb2.Hop(stage=1, layer_begin=3, layer_end=6, received_ns=5, sent_ns=9, boundary_bytes=64)
-    req = pb2.ForwardRequest(session_id="s", downstream=["10.0.0.2:1"], deliver_to="10.0.0.1:2",
-                             request_id="r", keep_boundaries=True, trace=[hop])
+    req = pb2.ForwardRequest(
+        session_id="s",
+        downstream=["10.0.0.2:1"],
+        deliver_to="10.0.0.1:2",
+        request_id="r",
+        keep_boundaries=True,
+        trace=[hop],
+    )
     again = pb2.ForwardRequest.FromString(req.SerializeToString())
     assert list(again.downstream) == ["10.0.0.2:1"] and again.trace[0].sent_ns == 9
     # additive only: the relayed fields keep their numbers

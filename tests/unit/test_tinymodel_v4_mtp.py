@@ -49,8 +49,9 @@ def _generate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **params: Any) ->
     names = tinymodel.generate(tmp_path, {"architecture": "deepseek4", **params}, "f32", tree=tmp_path)
     calls = _Writer.last.calls
     assert names == tinymodel_v4.file_names(params, "f32")
-    assert sum(c[0] == "tensor" for c in calls) == tinymodel_v4._tensor_count({**tinymodel_v4.DEFAULTS,
-                                                                                **params})
+    assert sum(c[0] == "tensor" for c in calls) == tinymodel_v4._tensor_count(
+        {**tinymodel_v4.DEFAULTS, **params}
+    )
     return calls
 
 
@@ -82,7 +83,7 @@ def test_the_nextn_block_follows_every_main_tensor_and_leaves_them_be(monkeypatc
     assert [n for n, _ in with_mtp[: len(main)]] == [n for n, _ in main]
     pairs = zip(main, with_mtp[: len(main)], strict=True)
     assert all(np.array_equal(a, b) and a.dtype == b.dtype for (_, a), (_, b) in pairs)
-    block = dict(with_mtp[len(main):])
+    block = dict(with_mtp[len(main) :])
     assert all(name.startswith("blk.12.") for name in block)
     # a full score-routed block at ratio 0 (no compressor, no indexer, no hash table), then the nextn tensors
     assert "blk.12.exp_probs_b.bias" in block and "blk.12.ffn_gate_tid2eid.weight" not in block
@@ -101,8 +102,11 @@ def test_the_nextn_metadata_is_what_the_pinned_loader_reads(monkeypatch, tmp_pat
     assert ("add_block_count", 13) in on and ("add_nextn_predict_layers", 1) in on
     on_arrays = {c[0]: c[1] for c in on if len(c) > 1 and isinstance(c[1], list)}
     assert all(len(v) == 13 for v in on_arrays.values()), on_arrays
-    assert set(on_arrays) == {"add_swiglu_clamp_exp", "add_swiglu_clamp_shexp",
-                              "add_attention_compress_ratios"}
+    assert set(on_arrays) == {
+        "add_swiglu_clamp_exp",
+        "add_swiglu_clamp_shexp",
+        "add_attention_compress_ratios",
+    }
     assert on_arrays["add_attention_compress_ratios"][-1] == 0
     # the rest of the metadata, and its order, is tiny-v4's
     rest = [c for c in on if c[0] != "add_nextn_predict_layers"]
@@ -130,8 +134,11 @@ def test_the_sealed_mtp_set_is_tiny_v4_plus_the_block() -> None:
     assert sum(g["tensor_counts"]) == n_tensors == 360 + 24 + 4  # tiny-v4's, a ratio-0 block, 4 nextn
     assert all(len(f["sha256"]) == 64 and len(f["blake3"]) == 64 and f["size"] > 0 for f in variant["files"])
     assert load_set("tiny-v4-mtp").variant("f32").files  # it parses as a sealed set
-    assert tinymodel_v4._tensor_count({**tinymodel_v4.DEFAULTS, **v4}) == sum(_sealed("tiny-v4")[1]["gguf"]
-                                                                              ["tensor_counts"]) == 360
+    assert (
+        tinymodel_v4._tensor_count({**tinymodel_v4.DEFAULTS, **v4})
+        == sum(_sealed("tiny-v4")[1]["gguf"]["tensor_counts"])
+        == 360
+    )
 
 
 @pytest.mark.parametrize(

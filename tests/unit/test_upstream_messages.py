@@ -32,8 +32,10 @@ def test_a_missing_message_is_named(tmp_path) -> None:
         upstream.messages([_entry(tmp_path)], tmp_path)
 
 
-@pytest.mark.parametrize("subject", ["Add layer ranges", "llama: no space before the colon",
-                                     "Llama : capital area", "llama : " + "x" * 80])
+@pytest.mark.parametrize(
+    "subject",
+    ["Add layer ranges", "llama: no space before the colon", "Llama : capital area", "llama : " + "x" * 80],
+)
 def test_a_subject_not_in_upstream_style_is_refused(tmp_path, subject) -> None:
     (tmp_path / "0001-x.msg").write_text(f"{subject}\n\nbody\n")
     with pytest.raises(ConfigurationError, match="not in llama.cpp's style"):
@@ -42,7 +44,10 @@ def test_a_subject_not_in_upstream_style_is_refused(tmp_path, subject) -> None:
 
 def test_author_is_name_and_email() -> None:
     who = upstream.identity("Ada Lovelace <ada@example.org>", "@0 +0000")
-    assert (who["GIT_AUTHOR_NAME"], who["GIT_AUTHOR_EMAIL"], who["GIT_COMMITTER_DATE"]) == \
-        ("Ada Lovelace", "ada@example.org", "@0 +0000")
+    assert (who["GIT_AUTHOR_NAME"], who["GIT_AUTHOR_EMAIL"], who["GIT_COMMITTER_DATE"]) == (
+        "Ada Lovelace",
+        "ada@example.org",
+        "@0 +0000",
+    )
     with pytest.raises(ConfigurationError, match="is not 'Name <email>'"):
         upstream.identity("ada@example.org", "@0 +0000")

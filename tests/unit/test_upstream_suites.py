@@ -51,8 +51,11 @@ def test_a_row_that_fails_or_vanishes_on_the_patched_tree_is_a_regression() -> N
     assert us.worse_rows(a, failed) == ["llama|CPU|Dense"]
     assert us.worse_rows(a, a[:2]) == ["qwen3moe|CPU|MoE"]
     suite = Suite(name="archs", target="test-llama-archs", archs_table=True)
-    rows = us.compare([suite], {"archs": Outcome(status=Status.PASS, rows=a)},
-                      {"archs": Outcome(status=Status.PASS, rows=failed)})
+    rows = us.compare(
+        [suite],
+        {"archs": Outcome(status=Status.PASS, rows=a)},
+        {"archs": Outcome(status=Status.PASS, rows=failed)},
+    )
     assert rows[0].regression  # both exited 0, yet a row got worse
     assert "rows differing: llama|CPU|Dense" in rows[0].notes
 
@@ -73,12 +76,17 @@ def test_regression_only_when_the_pristine_tree_passes() -> None:
 
 def test_report_table_and_json(tmp_path: Path) -> None:
     suites = [Suite(name="test-a", target="a", note="n"), Suite(name="test-b", target="b")]
-    rows = us.compare(suites, {"test-a": Outcome(status=Status.PASS, seconds=1.5),
-                               "test-b": Outcome(status=Status.PASS)},
-                      {"test-a": Outcome(status=Status.PASS, seconds=1.25),
-                       "test-b": Outcome(status=Status.FAIL, detail="boom")})
-    report = us.write_report(tmp_path, rows, {"commit": "c" * 40, "changed_dirs": ["include", "src"],
-                                              "ggml_unchanged": True})
+    rows = us.compare(
+        suites,
+        {"test-a": Outcome(status=Status.PASS, seconds=1.5), "test-b": Outcome(status=Status.PASS)},
+        {
+            "test-a": Outcome(status=Status.PASS, seconds=1.25),
+            "test-b": Outcome(status=Status.FAIL, detail="boom"),
+        },
+    )
+    report = us.write_report(
+        tmp_path, rows, {"commit": "c" * 40, "changed_dirs": ["include", "src"], "ggml_unchanged": True}
+    )
     assert report.regressions == ("test-b",) and not report.ok
     md = report.markdown_path.read_text()
     assert "| test-a | PASS | PASS | 1.5 / 1.2 | n |" in md
@@ -97,21 +105,39 @@ def test_run_one_real_processes(tmp_path: Path) -> None:
 
     def run(*args: str, timeout_s: float = 30.0) -> Outcome:
         suite = Suite(name=f"t {' '.join(args)}", target="t", args=args, timeout_s=timeout_s)
-        return us.run_one(suite, script, tree=tmp_path, models={"tiny": tmp_path / "m.gguf"},
-                          logs=tmp_path / "logs", env=env)
+        return us.run_one(
+            suite,
+            script,
+            tree=tmp_path,
+            models={"tiny": tmp_path / "m.gguf"},
+            logs=tmp_path / "logs",
+            env=env,
+        )
 
     assert run("0", "{tiny}").status is Status.PASS
     failed = run("3", "{tree}")
     assert failed.status is Status.FAIL and failed.returncode == 3 and str(tmp_path) in failed.detail
     assert run("0", "{gen:nope}").status is Status.NOT_RUN
-    missing = us.run_one(Suite(name="x", target="x"), tmp_path / "absent", tree=tmp_path, models={},
-                         logs=tmp_path / "logs", env=env)
+    missing = us.run_one(
+        Suite(name="x", target="x"),
+        tmp_path / "absent",
+        tree=tmp_path,
+        models={},
+        logs=tmp_path / "logs",
+        env=env,
+    )
     assert missing.status is Status.NOT_BUILT
     sleeper = tmp_path / "s"
     sleeper.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(30)\n")
     sleeper.chmod(0o755)
-    slow = us.run_one(Suite(name="s", target="s", timeout_s=0.5), sleeper, tree=tmp_path, models={},
-                      logs=tmp_path / "logs", env=env)
+    slow = us.run_one(
+        Suite(name="s", target="s", timeout_s=0.5),
+        sleeper,
+        tree=tmp_path,
+        models={},
+        logs=tmp_path / "logs",
+        env=env,
+    )
     assert slow.status is Status.TIMEOUT
 
 
@@ -139,8 +165,12 @@ def test_changed_dirs_names_changed_and_added_files(tmp_path: Path) -> None:
 def test_the_stacks_architectures_are_named_in_the_notes() -> None:
     rows = _archs(ARCHS_OUT)
     suite = Suite(name="archs", target="test-llama-archs", archs_table=True)
-    [row] = us.compare([suite], {"archs": Outcome(status=Status.PASS, rows=rows)},
-                       {"archs": Outcome(status=Status.PASS, rows=rows)})
-    assert row.notes[-2:] == ("rows identical pristine vs patched",
-                              "the stack's architectures (patched; config, NMSE, roundtrip): "
-                              "llama Dense OK (1.23e-07) OK")  # the Meta row and qwen3moe are left out
+    [row] = us.compare(
+        [suite],
+        {"archs": Outcome(status=Status.PASS, rows=rows)},
+        {"archs": Outcome(status=Status.PASS, rows=rows)},
+    )
+    assert row.notes[-2:] == (
+        "rows identical pristine vs patched",
+        "the stack's architectures (patched; config, NMSE, roundtrip): llama Dense OK (1.23e-07) OK",
+    )  # the Meta row and qwen3moe are left out

@@ -18,13 +18,16 @@ def test_the_tiny_recipe_puts_twelve_stages_on_the_host() -> None:
     assert load("tiny-llama", {}).most_stages == 12
 
 
-@pytest.mark.parametrize(("cores", "stages", "threads"), [
-    (2, 12, 1),   # more stages than cores: one thread each, not none
-    (2, 1, 2),    # the monolithic worker alone: every core
-    (16, 2, 8),
-    (16, 3, 5),   # what is left over stays idle rather than oversubscribed
-    (1, 4, 1),
-])
+@pytest.mark.parametrize(
+    ("cores", "stages", "threads"),
+    [
+        (2, 12, 1),  # more stages than cores: one thread each, not none
+        (2, 1, 2),  # the monolithic worker alone: every core
+        (16, 2, 8),
+        (16, 3, 5),  # what is left over stays idle rather than oversubscribed
+        (1, 4, 1),
+    ],
+)
 def test_the_cores_are_shared_out_among_the_stages(cores, stages, threads) -> None:
     assert worker_threads({}, cores, stages) == threads
 
