@@ -1,6 +1,6 @@
 #include "affinity.h"
 
-#include "options.h"
+#include "usage_error.h"
 
 #include <cerrno>
 #include <cstring>

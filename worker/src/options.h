@@ -1,16 +1,13 @@
 // Command line of dgr-shard-worker.
 #pragma once
 
+#include "usage_error.h"
+
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace dgr {
-
-struct UsageError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 struct WorkerOptions {
     std::string model_path;          // first split file of the GGUF
