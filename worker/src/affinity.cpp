@@ -52,7 +52,7 @@ std::vector<int> parse_cpu_list(const std::string & text) {
 #ifdef __linux__
 namespace {
 cpu_set_t g_before_pinning;  // the mask pin_process replaced, written once before any other thread
-bool      g_pinned = false;
+bool g_pinned = false;
 
 // "0-1,4": a CPU set as a CPU list (for the error message).
 std::string cpu_list_text(const cpu_set_t & set) {

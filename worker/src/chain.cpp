@@ -9,7 +9,7 @@ namespace pb = dgr::shard::v1;
 namespace dgr {
 
 int message_limit(const StageInfo & in) {
-    const int64_t rows  = std::max<int64_t>(1, in.n_batch);
+    const int64_t rows = std::max<int64_t>(1, in.n_batch);
     const int64_t width = std::max<int64_t>(in.boundary_width, in.n_embd);
     const int64_t row_bytes = 4 * ((int64_t) in.n_vocab + ((int64_t) in.n_layer + 1) * width) + 16;
     const int64_t bytes = rows * row_bytes + ((int64_t) in.n_layer + 1) * 1024 + (1 << 20);
@@ -88,14 +88,14 @@ namespace {
 // One call in flight: gRPC needs the context, request and reply alive until the callback has run.
 struct AsyncForward {
     std::unique_ptr<pb::ShardWorker::Stub> stub;
-    grpc::ClientContext                    ctx;
-    pb::ForwardRequest                     request;
-    pb::ForwardReply                       ack;
+    grpc::ClientContext ctx;
+    pb::ForwardRequest request;
+    pb::ForwardReply ack;
 };
 }  // namespace
 
-void Chain::forward_async(const std::string & address, pb::ForwardRequest request,
-                          std::chrono::milliseconds timeout, std::function<void(ChainResult)> done) {
+void Chain::forward_async(const std::string & address, pb::ForwardRequest request, std::chrono::milliseconds timeout,
+                          std::function<void(ChainResult)> done) {
     auto call = std::make_shared<AsyncForward>();
     call->stub = pb::ShardWorker::NewStub(channel(address));
     call->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -148,7 +148,8 @@ const char * status_code_name(grpc::StatusCode code) {
 
 int64_t monotonic_ns() {
     return (int64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::steady_clock::now().time_since_epoch()).count();
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 }  // namespace dgr

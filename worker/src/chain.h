@@ -32,7 +32,7 @@ inline constexpr const char * kFailedStageKey = "dgr-failed-stage";
 
 struct ChainResult {
     grpc::Status status;
-    std::string  failed_stage;  // the kFailedStageKey trailer of a failed reply; empty when absent
+    std::string failed_stage;  // the kFailedStageKey trailer of a failed reply; empty when absent
 };
 
 // The largest message a stage of this model sends or takes, in bytes: n_batch rows of logits plus a
@@ -63,8 +63,8 @@ public:
 
     // Calls with no incoming call to take a deadline from (a ring's next pass and its deliveries):
     // ``timeout`` from now. forward_async returns at once; ``done`` runs on a gRPC thread with the ack.
-    void        forward_async(const std::string & address, dgr::shard::v1::ForwardRequest request,
-                              std::chrono::milliseconds timeout, std::function<void(ChainResult)> done);
+    void forward_async(const std::string & address, dgr::shard::v1::ForwardRequest request,
+                       std::chrono::milliseconds timeout, std::function<void(ChainResult)> done);
     ChainResult deliver(const std::string & address, const dgr::shard::v1::Delivery & delivery,
                         std::chrono::milliseconds timeout);
 

@@ -46,11 +46,11 @@ private:
     void submit(std::function<void()> job);
     void loop();
 
-    std::mutex                        mu_;
-    std::condition_variable           wake_;
+    std::mutex mu_;
+    std::condition_variable wake_;
     std::deque<std::function<void()>> jobs_;
-    bool                              stopping_ = false;
-    std::thread                       thread_;
+    bool stopping_ = false;
+    std::thread thread_;
 };
 
 }  // namespace dgr

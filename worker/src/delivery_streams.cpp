@@ -49,7 +49,8 @@ bool DeliveryStreams::read_refusals(Connection & c, std::vector<std::string> & r
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             break;
         }
-        why = got == 0 ? "the driver closed its delivery stream" : std::string("reading the delivery stream: ") + std::strerror(errno);
+        why = got == 0 ? "the driver closed its delivery stream"
+                       : std::string("reading the delivery stream: ") + std::strerror(errno);
         return false;
     }
     size_t at = 0;
@@ -76,8 +77,8 @@ bool DeliveryStreams::read_refusals(Connection & c, std::vector<std::string> & r
     return true;
 }
 
-bool DeliveryStreams::send(const std::string & address, const pb::Delivery & delivery, std::chrono::milliseconds timeout,
-                           std::vector<std::string> & refused, std::string & why) {
+bool DeliveryStreams::send(const std::string & address, const pb::Delivery & delivery,
+                           std::chrono::milliseconds timeout, std::vector<std::string> & refused, std::string & why) {
     Connection & c = connections_[address];
     if (c.fd < 0) {
         std::string host, port;

@@ -38,17 +38,17 @@ public:
 
 private:
     struct Connection {
-        int         fd = -1;
+        int fd = -1;
         std::string unread;  // bytes the driver sent that are not yet a whole frame
     };
 
     // Read what the driver has sent without waiting: refusals into ``refused``; false when it closed
     // the connection or sent something that is not a DeliveryRefused frame.
     static bool read_refusals(Connection & c, std::vector<std::string> & refused, std::string & why);
-    void        drop(Connection & c);
+    void drop(Connection & c);
 
     std::map<std::string, Connection> connections_;
-    std::string                       body_;  // the last delivery sent, its capacity kept for the next
+    std::string body_;  // the last delivery sent, its capacity kept for the next
 };
 
 }  // namespace dgr

@@ -2,8 +2,8 @@
 
 #include "argmax.h"  // greedy_token: numpy's argmax rule, as the driver's
 
-#include "llama.h"
 #include "llama-ext.h"  // staging API of the pinned tree: nextn hidden states
+#include "llama.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -15,20 +15,20 @@ namespace dgr {
 
 MtpDrafter::MtpDrafter(llama_model * model, int32_t n_ctx, int32_t n_batch, int32_t n_threads) {
     llama_context_params cp = llama_context_default_params();
-    cp.ctx_type        = LLAMA_CONTEXT_TYPE_MTP;
-    cp.n_ctx           = (uint32_t) n_ctx;
-    cp.n_batch         = (uint32_t) n_batch;
-    cp.n_ubatch        = (uint32_t) n_batch;
-    cp.n_seq_max       = 1;
-    cp.n_threads       = n_threads;
+    cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    cp.n_ctx = (uint32_t) n_ctx;
+    cp.n_batch = (uint32_t) n_batch;
+    cp.n_ubatch = (uint32_t) n_batch;
+    cp.n_seq_max = 1;
+    cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
-    cp.no_perf         = true;
+    cp.no_perf = true;
     ctx_ = llama_init_from_model(model, cp);
     if (ctx_ == nullptr) {
         throw std::runtime_error("could not create the MTP context (does the model hold a nextn block?)");
     }
     llama_set_embeddings_nextn(ctx_, true, /*masked*/ true);  // the block's own hidden state chains drafts
-    width_   = llama_model_n_embd_out(model);
+    width_ = llama_model_n_embd_out(model);
     n_vocab_ = llama_vocab_n_tokens(llama_model_get_vocab(model));
     pending_h_.assign((size_t) width_, 0.0f);
 }
@@ -60,14 +60,14 @@ void MtpDrafter::rewind(int32_t from) {
 int32_t MtpDrafter::decode_rows(const int32_t * tokens, const float * h_rows, int32_t p, int32_t n) {
     llama_batch batch = llama_batch_init(n, width_, 1);
     // llama_batch_init allocates embd or token, not both; the block reads both (llama_batch_free frees it)
-    batch.token    = static_cast<llama_token *>(malloc(sizeof(llama_token) * (size_t) n));
+    batch.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * (size_t) n));
     batch.n_tokens = n;
     for (int32_t i = 0; i < n; ++i) {
-        batch.token[i]     = tokens[i];
-        batch.pos[i]       = p + i;
-        batch.n_seq_id[i]  = 1;
+        batch.token[i] = tokens[i];
+        batch.pos[i] = p + i;
+        batch.n_seq_id[i] = 1;
         batch.seq_id[i][0] = 0;
-        batch.logits[i]    = i == n - 1;
+        batch.logits[i] = i == n - 1;
     }
     std::memcpy(batch.embd, h_rows, sizeof(float) * (size_t) n * (size_t) width_);
     const int32_t rc = llama_decode(ctx_, batch);

@@ -24,7 +24,7 @@ public:
     MtpDrafter(const MtpDrafter &) = delete;
     MtpDrafter & operator=(const MtpDrafter &) = delete;
 
-    void clear();                 // a route change or a released session: nothing held
+    void clear();  // a route change or a released session: nothing held
     // Positions from ``from`` on go (a rewinding Forward).  Within the last catch-up (a ring that ended
     // inside its pass's accepted drafts) the block's input state goes back with them.
     void rewind(int32_t from);
@@ -37,12 +37,12 @@ public:
 private:
     int32_t decode_rows(const int32_t * tokens, const float * h_rows, int32_t p, int32_t n);  // llama rc
 
-    llama_context *    ctx_ = nullptr;
-    int32_t            width_ = 0;       // n_embd_out: the hidden rows the block reads
-    int32_t            n_vocab_ = 0;
-    std::vector<float> pending_h_;       // the main hidden state at the last accepted position
-    std::vector<float> caught_h_;        // the rows the last catch-up fed: row i at position caught_p_ + i
-    int32_t            caught_p_ = 0;
+    llama_context * ctx_ = nullptr;
+    int32_t width_ = 0;  // n_embd_out: the hidden rows the block reads
+    int32_t n_vocab_ = 0;
+    std::vector<float> pending_h_;  // the main hidden state at the last accepted position
+    std::vector<float> caught_h_;   // the rows the last catch-up fed: row i at position caught_p_ + i
+    int32_t caught_p_ = 0;
 };
 
 // Greedy acceptance as the driver computes it (pipeline/speculative.accept): how many of the last

@@ -15,17 +15,17 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <pthread.h>
 #include <sstream>
 #include <string>
 #include <thread>
-#include <future>
 #include <unistd.h>
 
 #ifndef DGR_WORKER_VERSION
@@ -73,7 +73,8 @@ constexpr int kStopBoundSeconds = 3;
 // Server::Shutdown's deadline does not bound it: the worker outlived the launcher's grace and was
 // SIGKILLed (seen as "ignored SIGTERM for 5.0 s").  Once the server is down (or the bound has passed)
 // nothing is left that needs an orderly teardown: the OS reclaims memory, sockets and devices.
-[[noreturn]] static void stop_within(grpc::Server & server, std::chrono::seconds call_grace, std::chrono::seconds bound) {
+[[noreturn]] static void stop_within(grpc::Server & server, std::chrono::seconds call_grace,
+                                     std::chrono::seconds bound) {
     const auto signalled = std::chrono::steady_clock::now();
     auto stopped = std::make_shared<std::promise<void>>();
     std::future<void> done = stopped->get_future();
@@ -162,9 +163,9 @@ int main(int argc, char ** argv) {
     try {
         dgr::BuildIdentity id;
         id.worker_version = DGR_WORKER_VERSION;
-        id.llama_commit   = DGR_LLAMA_COMMIT;
-        id.lane           = !opts.lane.empty() ? opts.lane : (std::string(DGR_LANE).empty() ? "cpu" : DGR_LANE);
-        id.model_path     = opts.model_path;
+        id.llama_commit = DGR_LLAMA_COMMIT;
+        id.lane = !opts.lane.empty() ? opts.lane : (std::string(DGR_LANE).empty() ? "cpu" : DGR_LANE);
+        id.model_path = opts.model_path;
         if (!opts.identity_path.empty()) {
             id.identity_json = read_file(opts.identity_path);
         }
@@ -176,7 +177,7 @@ int main(int argc, char ** argv) {
                      huge < 0 ? "this kernel does not say how much memory is"
                               : (std::to_string(huge >> 20) + " MiB of anonymous memory").c_str());
         dgr::ChainPolicy chain;
-        chain.peers             = opts.peers;
+        chain.peers = opts.peers;
         chain.max_message_bytes = dgr::message_limit(stage.info());
         dgr::ShardService service(stage, id, chain);
 

@@ -14,34 +14,33 @@
 namespace dgr {
 
 const char * usage_text() {
-    return
-        "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
-        "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
-        "                        [--pass-port N] [--cpus LIST] [--load MODE]\n"
-        "                        [--mtp | --mtp-model FILE]\n"
-        "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
-        "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
-        "\n"
-        "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
-        "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
-        "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n"
-        "--peers: the only addresses a chained Forward may make this worker connect to (the next stages;\n"
-        "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n"
-        "--stop-on-stdin-eof: stop as on SIGTERM when stdin reaches its end (a launcher that holds the\n"
-        "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
-        "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
-        "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
-        "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
-        "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
-        "--cpus LIST: run the worker's threads on these CPUs only (a Linux CPU list such as 0-3,8), as\n"
-        "taskset would, but for the ring's delivery thread (it only talks to the driver); for hosts that\n"
-        "run several stages (worker/README.md, \"CPU affinity\").\n"
-        "--load MODE: how the weights are loaded, as llama.cpp names it (none, mmap, mlock, mmap+mlock, dio,\n"
-        "auto). Default: none where the weights stay in host memory (read into the worker's memory, on\n"
-        "huge pages where the kernel gives them), else auto (worker/README.md, \"Weights in memory\").\n"
-        "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
-        "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
-        "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
+    return "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
+           "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
+           "                        [--pass-port N] [--cpus LIST] [--load MODE]\n"
+           "                        [--mtp | --mtp-model FILE]\n"
+           "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
+           "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
+           "\n"
+           "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
+           "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
+           "'DGR-WORKER-LISTENING HOST:PORT' on stdout; logs go to stderr. SIGTERM/SIGINT stop it cleanly.\n"
+           "--peers: the only addresses a chained Forward may make this worker connect to (the next stages;\n"
+           "HOST:* for any port of a host, such as the driver's sink); without it any address is dialed.\n"
+           "--stop-on-stdin-eof: stop as on SIGTERM when stdin reaches its end (a launcher that holds the\n"
+           "other end of a pipe takes its workers with it when it dies, even by SIGKILL).\n"
+           "--max-rewind: most positions a Forward with rewind set may take back (speculative decoding's\n"
+           "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
+           "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
+           "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
+           "--cpus LIST: run the worker's threads on these CPUs only (a Linux CPU list such as 0-3,8), as\n"
+           "taskset would, but for the ring's delivery thread (it only talks to the driver); for hosts that\n"
+           "run several stages (worker/README.md, \"CPU affinity\").\n"
+           "--load MODE: how the weights are loaded, as llama.cpp names it (none, mmap, mlock, mmap+mlock, dio,\n"
+           "auto). Default: none where the weights stay in host memory (read into the worker's memory, on\n"
+           "huge pages where the kernel gives them), else auto (worker/README.md, \"Weights in memory\").\n"
+           "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
+           "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
+           "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
 }
 
 static int32_t parse_int(const std::string & flag, const std::string & text, int32_t lo, int32_t hi) {
@@ -49,8 +48,8 @@ static int32_t parse_int(const std::string & flag, const std::string & text, int
     char * end = nullptr;
     const long v = std::strtol(text.c_str(), &end, 10);
     if (text.empty() || errno != 0 || end == nullptr || *end != '\0' || v < lo || v > hi) {
-        throw UsageError(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
-                         std::to_string(hi) + "], got '" + text + "'");
+        throw UsageError(flag + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "], got '" + text + "'");
     }
     return (int32_t) v;
 }
@@ -63,7 +62,7 @@ static void parse_layers(const std::string & text, WorkerOptions & out) {
     const std::string b = text.substr(0, colon);
     const std::string e = text.substr(colon + 1);
     out.layer_begin = parse_int("--layers", b, 0, INT32_MAX);
-    out.layer_end   = (e == "end" || e == "-1") ? -1 : parse_int("--layers", e, 1, INT32_MAX);
+    out.layer_end = (e == "end" || e == "-1") ? -1 : parse_int("--layers", e, 1, INT32_MAX);
     if (out.layer_end >= 0 && out.layer_end <= out.layer_begin) {
         throw UsageError("--layers: empty range '" + text + "' (END must be greater than BEGIN)");
     }
@@ -141,29 +140,57 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
             throw UsageError("missing value after " + arg);
         }
         const std::string val = argv[++i];
-        if      (arg == "--model")        { out.model_path = val; have_model = true; }
-        else if (arg == "--layers")       { parse_layers(val, out); have_layers = true; }
-        else if (arg == "--listen")       { out.listen = val; have_listen = true; }
-        else if (arg == "--threads")      { out.n_threads = parse_int(arg, val, 1, 1024); }
-        else if (arg == "--ctx")          { out.n_ctx = parse_int(arg, val, 16, 1 << 24); }
-        else if (arg == "--batch")        { out.n_batch = parse_int(arg, val, 1, 1 << 20); }
-        else if (arg == "--max-sessions") { out.max_sessions = parse_int(arg, val, 1, 4096); }
-        else if (arg == "--max-rewind")   { out.max_rewind = parse_int(arg, val, 0, 64); }
-        else if (arg == "--pass-port")    { out.pass_port = parse_int(arg, val, 0, 65535); }
-        else if (arg == "--n-gpu-layers") { out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20); }
-        else if (arg == "--identity")     { out.identity_path = val; }
-        else if (arg == "--lane")         { out.lane = val; }
-        else if (arg == "--peers")        { parse_peers(val, out); }
-        else if (arg == "--cpus")         { out.cpus = parse_cpu_list(val); out.cpus_text = val; }
-        else if (arg == "--mtp-model")    { out.mtp_model_path = val; out.mtp = true; }
-        else if (arg == "--load")         { check_load_mode(val); out.load_mode = val; }
-        else {
+        if (arg == "--model") {
+            out.model_path = val;
+            have_model = true;
+        } else if (arg == "--layers") {
+            parse_layers(val, out);
+            have_layers = true;
+        } else if (arg == "--listen") {
+            out.listen = val;
+            have_listen = true;
+        } else if (arg == "--threads") {
+            out.n_threads = parse_int(arg, val, 1, 1024);
+        } else if (arg == "--ctx") {
+            out.n_ctx = parse_int(arg, val, 16, 1 << 24);
+        } else if (arg == "--batch") {
+            out.n_batch = parse_int(arg, val, 1, 1 << 20);
+        } else if (arg == "--max-sessions") {
+            out.max_sessions = parse_int(arg, val, 1, 4096);
+        } else if (arg == "--max-rewind") {
+            out.max_rewind = parse_int(arg, val, 0, 64);
+        } else if (arg == "--pass-port") {
+            out.pass_port = parse_int(arg, val, 0, 65535);
+        } else if (arg == "--n-gpu-layers") {
+            out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20);
+        } else if (arg == "--identity") {
+            out.identity_path = val;
+        } else if (arg == "--lane") {
+            out.lane = val;
+        } else if (arg == "--peers") {
+            parse_peers(val, out);
+        } else if (arg == "--cpus") {
+            out.cpus = parse_cpu_list(val);
+            out.cpus_text = val;
+        } else if (arg == "--mtp-model") {
+            out.mtp_model_path = val;
+            out.mtp = true;
+        } else if (arg == "--load") {
+            check_load_mode(val);
+            out.load_mode = val;
+        } else {
             throw UsageError("unknown argument '" + arg + "'");
         }
     }
-    if (!have_model)  { throw UsageError("--model is required"); }
-    if (!have_layers) { throw UsageError("--layers is required"); }
-    if (!have_listen) { throw UsageError("--listen is required"); }
+    if (!have_model) {
+        throw UsageError("--model is required");
+    }
+    if (!have_layers) {
+        throw UsageError("--layers is required");
+    }
+    if (!have_listen) {
+        throw UsageError("--listen is required");
+    }
     if (out.listen.rfind(':') == std::string::npos) {
         throw UsageError("--listen: expected HOST:PORT, got '" + out.listen + "'");
     }

@@ -10,27 +10,27 @@
 namespace dgr {
 
 struct WorkerOptions {
-    std::string model_path;          // first split file of the GGUF
-    int32_t     layer_begin   = 0;   // owned range [begin, end); end = -1: up to the last layer
-    int32_t     layer_end     = -1;
-    std::string listen        = "127.0.0.1:0";
-    int32_t     n_threads     = 0;   // 0: hardware concurrency
-    int32_t     n_ctx         = 4096;
-    int32_t     n_batch       = 512; // max tokens per Forward; also the physical ubatch (one ubatch per call)
-    int32_t     max_sessions  = 4;
-    int32_t     max_rewind    = 0;   // positions a rewinding Forward may take back (speculative decoding)
-    int32_t     pass_port     = 0;   // TCP port of streamed ring passes (on the --listen host); 0: any free one
-    bool        mtp           = false;  // last stage: load the nextn block and draft with it
+    std::string model_path;   // first split file of the GGUF
+    int32_t layer_begin = 0;  // owned range [begin, end); end = -1: up to the last layer
+    int32_t layer_end = -1;
+    std::string listen = "127.0.0.1:0";
+    int32_t n_threads = 0;  // 0: hardware concurrency
+    int32_t n_ctx = 4096;
+    int32_t n_batch = 512;  // max tokens per Forward; also the physical ubatch (one ubatch per call)
+    int32_t max_sessions = 4;
+    int32_t max_rewind = 0;          // positions a rewinding Forward may take back (speculative decoding)
+    int32_t pass_port = 0;           // TCP port of streamed ring passes (on the --listen host); 0: any free one
+    bool mtp = false;                // last stage: load the nextn block and draft with it
     std::string mtp_model_path;      // --mtp-model: the block comes as an MTP-only GGUF of its own (implies mtp)
-    int32_t     n_gpu_layers  = -1;  // llama's default: offload everything the lane can
+    int32_t n_gpu_layers = -1;       // llama's default: offload everything the lane can
     std::string load_mode;           // --load: llama's load mode name; "": none for host weights, else auto (weights.h)
     std::string identity_path;       // opaque identity JSON reported by Info
     std::string lane;                // reported by Info; defaults to the lane compiled in
     std::vector<int> cpus;           // --cpus: the CPUs the worker's threads run on (worker/README.md); empty: any
     std::string cpus_text;           // --cpus as given (Info reports it)
     std::vector<std::string> peers;  // --peers: HOST:PORT / HOST:* a chained call may make us dial; empty: any
-    bool        stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM
-    bool        verbose       = false;
+    bool stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM
+    bool verbose = false;
 };
 
 // Splits "HOST:PORT" at its last colon; false unless both parts are there and PORT is "*" (when

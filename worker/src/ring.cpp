@@ -27,8 +27,9 @@ RingStep ring_step(const pb::Ring & ring, const RingPass & pass) {
     const uint32_t budget = std::max<uint32_t>(ring.budget(), 1);
     for (int32_t j = 0; j <= pass.accepted; ++j) {
         const int64_t row = step.first_row + j;
-        const int32_t token = pass.greedy != nullptr ? (*pass.greedy)[(size_t) row]
-                                                     : greedy_token(pass.logits + row * (int64_t) pass.n_vocab, pass.n_vocab);
+        const int32_t token = pass.greedy != nullptr
+                                  ? (*pass.greedy)[(size_t) row]
+                                  : greedy_token(pass.logits + row * (int64_t) pass.n_vocab, pass.n_vocab);
         step.tokens.push_back(token);
         if (std::find(ring.stop_tokens().begin(), ring.stop_tokens().end(), token) != ring.stop_tokens().end()) {
             step.end = pb::RING_STOP_TOKEN;
@@ -63,15 +64,15 @@ namespace {
 using ms = std::chrono::milliseconds;
 
 struct DeliveryJob {
-    DeliverTo    to;
+    DeliverTo to;
     pb::Delivery delivery;
-    ms           timeout;
+    ms timeout;
 };
 
 struct PassJob {
-    std::string        address;
+    std::string address;
     pb::ForwardRequest request;
-    ms                 timeout;
+    ms timeout;
 };
 
 // "WHERE: CODE: message", as a chained failure's detail reads.
@@ -87,17 +88,17 @@ constexpr size_t kStoppedKept = 1024;
 struct RingRunner::State {
     explicit State(Chain & c) : chain(c) {}
 
-    Chain &                    chain;
-    std::mutex                 mu;
-    std::condition_variable    wake_delivery, wake_pass;  // apart: a token wakes only the thread it concerns
-    std::deque<DeliveryJob>    deliveries;
-    std::deque<PassJob>        passes;
-    int                        in_flight = 0;
-    bool                       stopping  = false;
+    Chain & chain;
+    std::mutex mu;
+    std::condition_variable wake_delivery, wake_pass;  // apart: a token wakes only the thread it concerns
+    std::deque<DeliveryJob> deliveries;
+    std::deque<PassJob> passes;
+    int in_flight = 0;
+    bool stopping = false;
     std::map<std::string, bool> stopped;
-    std::deque<std::string>    stopped_order;
-    std::thread                delivery_thread, pass_thread;
-    DeliveryStreams            streams;  // the delivery thread's alone
+    std::deque<std::string> stopped_order;
+    std::thread delivery_thread, pass_thread;
+    DeliveryStreams streams;  // the delivery thread's alone
 
     void stop_ring(const std::string & id, bool sink_gone) {  // mu held
         auto [it, fresh] = stopped.emplace(id, sink_gone);
@@ -123,8 +124,8 @@ struct RingRunner::State {
         }
     }
 
-    void failed(const std::string & id, const DeliverTo & to, uint32_t index, int32_t stage,
-                const std::string & code, const std::string & detail) {
+    void failed(const std::string & id, const DeliverTo & to, uint32_t index, int32_t stage, const std::string & code,
+                const std::string & detail) {
         pb::Delivery d;
         d.set_request_id(id);
         auto * ring = d.mutable_ring();
@@ -162,8 +163,8 @@ struct RingRunner::State {
             }
             const std::string why = send_delivery(job);
             if (!why.empty()) {
-                std::fprintf(stderr, "dgr-shard-worker: ring %s: %s; the ring stops\n", job.delivery.request_id().c_str(),
-                             why.c_str());
+                std::fprintf(stderr, "dgr-shard-worker: ring %s: %s; the ring stops\n",
+                             job.delivery.request_id().c_str(), why.c_str());
                 std::lock_guard<std::mutex> lock(mu);
                 stop_ring(job.delivery.request_id(), true);
             }
@@ -175,8 +176,9 @@ struct RingRunner::State {
     std::string send_delivery(const DeliveryJob & job) {
         if (job.to.stream.empty()) {
             const ChainResult r = chain.deliver(job.to.sink, job.delivery, job.timeout);
-            return r.status.ok() ? "" : "delivering to the sink at " + job.to.sink + ": " +
-                                        status_code_name(r.status.error_code()) + ": " + r.status.error_message();
+            return r.status.ok() ? ""
+                                 : "delivering to the sink at " + job.to.sink + ": " +
+                                       status_code_name(r.status.error_code()) + ": " + r.status.error_message();
         }
         std::vector<std::string> refused;
         std::string why;

@@ -25,25 +25,25 @@ namespace dgr {
 
 // A computed ring pass as the last stage sees it: what ring_step decides from.
 struct RingPass {
-    const float *                logits = nullptr;  // [rows, n_vocab], the pass's last ``rows`` rows
+    const float * logits = nullptr;                 // [rows, n_vocab], the pass's last ``rows`` rows
     const std::vector<int32_t> * greedy = nullptr;  // or, a token-only ring's, the argmax of each of them
-    int64_t                      rows = 0;
-    int32_t                      n_vocab = 0;
-    int32_t                      first_position = 0, n_positions = 0;
-    int32_t                      drafted = 0;   // the pass's last tokens that were drafts
-    int32_t                      accepted = 0;  // of them, the ones that stood (the stage's count)
+    int64_t rows = 0;
+    int32_t n_vocab = 0;
+    int32_t first_position = 0, n_positions = 0;
+    int32_t drafted = 0;                            // the pass's last tokens that were drafts
+    int32_t accepted = 0;                           // of them, the ones that stood (the stage's count)
     const std::vector<int32_t> * drafts = nullptr;  // the nextn block's drafts after the bonus token
-    int32_t                      max_position = 0;  // the highest position a pass may feed
+    int32_t max_position = 0;                       // the highest position a pass may feed
 };
 
 // What the last stage of a ring pass chose and what comes next: one token (Ring.draft 0), or the
 // accepted drafts and the bonus token, cut after a stop token or where the budget ends.
 struct RingStep {
-    std::vector<int32_t>         tokens;
-    int64_t                      first_row = 0;  // tokens[j] is the argmax of logits row first_row + j
-    dgr::shard::v1::RingEnd      end = dgr::shard::v1::RING_CONTINUES;
-    int32_t                      next_position = 0;  // where tokens.back() goes in the next pass
-    std::vector<int32_t>         drafts;             // fed after it there (trimmed to the budget and context)
+    std::vector<int32_t> tokens;
+    int64_t first_row = 0;  // tokens[j] is the argmax of logits row first_row + j
+    dgr::shard::v1::RingEnd end = dgr::shard::v1::RING_CONTINUES;
+    int32_t next_position = 0;    // where tokens.back() goes in the next pass
+    std::vector<int32_t> drafts;  // fed after it there (trimmed to the budget and context)
 };
 
 RingStep ring_step(const dgr::shard::v1::Ring & ring, const RingPass & pass);
@@ -79,8 +79,8 @@ public:
     // only then wake the delivery thread. Why in that order: waking a sleeping thread costs tens of
     // microseconds on a virtual machine, and the next pass should not wait for it; the delivery is
     // still queued ahead of the next pass's own.
-    void deliver_then_go_on(const DeliverTo & to, dgr::shard::v1::Delivery delivery,
-                            std::chrono::milliseconds timeout, const std::function<void()> & send_next);
+    void deliver_then_go_on(const DeliverTo & to, dgr::shard::v1::Delivery delivery, std::chrono::milliseconds timeout,
+                            const std::function<void()> & send_next);
     // A streamed ring's pass failed where nobody waits for its status: stop the ring and tell its sink
     // (RING_FAILED naming ``stage``, detail "WHERE: CODE: message"), once per ring.
     void fail(const DeliverTo & to, const std::string & request_id, uint32_t index, int32_t stage,

@@ -15,12 +15,12 @@ static grpc::Status to_status(const StageError & e) {
     using K = StageError::Kind;
     grpc::StatusCode code = grpc::StatusCode::INTERNAL;
     switch (e.kind) {
-        case K::InvalidArgument:    code = grpc::StatusCode::INVALID_ARGUMENT;    break;
+        case K::InvalidArgument:    code = grpc::StatusCode::INVALID_ARGUMENT; break;
         case K::FailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
-        case K::NotFound:           code = grpc::StatusCode::NOT_FOUND;           break;
-        case K::ResourceExhausted:  code = grpc::StatusCode::RESOURCE_EXHAUSTED;  break;
-        case K::PermissionDenied:   code = grpc::StatusCode::PERMISSION_DENIED;   break;
-        case K::Internal:           code = grpc::StatusCode::INTERNAL;            break;
+        case K::NotFound:           code = grpc::StatusCode::NOT_FOUND; break;
+        case K::ResourceExhausted:  code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+        case K::PermissionDenied:   code = grpc::StatusCode::PERMISSION_DENIED; break;
+        case K::Internal:           code = grpc::StatusCode::INTERNAL; break;
     }
     return grpc::Status(code, e.what());
 }
@@ -89,9 +89,9 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
 static bool read_dtype(pb::DType d, DType & out) {
     switch (d) {
         case pb::DTYPE_UNSPECIFIED:
-        case pb::F32: out = DType::F32; return true;
-        case pb::F16: out = DType::F16; return true;
-        default:      return false;
+        case pb::F32:               out = DType::F32; return true;
+        case pb::F16:               out = DType::F16; return true;
+        default:                    return false;
     }
 }
 
@@ -99,24 +99,25 @@ static bool read_dtype(pb::DType d, DType & out) {
 static ForwardArgs read_args(const pb::ForwardRequest & req) {
     ForwardArgs a;
     a.session_id = req.session_id();
-    a.epoch      = req.epoch();
+    a.epoch = req.epoch();
     a.positions.assign(req.positions().begin(), req.positions().end());
     a.tokens.assign(req.tokens().begin(), req.tokens().end());
     a.all_logits = req.all_logits();
-    a.rewind     = req.rewind();
-    a.draft      = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
-    a.drafted    = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
+    a.rewind = req.rewind();
+    a.draft = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
+    a.drafted = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
     a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
     a.greedy_only = req.has_ring() && req.ring().tokens_only();
     if (req.has_ring() && req.ring().draft() > 0) {
         // a drafting ring's last stage drafts the ring's count and delivers the row every chosen token
         // came from: each row of such a pass (the last chosen token, then drafts) chooses one
-        a.draft      = (int32_t) std::min<uint32_t>(req.ring().draft(), 1u << 20);
+        a.draft = (int32_t) std::min<uint32_t>(req.ring().draft(), 1u << 20);
         a.all_logits = true;
     }
     if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
-        throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " + std::to_string((int) req.boundary_dtype()) +
-                         " is not supported (F32 or F16)");
+        throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " +
+                                                                std::to_string((int) req.boundary_dtype()) +
+                                                                " is not supported (F32 or F16)");
     }
     if (req.has_boundary()) {
         const auto & b = req.boundary();
@@ -130,7 +131,8 @@ static ForwardArgs read_args(const pb::ForwardRequest & req) {
     return a;
 }
 
-grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardRequest * req, pb::ForwardReply * reply) {
+grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardRequest * req,
+                                   pb::ForwardReply * reply) {
     const int64_t received_ns = monotonic_ns();
     if (!req->deliver_to().empty()) {
         return chained(ctx, req, received_ns);
@@ -138,11 +140,11 @@ grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardR
     return guarded("Forward", [&] {
         if (req->downstream_size() > 0) {
             throw StageError(StageError::Kind::InvalidArgument, "downstream addresses without deliver_to: a chained "
-                             "call needs the driver's sink address");
+                                                                "call needs the driver's sink address");
         }
         if (req->has_ring()) {
             throw StageError(StageError::Kind::InvalidArgument, "ring without deliver_to: a ring's tokens go to "
-                             "the driver's sink");
+                                                                "the driver's sink");
         }
         ForwardResult r = stage_.forward(read_args(*req));
         if (r.has_boundary) {
@@ -165,7 +167,8 @@ grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardR
 
 // A chained failure further down: pass on one that already names its stage (the trailer), else name
 // the hop we called. The status code is kept, so the driver sees what the failing stage said.
-static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r, int32_t stage, const std::string & what) {
+static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r, int32_t stage,
+                                const std::string & what) {
     if (!r.failed_stage.empty()) {
         ctx->AddTrailingMetadata(kFailedStageKey, r.failed_stage);
         return r.status;
@@ -179,7 +182,9 @@ static grpc::Status hop_failure(grpc::ServerContext * ctx, const ChainResult & r
 // What a ring pass must carry; only the last stage can check the route's length against its index.
 static void check_ring(const pb::ForwardRequest & req, int32_t index, const StageInfo & in) {
     const pb::Ring & ring = req.ring();
-    auto bad = [](const std::string & why) { throw StageError(StageError::Kind::InvalidArgument, "ring Forward: " + why); };
+    auto bad = [](const std::string & why) {
+        throw StageError(StageError::Kind::InvalidArgument, "ring Forward: " + why);
+    };
     if (ring.budget() < 1) {
         bad("budget 0: a ring pass chooses one token");
     }
@@ -202,8 +207,8 @@ static void check_ring(const pb::ForwardRequest & req, int32_t index, const Stag
     }
     // a drafting ring refuses at its first pass what would fail it later (a rewind, the first draft)
     auto unable = [&](const std::string & why) {
-        throw StageError(StageError::Kind::FailedPrecondition, "ring Forward with draft " +
-                         std::to_string(ring.draft()) + ": " + why);
+        throw StageError(StageError::Kind::FailedPrecondition,
+                         "ring Forward with draft " + std::to_string(ring.draft()) + ": " + why);
     };
     if ((int32_t) ring.draft() > in.max_rewind) {
         unable("a pass can reject every draft, and this stage takes back at most " + std::to_string(in.max_rewind) +
@@ -216,23 +221,26 @@ static void check_ring(const pb::ForwardRequest & req, int32_t index, const Stag
 
 // A chained or ring pass's own part: every check of the route, then this stage's layers; ``hop`` is
 // this stage's trace entry. A failure is this stage's own (the caller names it).
-grpc::Status ShardService::compute(const pb::ForwardRequest & req, int64_t received_ns, ForwardResult & r, pb::Hop & hop) {
+grpc::Status ShardService::compute(const pb::ForwardRequest & req, int64_t received_ns, ForwardResult & r,
+                                   pb::Hop & hop) {
     const int32_t index = req.trace_size();
     const StageInfo & in = stage_.info();
     const std::string range = std::to_string(in.layer_begin) + ":" + std::to_string(in.layer_end);
     grpc::Status own = guarded("Forward", [&] {
         if (!req.capture_layers().empty()) {
             throw StageError(StageError::Kind::InvalidArgument, "capture_layers is not supported on a chained call "
-                             "(deliver_to set); capture on a relayed call");
+                                                                "(deliver_to set); capture on a relayed call");
         }
         if (in.last_stage && req.downstream_size() > 0) {
-            throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this is the last stage (layers " + range +
-                             " of " + std::to_string(in.n_layer) + ") but " + std::to_string(req.downstream_size()) +
-                             " downstream address(es) were given");
+            throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this is the last stage (layers " +
+                                                                    range + " of " + std::to_string(in.n_layer) +
+                                                                    ") but " + std::to_string(req.downstream_size()) +
+                                                                    " downstream address(es) were given");
         }
         if (!in.last_stage && req.downstream_size() == 0) {
-            throw StageError(StageError::Kind::InvalidArgument, "chained Forward: this stage (layers " + range + " of " +
-                             std::to_string(in.n_layer) + ") is not the last but no downstream address was given");
+            throw StageError(StageError::Kind::InvalidArgument,
+                             "chained Forward: this stage (layers " + range + " of " + std::to_string(in.n_layer) +
+                                 ") is not the last but no downstream address was given");
         }
         // every address of the chain, not only the one this stage dials: a refused chain changes no stage
         for (const std::string & address : req.downstream()) {
@@ -298,7 +306,8 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
         pb::ForwardRequest next = *req;
         hand_on(next, std::move(r), std::move(hop));
         // a streamed ring's first pass: stage 0 hands it on over its pass connection and acks at once
-        const ChainResult res = req->ring().stream() ? streams_.send(address, next) : chain_.forward(*ctx, address, next);
+        const ChainResult res =
+            req->ring().stream() ? streams_.send(address, next) : chain_.forward(*ctx, address, next);
         if (!res.status.ok()) {
             return hop_failure(ctx, res, index + 1, "stage " + std::to_string(index + 1) + " at " + address);
         }
@@ -334,7 +343,7 @@ int ShardService::listen_passes(const std::string & host, int port) {
         if (!pass.has_ring() || !pass.ring().stream() || pass.deliver_to().empty()) {
             // only our own stages dial this port; a pass without a sink has nobody to fail to
             std::fprintf(stderr, "dgr-shard-worker: pass port: dropped a message that is not a streamed ring's "
-                         "pass (Ring.stream set, deliver_to the driver's sink)\n");
+                                 "pass (Ring.stream set, deliver_to the driver's sink)\n");
             return;
         }
         streamed(pass, received_ns);
@@ -381,16 +390,16 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
     const bool drafting = ring.draft() > 0;
     RingPass pass;
     // what the stage produced (read_args asked for picks on a token-only ring): the rows, or their picks
-    pass.logits         = r.has_logits ? reinterpret_cast<const float *>(r.logits.data.data()) : nullptr;
-    pass.greedy         = r.has_logits ? nullptr : &r.greedy;
-    pass.rows           = r.has_logits ? r.logits.shape[0] : (int64_t) r.greedy.size();
-    pass.n_vocab        = in.n_vocab;
+    pass.logits = r.has_logits ? reinterpret_cast<const float *>(r.logits.data.data()) : nullptr;
+    pass.greedy = r.has_logits ? nullptr : &r.greedy;
+    pass.rows = r.has_logits ? r.logits.shape[0] : (int64_t) r.greedy.size();
+    pass.n_vocab = in.n_vocab;
     pass.first_position = req.positions(0);
-    pass.n_positions    = req.positions_size();
-    pass.drafted        = drafting ? (int32_t) req.drafted() : 0;
-    pass.accepted       = drafting ? r.accepted : 0;
-    pass.drafts         = &r.draft;
-    pass.max_position   = ring.max_position() > 0 ? std::min(ring.max_position(), in.n_ctx - 1) : in.n_ctx - 1;
+    pass.n_positions = req.positions_size();
+    pass.drafted = drafting ? (int32_t) req.drafted() : 0;
+    pass.accepted = drafting ? r.accepted : 0;
+    pass.drafts = &r.draft;
+    pass.max_position = ring.max_position() > 0 ? std::min(ring.max_position(), in.n_ctx - 1) : in.n_ctx - 1;
     const RingStep step = ring_step(ring, pass);
     const std::chrono::milliseconds timeout(ring.pass_timeout_ms() > 0 ? ring.pass_timeout_ms() : 30000);
 
@@ -480,7 +489,8 @@ grpc::Status ShardService::Tokenize(grpc::ServerContext *, const pb::TokenizeReq
     });
 }
 
-grpc::Status ShardService::Detokenize(grpc::ServerContext *, const pb::DetokenizeRequest * req, pb::DetokenizeReply * reply) {
+grpc::Status ShardService::Detokenize(grpc::ServerContext *, const pb::DetokenizeRequest * req,
+                                      pb::DetokenizeReply * reply) {
     return guarded("Detokenize", [&] {
         reply->set_text(stage_.detokenize(std::vector<int32_t>(req->tokens().begin(), req->tokens().end())));
     });

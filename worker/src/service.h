@@ -26,11 +26,16 @@ public:
           ring_(chain_) {}
 
     grpc::Status Info(grpc::ServerContext *, const dgr::shard::v1::InfoRequest *, dgr::shard::v1::InfoReply *) override;
-    grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *, dgr::shard::v1::ForwardReply *) override;
-    grpc::Status Reset(grpc::ServerContext *, const dgr::shard::v1::ResetRequest *, dgr::shard::v1::ResetReply *) override;
-    grpc::Status Health(grpc::ServerContext *, const dgr::shard::v1::HealthRequest *, dgr::shard::v1::HealthReply *) override;
-    grpc::Status Tokenize(grpc::ServerContext *, const dgr::shard::v1::TokenizeRequest *, dgr::shard::v1::TokenizeReply *) override;
-    grpc::Status Detokenize(grpc::ServerContext *, const dgr::shard::v1::DetokenizeRequest *, dgr::shard::v1::DetokenizeReply *) override;
+    grpc::Status Forward(grpc::ServerContext *, const dgr::shard::v1::ForwardRequest *,
+                         dgr::shard::v1::ForwardReply *) override;
+    grpc::Status Reset(grpc::ServerContext *, const dgr::shard::v1::ResetRequest *,
+                       dgr::shard::v1::ResetReply *) override;
+    grpc::Status Health(grpc::ServerContext *, const dgr::shard::v1::HealthRequest *,
+                        dgr::shard::v1::HealthReply *) override;
+    grpc::Status Tokenize(grpc::ServerContext *, const dgr::shard::v1::TokenizeRequest *,
+                          dgr::shard::v1::TokenizeReply *) override;
+    grpc::Status Detokenize(grpc::ServerContext *, const dgr::shard::v1::DetokenizeRequest *,
+                            dgr::shard::v1::DetokenizeReply *) override;
 
     // Take streamed ring passes on ``host``:``port`` (0: any free port); returns the port (Info's pass_port).
     int listen_passes(const std::string & host, int port);
@@ -47,11 +52,11 @@ private:
     // the last stage of a ring pass: pick the token, queue its delivery and (unless the ring ends) the next pass
     void ring_on(const dgr::shard::v1::ForwardRequest & req, ForwardResult && r, dgr::shard::v1::Hop && hop);
 
-    Stage &       stage_;
+    Stage & stage_;
     BuildIdentity id_;
-    Chain         chain_;
-    PassStreams   streams_;  // after chain_: it asks a stage's Info for its pass port on chain_'s channels
-    RingRunner    ring_;     // after chain_: it calls through it
+    Chain chain_;
+    PassStreams streams_;  // after chain_: it asks a stage's Info for its pass port on chain_'s channels
+    RingRunner ring_;      // after chain_: it calls through it
 };
 
 }  // namespace dgr

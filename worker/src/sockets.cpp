@@ -49,7 +49,8 @@ addrinfo * resolve(const std::string & host, int port, bool passive) {
     hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
     const std::string bare = unbracket(host);
     addrinfo * found = nullptr;
-    if (getaddrinfo(bare.empty() && passive ? nullptr : bare.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    if (getaddrinfo(bare.empty() && passive ? nullptr : bare.c_str(), std::to_string(port).c_str(), &hints, &found) !=
+        0) {
         return nullptr;
     }
     return found;
@@ -124,7 +125,8 @@ bool write_frame(int fd, const std::string & body, std::string & why) {
             if (errno == EINTR) {
                 continue;
             }
-            why = errno == EAGAIN || errno == EWOULDBLOCK ? "the peer read nothing within the deadline" : std::strerror(errno);
+            why = errno == EAGAIN || errno == EWOULDBLOCK ? "the peer read nothing within the deadline"
+                                                          : std::strerror(errno);
             return false;
         }
         size_t left = (size_t) sent;

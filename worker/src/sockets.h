@@ -27,7 +27,7 @@ int connect_tcp(const std::string & host, int port, std::chrono::milliseconds ti
 bool read_exact(int fd, char * buf, size_t n);
 
 // The frame's 4-byte head for a body of ``n`` bytes, and the body length a head announces.
-void     frame_head(uint32_t n, char head[4]);
+void frame_head(uint32_t n, char head[4]);
 uint32_t frame_length(const char head[4]);
 
 // A connection's serialization buffer is kept between frames up to this size (no allocation per pass

@@ -3,10 +3,10 @@
 #include "argmax.h"  // greedy_token
 #include "weights.h"
 
-#include "llama.h"
-#include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
-#include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml.h"
+#include "llama-ext.h"  // staging API of the pinned tree: layer-input capture, memory breakdown
+#include "llama.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +16,9 @@ namespace dgr {
 
 using Kind = StageError::Kind;
 
-static size_t dtype_size(DType t) { return t == DType::F16 ? sizeof(ggml_fp16_t) : sizeof(float); }
+static size_t dtype_size(DType t) {
+    return t == DType::F16 ? sizeof(ggml_fp16_t) : sizeof(float);
+}
 
 static std::string meta_str(const llama_model * model, const char * key) {
     char buf[256];
@@ -49,37 +51,37 @@ static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DTy
 
 Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     llama_model_params mp = llama_model_default_params();
-    mp.layer_begin  = opts.layer_begin;
-    mp.layer_end    = opts.layer_end;
+    mp.layer_begin = opts.layer_begin;
+    mp.layer_end = opts.layer_end;
     mp.n_gpu_layers = opts.n_gpu_layers;
-    mp.load_mode    = choose_load_mode(opts.load_mode, opts.n_gpu_layers);
+    mp.load_mode = choose_load_mode(opts.load_mode, opts.n_gpu_layers);
     info_.memory.load_mode = llama_load_mode_name(mp.load_mode);
     // the loader keeps nextn tensors only for the range that owns the output; with --mtp-model the block
     // comes from its own file, so a main file that also holds one keeps it out
-    mp.load_mtp     = opts.mtp && opts.mtp_model_path.empty();
+    mp.load_mtp = opts.mtp && opts.mtp_model_path.empty();
     model_ = llama_model_load_from_file(opts.model_path.c_str(), mp);
     if (model_ == nullptr) {
         throw std::runtime_error("failed to load layers " + std::to_string(opts.layer_begin) + ":" +
-                                 (opts.layer_end < 0 ? std::string("end") : std::to_string(opts.layer_end)) +
-                                 " of " + opts.model_path + " (see the llama log above)");
+                                 (opts.layer_end < 0 ? std::string("end") : std::to_string(opts.layer_end)) + " of " +
+                                 opts.model_path + " (see the llama log above)");
     }
 
     StageInfo & in = info_;
     in.architecture = meta_str(model_, "general.architecture");
     in.n_layer = llama_model_n_layer(model_);
     llama_model_layer_range(model_, &in.layer_begin, &in.layer_end);
-    in.first_stage     = in.layer_begin == 0;
-    in.last_stage      = in.layer_end == in.n_layer;
-    in.has_token_embd  = llama_model_has_token_embd(model_);
+    in.first_stage = in.layer_begin == 0;
+    in.last_stage = in.layer_end == in.n_layer;
+    in.has_token_embd = llama_model_has_token_embd(model_);
     in.has_output_head = llama_model_has_output_head(model_);
-    in.n_embd          = llama_model_n_embd(model_);
-    in.boundary_width  = llama_model_n_embd_boundary(model_);
-    in.n_vocab         = llama_vocab_n_tokens(llama_model_get_vocab(model_));
-    in.n_ctx           = opts.n_ctx;
-    in.n_batch         = opts.n_batch;
-    in.n_threads       = opts.n_threads;
-    in.cpus            = opts.cpus_text;
-    in.max_rewind      = opts.max_rewind;
+    in.n_embd = llama_model_n_embd(model_);
+    in.boundary_width = llama_model_n_embd_boundary(model_);
+    in.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_));
+    in.n_ctx = opts.n_ctx;
+    in.n_batch = opts.n_batch;
+    in.n_threads = opts.n_threads;
+    in.cpus = opts.cpus_text;
+    in.max_rewind = opts.max_rewind;
     // hash-routed MoE layers (DeepSeek-V4: the first <arch>.hash_layer_count layers) pick their experts from
     // the token id, so a later stage owning one needs the ids next to the boundary; dense models never do
     const std::string hash_layers = meta_str(model_, (in.architecture + ".hash_layer_count").c_str());
@@ -111,7 +113,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     in.memory.weight_bytes = llama_model_size(model_) + (mtp_model_ ? llama_model_size(mtp_model_) : 0);
     for (const auto & [buft, mb] : llama_get_memory_breakdown(idle_.back())) {
         (void) buft;
-        in.memory.kv_bytes      += mb.context;
+        in.memory.kv_bytes += mb.context;
         in.memory.compute_bytes += mb.compute;
     }
 }
@@ -142,8 +144,8 @@ Stage::~Stage() {
 void Stage::load_mtp_model() {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts_.n_gpu_layers;
-    mp.load_mode    = choose_load_mode(opts_.load_mode, opts_.n_gpu_layers);
-    mp.load_mtp     = true;
+    mp.load_mode = choose_load_mode(opts_.load_mode, opts_.n_gpu_layers);
+    mp.load_mtp = true;
     const std::string & path = opts_.mtp_model_path;
     mtp_model_ = llama_model_load_from_file(path.c_str(), mp);
     if (mtp_model_ == nullptr) {
@@ -189,23 +191,23 @@ llama_context * Stage::acquire_context() {
         return ctx;
     }
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = (uint32_t) opts_.n_ctx;
+    cp.n_ctx = (uint32_t) opts_.n_ctx;
     // n_ubatch == n_batch: every Forward is one ubatch, so the kernels (and their rounding) depend only
     // on the request, identically on every stage and on the monolithic reference
-    cp.n_batch         = (uint32_t) opts_.n_batch;
-    cp.n_ubatch        = (uint32_t) opts_.n_batch;
-    cp.n_seq_max       = 1;  // one context per session: KV occupancy never depends on other sessions
+    cp.n_batch = (uint32_t) opts_.n_batch;
+    cp.n_ubatch = (uint32_t) opts_.n_batch;
+    cp.n_seq_max = 1;  // one context per session: KV occupancy never depends on other sessions
     // rolling state (DeepSeek-V4's compressor) keeps this many per-token snapshots so a rewind can undo
     // them; llama clamps it to 0 where the KV is plain and any trailing positions can simply be removed
-    cp.n_rs_seq        = (uint32_t) opts_.max_rewind;
-    cp.n_threads       = opts_.n_threads;
+    cp.n_rs_seq = (uint32_t) opts_.max_rewind;
+    cp.n_threads = opts_.n_threads;
     cp.n_threads_batch = opts_.n_threads;
-    cp.embeddings      = false;
-    cp.no_perf         = true;
+    cp.embeddings = false;
+    cp.no_perf = true;
     llama_context * ctx = llama_init_from_model(model_, cp);
     if (ctx == nullptr) {
-        throw StageError(Kind::ResourceExhausted, "could not create a session context (n_ctx " +
-                         std::to_string(opts_.n_ctx) + ")");
+        throw StageError(Kind::ResourceExhausted,
+                         "could not create a session context (n_ctx " + std::to_string(opts_.n_ctx) + ")");
     }
     if (opts_.mtp) {
         llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // every row's hidden state: the block reads them
@@ -243,28 +245,32 @@ void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
         throw StageError(Kind::InvalidArgument, "positions is empty: nothing to compute");
     }
     if (n_tokens > in.n_batch) {
-        throw StageError(Kind::InvalidArgument, std::to_string(n_tokens) + " positions in one Forward; this worker takes at most " +
-                         std::to_string(in.n_batch) + " (split the prefill)");
+        throw StageError(Kind::InvalidArgument, std::to_string(n_tokens) +
+                                                    " positions in one Forward; this worker takes at most " +
+                                                    std::to_string(in.n_batch) + " (split the prefill)");
     }
     if (in.first_stage) {
         if ((int32_t) a.tokens.size() != n_tokens) {
             throw StageError(Kind::InvalidArgument, "first stage: expected " + std::to_string(n_tokens) +
-                             " token ids (one per position), got " + std::to_string(a.tokens.size()));
+                                                        " token ids (one per position), got " +
+                                                        std::to_string(a.tokens.size()));
         }
         if (a.has_boundary) {
             throw StageError(Kind::InvalidArgument, "first stage (layers 0:" + std::to_string(in.layer_end) +
-                             ") takes token ids, not a boundary tensor");
+                                                        ") takes token ids, not a boundary tensor");
         }
         for (int32_t t : a.tokens) {
             if (t < 0 || t >= in.n_vocab) {
-                throw StageError(Kind::InvalidArgument, "token id " + std::to_string(t) + " outside the vocabulary [0, " +
-                                 std::to_string(in.n_vocab) + ")");
+                throw StageError(Kind::InvalidArgument, "token id " + std::to_string(t) +
+                                                            " outside the vocabulary [0, " +
+                                                            std::to_string(in.n_vocab) + ")");
             }
         }
     } else {
         if (!a.has_boundary) {
             throw StageError(Kind::InvalidArgument, "stage starting at layer " + std::to_string(in.layer_begin) +
-                             " needs the boundary tensor [n_tokens, " + std::to_string(in.boundary_width) + "]");
+                                                        " needs the boundary tensor [n_tokens, " +
+                                                        std::to_string(in.boundary_width) + "]");
         }
         const auto & b = a.boundary;
         if (b.shape.size() != 2 || b.shape[0] != n_tokens || b.shape[1] != in.boundary_width) {
@@ -273,37 +279,43 @@ void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
                 got += (i ? ", " : "") + std::to_string(b.shape[i]);
             }
             throw StageError(Kind::InvalidArgument, "boundary shape [" + got + "] does not fit this stage: expected [" +
-                             std::to_string(n_tokens) + ", " + std::to_string(in.boundary_width) + "]");
+                                                        std::to_string(n_tokens) + ", " +
+                                                        std::to_string(in.boundary_width) + "]");
         }
         const size_t want = (size_t) n_tokens * (size_t) in.boundary_width * dtype_size(b.dtype);
         if (b.data == nullptr || b.data->size() != want) {
             throw StageError(Kind::InvalidArgument, "boundary data is " + std::to_string(b.data ? b.data->size() : 0) +
-                             " bytes, expected " + std::to_string(want) + " for its shape and dtype");
+                                                        " bytes, expected " + std::to_string(want) +
+                                                        " for its shape and dtype");
         }
         if (!a.tokens.empty() && (int32_t) a.tokens.size() != n_tokens) {
             throw StageError(Kind::InvalidArgument, "token sideband has " + std::to_string(a.tokens.size()) +
-                             " ids for " + std::to_string(n_tokens) + " positions");
+                                                        " ids for " + std::to_string(n_tokens) + " positions");
         }
         if (in.needs_token_sideband && a.tokens.empty()) {
-            throw StageError(Kind::InvalidArgument, "stage starting at layer " + std::to_string(in.layer_begin) +
-                             " owns hash-routed layers: send the token ids (one per position) with the boundary");
+            throw StageError(Kind::InvalidArgument,
+                             "stage starting at layer " + std::to_string(in.layer_begin) +
+                                 " owns hash-routed layers: send the token ids (one per position) with the boundary");
         }
         for (int32_t t : a.tokens) {
             if (t < 0 || t >= in.n_vocab) {
                 throw StageError(Kind::InvalidArgument, "sideband token id " + std::to_string(t) +
-                                 " outside the vocabulary [0, " + std::to_string(in.n_vocab) + ")");
+                                                            " outside the vocabulary [0, " +
+                                                            std::to_string(in.n_vocab) + ")");
             }
         }
     }
     if (!a.capture_layers.empty() && !staged_architecture(in.architecture)) {
-        throw StageError(Kind::FailedPrecondition, "capture is not supported for architecture " + in.architecture +
-                         ": its graph records no per-layer input (the patch stack stages " +
-                         STAGED_ARCHITECTURES + ")");
+        throw StageError(Kind::FailedPrecondition,
+                         "capture is not supported for architecture " + in.architecture +
+                             ": its graph records no per-layer input (the patch stack stages " + STAGED_ARCHITECTURES +
+                             ")");
     }
     for (int32_t l : a.capture_layers) {
         if (l < in.layer_begin || l >= in.layer_end) {
-            throw StageError(Kind::InvalidArgument, "capture layer " + std::to_string(l) + " is not owned by this stage [" +
-                             std::to_string(in.layer_begin) + ", " + std::to_string(in.layer_end) + ")");
+            throw StageError(Kind::InvalidArgument,
+                             "capture layer " + std::to_string(l) + " is not owned by this stage [" +
+                                 std::to_string(in.layer_begin) + ", " + std::to_string(in.layer_end) + ")");
         }
     }
 }
@@ -322,39 +334,43 @@ Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) 
     auto it = sessions_.find(a.session_id);
     if (it == sessions_.end()) {
         if (p0 != 0) {
-            throw StageError(Kind::NotFound, "unknown session '" + a.session_id + "' (a new session starts at position 0, got " +
-                             std::to_string(p0) + ")");
+            throw StageError(Kind::NotFound, "unknown session '" + a.session_id +
+                                                 "' (a new session starts at position 0, got " + std::to_string(p0) +
+                                                 ")");
         }
         if ((int32_t) sessions_.size() >= opts_.max_sessions) {
-            throw StageError(Kind::ResourceExhausted, "too many sessions (" + std::to_string(sessions_.size()) +
-                             "); Reset one or start the worker with a larger --max-sessions");
+            throw StageError(Kind::ResourceExhausted,
+                             "too many sessions (" + std::to_string(sessions_.size()) +
+                                 "); Reset one or start the worker with a larger --max-sessions");
         }
         plan.is_new = true;
     } else {
         const Session & s = it->second;
         if (a.epoch < s.epoch) {
             throw StageError(Kind::FailedPrecondition, "stale epoch " + std::to_string(a.epoch) + " for session '" +
-                             a.session_id + "' (current epoch " + std::to_string(s.epoch) + ")");
+                                                           a.session_id + "' (current epoch " +
+                                                           std::to_string(s.epoch) + ")");
         }
         // a higher epoch is a route change: this stage's KV belongs to the old route and goes once the
         // request is accepted; the caller re-prefills from 0
         plan.new_epoch = a.epoch > s.epoch;
-        plan.n_past    = plan.new_epoch ? 0 : s.n_past;
+        plan.n_past = plan.new_epoch ? 0 : s.n_past;
     }
     if (a.rewind && !plan.is_new && !plan.new_epoch && p0 < plan.n_past) {
         check_rewind(a, plan.n_past);
         plan.rewind_to = p0;
-        plan.n_past    = p0;
+        plan.n_past = p0;
     }
     if (p0 != plan.n_past) {
         throw StageError(Kind::FailedPrecondition, "positions must continue session '" + a.session_id + "' epoch " +
-                         std::to_string(a.epoch) + " at " + std::to_string(plan.n_past) + ", got " + std::to_string(p0) +
-                         (p0 > plan.n_past ? " (gap)" : " (out of order)"));
+                                                       std::to_string(a.epoch) + " at " + std::to_string(plan.n_past) +
+                                                       ", got " + std::to_string(p0) +
+                                                       (p0 > plan.n_past ? " (gap)" : " (out of order)"));
     }
     if ((int64_t) plan.n_past + n_tokens > info_.n_ctx) {
-        throw StageError(Kind::ResourceExhausted, "context overflow: session '" + a.session_id + "' holds " +
-                         std::to_string(plan.n_past) + " positions, +" + std::to_string(n_tokens) + " > n_ctx " +
-                         std::to_string(info_.n_ctx));
+        throw StageError(Kind::ResourceExhausted,
+                         "context overflow: session '" + a.session_id + "' holds " + std::to_string(plan.n_past) +
+                             " positions, +" + std::to_string(n_tokens) + " > n_ctx " + std::to_string(info_.n_ctx));
     }
     return plan;
 }
@@ -364,13 +380,15 @@ void Stage::check_rewind(const ForwardArgs & a, int32_t n_past) const {
     const int32_t p0 = a.positions.front();
     const int32_t depth = n_past - p0;
     if (info_.max_rewind == 0) {
-        throw StageError(Kind::FailedPrecondition, "rewind of " + std::to_string(depth) + " positions asked, but this worker "
-                         "keeps no rollback state (start it with --max-rewind N)");
+        throw StageError(Kind::FailedPrecondition, "rewind of " + std::to_string(depth) +
+                                                       " positions asked, but this worker "
+                                                       "keeps no rollback state (start it with --max-rewind N)");
     }
     if (depth > info_.max_rewind) {
-        throw StageError(Kind::FailedPrecondition, "rewind of session '" + a.session_id + "' from " + std::to_string(n_past) +
-                         " to " + std::to_string(p0) + " takes back " + std::to_string(depth) + " positions; this worker " +
-                         "takes back at most " + std::to_string(info_.max_rewind));
+        throw StageError(Kind::FailedPrecondition,
+                         "rewind of session '" + a.session_id + "' from " + std::to_string(n_past) + " to " +
+                             std::to_string(p0) + " takes back " + std::to_string(depth) + " positions; this worker " +
+                             "takes back at most " + std::to_string(info_.max_rewind));
     }
 }
 
@@ -379,7 +397,7 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
     if (plan.is_new) {
         Session s;
         s.epoch = a.epoch;
-        s.ctx   = acquire_context();  // may throw (no memory): nothing inserted yet
+        s.ctx = acquire_context();  // may throw (no memory): nothing inserted yet
         if (info_.mtp) {
             try {
                 s.mtp = std::make_unique<MtpDrafter>(drafting_model(), opts_.n_ctx, opts_.n_batch, opts_.n_threads);
@@ -396,8 +414,9 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
     if (plan.rewind_to >= 0) {
         // the rejected drafts' KV (and, with rolling state, their snapshots) go before anything runs
         if (!llama_memory_seq_rm(llama_get_memory(s.ctx), 0, plan.rewind_to, -1)) {
-            throw StageError(Kind::FailedPrecondition, "llama could not take session '" + a.session_id + "' back to position " +
-                             std::to_string(plan.rewind_to) + " (from " + std::to_string(s.n_past) + ")");
+            throw StageError(Kind::FailedPrecondition, "llama could not take session '" + a.session_id +
+                                                           "' back to position " + std::to_string(plan.rewind_to) +
+                                                           " (from " + std::to_string(s.n_past) + ")");
         }
         s.n_past = plan.rewind_to;
         if (s.mtp) {
@@ -409,7 +428,7 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
         if (s.mtp) {
             s.mtp->clear();
         }
-        s.epoch  = a.epoch;
+        s.epoch = a.epoch;
         s.n_past = 0;
     }
     return s;
@@ -418,7 +437,7 @@ Stage::Session & Stage::session_for(const ForwardArgs & a, const SessionPlan & p
 // Capture flags live on the (pooled) context: set for one decode, cleared on every way out, throws included.
 namespace {
 struct CaptureFlags {
-    llama_context *              ctx;
+    llama_context * ctx;
     const std::vector<int32_t> & layers;
     CaptureFlags(llama_context * c, const std::vector<int32_t> & l) : ctx(c), layers(l) {
         for (int32_t layer : layers) {
@@ -462,12 +481,12 @@ ForwardResult Stage::forward_here(const ForwardArgs & a) {
         if (in.first_stage || in.needs_token_sideband) {
             batch.token[i] = a.tokens[i];
         }
-        batch.pos[i]       = a.positions[i];
-        batch.n_seq_id[i]  = 1;
+        batch.pos[i] = a.positions[i];
+        batch.n_seq_id[i] = 1;
         batch.seq_id[i][0] = 0;
         // with MTP the rows that judge the drafts are outputs too (the nextn block reads every row's hidden
         // state without them: embeddings_nextn unmasked), so a plain pass computes what it would without MTP
-        batch.logits[i]    = in.last_stage && (want_all || i == n_tokens - 1 || (in.mtp && i >= n_tokens - a.drafted - 1));
+        batch.logits[i] = in.last_stage && (want_all || i == n_tokens - 1 || (in.mtp && i >= n_tokens - a.drafted - 1));
     }
     if (!in.first_stage) {
         const int64_t n = (int64_t) n_tokens * in.boundary_width;
@@ -561,23 +580,26 @@ void Stage::check_draft(const ForwardArgs & a, int32_t n_tokens) const {
     }
     if ((a.draft > 0 || a.drafted > 0) && !in.mtp) {
         throw StageError(Kind::FailedPrecondition, "this stage drafts nothing: only the last stage of workers started "
-                         "with --mtp verifies and drafts");
+                                                   "with --mtp verifies and drafts");
     }
     if (!in.mtp) {
         return;
     }
     if ((int32_t) a.tokens.size() != n_tokens) {
-        throw StageError(Kind::InvalidArgument, "the MTP last stage needs the pass's token ids (one per position): got " +
-                         std::to_string(a.tokens.size()) + " for " + std::to_string(n_tokens) + " positions");
+        throw StageError(Kind::InvalidArgument,
+                         "the MTP last stage needs the pass's token ids (one per position): got " +
+                             std::to_string(a.tokens.size()) + " for " + std::to_string(n_tokens) + " positions");
     }
     if (a.drafted >= n_tokens) {
         throw StageError(Kind::InvalidArgument, std::to_string(a.drafted) + " drafted tokens in a pass of " +
-                         std::to_string(n_tokens) + ": the first token of a pass is never a draft");
+                                                    std::to_string(n_tokens) +
+                                                    ": the first token of a pass is never a draft");
     }
     if (a.draft > in.max_rewind) {
         throw StageError(Kind::InvalidArgument, "draft of " + std::to_string(a.draft) + " tokens: a pass can reject " +
-                         "them all, and this worker takes back at most " + std::to_string(in.max_rewind) +
-                         " (start it with --max-rewind " + std::to_string(a.draft) + ")");
+                                                    "them all, and this worker takes back at most " +
+                                                    std::to_string(in.max_rewind) + " (start it with --max-rewind " +
+                                                    std::to_string(a.draft) + ")");
     }
 }
 
@@ -585,10 +607,12 @@ std::vector<int32_t> Stage::tokenize(const std::string & text, bool add_special)
     std::lock_guard<std::mutex> lock(mu_);
     const llama_vocab * vocab = llama_model_get_vocab(model_);
     std::vector<llama_token> out(text.size() + 8);
-    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, false);
+    int32_t n =
+        llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, false);
     if (n < 0) {
         out.resize((size_t) -n);
-        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, false);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                           false);
     }
     if (n < 0) {
         throw StageError(Kind::Internal, "tokenize failed");
@@ -607,10 +631,12 @@ std::string Stage::detokenize(const std::vector<int32_t> & tokens) {
         }
     }
     std::string text(tokens.size() * 8 + 16, '\0');
-    int32_t n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false, false);
+    int32_t n =
+        llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false, false);
     if (n < 0) {
         text.resize((size_t) -n);
-        n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false, false);
+        n = llama_detokenize(vocab, tokens.data(), (int32_t) tokens.size(), &text[0], (int32_t) text.size(), false,
+                             false);
     }
     if (n < 0) {
         throw StageError(Kind::Internal, "detokenize failed");

@@ -21,12 +21,14 @@ namespace pb = dgr::shard::v1;
 namespace dgr {
 
 struct PassStreams::Out {
-    std::mutex  mu;  // one writer at a time
-    int         fd = -1;
+    std::mutex mu;  // one writer at a time
+    int fd = -1;
     std::string body;  // the last pass sent, its capacity kept for the next (no allocation per pass)
 };
 
-PassStreams::~PassStreams() { stop(); }
+PassStreams::~PassStreams() {
+    stop();
+}
 
 int PassStreams::listen(const std::string & host, int port, OnPass on_pass) {
     on_pass_ = std::move(on_pass);
@@ -88,8 +90,10 @@ void PassStreams::read_loop(int fd) {
         }
         const uint32_t n = frame_length(head);
         if (max_bytes_ >= 0 && n > (uint32_t) max_bytes_) {
-            std::fprintf(stderr, "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
-                         "closing the connection\n", n, max_bytes_);
+            std::fprintf(stderr,
+                         "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
+                         "closing the connection\n",
+                         n, max_bytes_);
             break;
         }
         body.resize(n);
@@ -99,7 +103,7 @@ void PassStreams::read_loop(int fd) {
         const int64_t received_ns = monotonic_ns();
         if (!pass.ParseFromString(body)) {
             std::fprintf(stderr, "dgr-shard-worker: pass port: a message that is not a ForwardRequest; closing the "
-                         "connection\n");
+                                 "connection\n");
             break;
         }
         if (stopping_) {
@@ -163,8 +167,10 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
     std::lock_guard<std::mutex> lock(out->mu);
     std::string & body = out->body;
     if (!pass.SerializeToString(&body) || (max_bytes_ >= 0 && body.size() > (size_t) max_bytes_)) {
-        return ChainResult{grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "a pass of " + std::to_string(body.size()) +
-                                        " bytes is over the message limit"), ""};
+        return ChainResult{
+            grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         "a pass of " + std::to_string(body.size()) + " bytes is over the message limit"),
+            ""};
     }
     std::string why;
     if (out->fd < 0) {

@@ -59,20 +59,20 @@ public:
 private:
     struct Out;
 
-    int  pass_port_of(const std::string & address, std::string & why);  // -1 and why when it has none
-    int  connect_to(const std::string & address, std::string & why);
+    int pass_port_of(const std::string & address, std::string & why);  // -1 and why when it has none
+    int connect_to(const std::string & address, std::string & why);
     void accept_loop();
     void read_loop(int fd);
 
-    Chain &                                     chain_;
-    const int                                   max_bytes_;
-    OnPass                                      on_pass_;
-    int                                         listen_fd_ = -1;
-    int                                         port_ = 0;
-    std::atomic<bool>                           stopping_{false};
-    std::mutex                                  mu_;
+    Chain & chain_;
+    const int max_bytes_;
+    OnPass on_pass_;
+    int listen_fd_ = -1;
+    int port_ = 0;
+    std::atomic<bool> stopping_{false};
+    std::mutex mu_;
     std::map<std::string, std::shared_ptr<Out>> out_;
-    std::set<int>                               in_;  // accepted connections still read
+    std::set<int> in_;  // accepted connections still read
 };
 
 }  // namespace dgr

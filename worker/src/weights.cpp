@@ -27,7 +27,8 @@ llama_load_mode parse_load_mode(const std::string & name) {
     try {
         return llama_load_mode_from_str(name.c_str());
     } catch (const std::invalid_argument &) {
-        throw std::invalid_argument("unknown load mode '" + name + "' (one of none, mmap, mlock, mmap+mlock, dio, auto)");
+        throw std::invalid_argument("unknown load mode '" + name +
+                                    "' (one of none, mmap, mlock, mmap+mlock, dio, auto)");
     }
 }
 

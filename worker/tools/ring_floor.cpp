@@ -29,9 +29,9 @@
 #include "weights.h"
 
 #include <arpa/inet.h>
+#include <csignal>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <csignal>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -41,8 +41,8 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,8 +59,10 @@ struct Options {
 };
 
 [[noreturn]] void usage(const char * why) {
-    std::fprintf(stderr, "dgr-ring-floor: %s\nusage: dgr-ring-floor -m MODEL --stages N [--tokens 64] [--rounds 3] "
-                 "[--threads 1] [--ctx 512] [--gpu-layers 0] [--deliver PORT]\n", why);
+    std::fprintf(stderr,
+                 "dgr-ring-floor: %s\nusage: dgr-ring-floor -m MODEL --stages N [--tokens 64] [--rounds 3] "
+                 "[--threads 1] [--ctx 512] [--gpu-layers 0] [--deliver PORT]\n",
+                 why);
     std::exit(2);
 }
 
@@ -72,9 +74,14 @@ Options parse(int argc, char ** argv) {
             usage(("missing the value of " + a).c_str());
         }
         const char * v = argv[++i];
-        int * field = a == "--stages" ? &o.stages : a == "--tokens" ? &o.tokens : a == "--rounds" ? &o.rounds :
-                      a == "--threads" ? &o.threads : a == "--ctx" ? &o.ctx : a == "--gpu-layers" ? &o.gpu_layers :
-                      a == "--deliver" ? &o.deliver : nullptr;
+        int * field = a == "--stages"       ? &o.stages
+                      : a == "--tokens"     ? &o.tokens
+                      : a == "--rounds"     ? &o.rounds
+                      : a == "--threads"    ? &o.threads
+                      : a == "--ctx"        ? &o.ctx
+                      : a == "--gpu-layers" ? &o.gpu_layers
+                      : a == "--deliver"    ? &o.deliver
+                                            : nullptr;
         if (a == "-m") {
             o.model = v;
         } else if (field != nullptr) {
@@ -142,7 +149,8 @@ void tcp_pair(int fds[2]) {
         std::exit(1);
     }
     fds[0] = socket(AF_INET, SOCK_STREAM, 0);
-    if (fds[0] < 0 || connect(fds[0], (sockaddr *) &addr, sizeof addr) != 0 || (fds[1] = accept(listener, nullptr, nullptr)) < 0) {
+    if (fds[0] < 0 || connect(fds[0], (sockaddr *) &addr, sizeof addr) != 0 ||
+        (fds[1] = accept(listener, nullptr, nullptr)) < 0) {
         std::perror("dgr-ring-floor: loopback connection");
         std::exit(1);
     }
@@ -187,18 +195,18 @@ struct Pick {
 
 // One stage: its layers, its context, and one pass.
 struct Stage {
-    llama_model *   model = nullptr;
-    llama_context * ctx   = nullptr;
-    int             width = 0, n_vocab = 0;
-    bool            first = false, last = false;
-    double          decode_seconds = 0;  // wall time inside llama_decode, every pass
+    llama_model * model = nullptr;
+    llama_context * ctx = nullptr;
+    int width = 0, n_vocab = 0;
+    bool first = false, last = false;
+    double decode_seconds = 0;  // wall time inside llama_decode, every pass
 
     Stage(const Options & o, int begin, int end) {
         llama_model_params mp = llama_model_default_params();
-        mp.layer_begin  = begin;
-        mp.layer_end    = end;
+        mp.layer_begin = begin;
+        mp.layer_end = end;
         mp.n_gpu_layers = o.gpu_layers;
-        mp.load_mode    = dgr::choose_load_mode("", o.gpu_layers);  // as the worker: read onto huge pages on the CPU
+        mp.load_mode = dgr::choose_load_mode("", o.gpu_layers);  // as the worker: read onto huge pages on the CPU
         model = llama_model_load_from_file(o.model.c_str(), mp);
         if (model == nullptr) {
             std::fprintf(stderr, "dgr-ring-floor: cannot load layers %d:%d of %s\n", begin, end, o.model.c_str());
@@ -215,10 +223,10 @@ struct Stage {
             std::fprintf(stderr, "dgr-ring-floor: no context for layers %d:%d\n", begin, end);
             std::exit(1);
         }
-        width   = llama_model_n_embd_boundary(model);
+        width = llama_model_n_embd_boundary(model);
         n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-        first   = llama_model_has_token_embd(model);
-        last    = llama_model_has_output_head(model);
+        first = llama_model_has_token_embd(model);
+        last = llama_model_has_output_head(model);
     }
 
     // Decode one token; the last stage returns its pick, the others fill ``boundary`` for the next.
@@ -279,7 +287,8 @@ void write_pass(int fd, const Head & h, const std::vector<float> & boundary, boo
     Head h{};
     std::vector<int32_t> picks;
     bool stopped = false;
-    while (recv_all(in, &h, sizeof h) && (stage.first || recv_all(in, boundary.data(), boundary.size() * sizeof(float)))) {
+    while (recv_all(in, &h, sizeof h) &&
+           (stage.first || recv_all(in, boundary.data(), boundary.size() * sizeof(float)))) {
         if (h.pos < 0) {
             write_pass(out, h, boundary, !stage.last);  // the stop goes round once
             stopped = true;
@@ -440,8 +449,8 @@ int main(int argc, char ** argv) {
     for (int k = 0; k < o.stages; ++k) {
         int32_t n = 0;
         const int from = report[(size_t) k][0];
-        if (!recv_all(from, &cpu_us[(size_t) k], sizeof(double)) || !recv_all(from, &decode_us[(size_t) k], sizeof(double)) ||
-            !recv_all(from, &n, sizeof n)) {
+        if (!recv_all(from, &cpu_us[(size_t) k], sizeof(double)) ||
+            !recv_all(from, &decode_us[(size_t) k], sizeof(double)) || !recv_all(from, &n, sizeof n)) {
             give_up("stage " + std::to_string(k) + " ended without its figures");
         }
         tokens.resize((size_t) n);
@@ -462,8 +471,9 @@ int main(int argc, char ** argv) {
         return s + "]";
     };
     std::printf("{\"stages\": %d, \"threads\": %d, \"load_mode\": \"%s\", \"tokens_per_round\": %d, \"tok_s\": %s, "
-                "\"cpu_us_per_pass\": %s, \"decode_us_per_pass\": %s, \"tokens\": %s}\n", o.stages, o.threads,
-                llama_load_mode_name(dgr::choose_load_mode("", o.gpu_layers)), o.tokens, list(tok_s, "%.2f").c_str(),
-                list(cpu_us, "%.1f").c_str(), list(decode_us, "%.1f").c_str(), list(tokens, "%d").c_str());
+                "\"cpu_us_per_pass\": %s, \"decode_us_per_pass\": %s, \"tokens\": %s}\n",
+                o.stages, o.threads, llama_load_mode_name(dgr::choose_load_mode("", o.gpu_layers)), o.tokens,
+                list(tok_s, "%.2f").c_str(), list(cpu_us, "%.1f").c_str(), list(decode_us, "%.1f").c_str(),
+                list(tokens, "%d").c_str());
     return 0;
 }

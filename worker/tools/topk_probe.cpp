@@ -46,9 +46,9 @@ struct Options {
     std::string model;
     std::string prompts_file;
     std::string out;  // "" = stdout
-    int threads  = 1;
+    int threads = 1;
     int n_decode = 1;
-    int n_ctx    = 256;  // what the certifier gives tiny recipes (certify.run.ctx_size)
+    int n_ctx = 256;  // what the certifier gives tiny recipes (certify.run.ctx_size)
 };
 
 // Where a row was seen: prompt index and token position.
@@ -60,9 +60,9 @@ struct Where {
 // The selection boundary of one row.
 struct Boundary {
     int64_t n_finite = 0;
-    bool contested   = false;
-    double kth       = 0.0;  // k-th largest
-    double next      = 0.0;  // (k+1)-th largest
+    bool contested = false;
+    double kth = 0.0;   // k-th largest
+    double next = 0.0;  // (k+1)-th largest
 };
 
 // Everything seen at one selection op (aggregated over rows, passes and prompts).
@@ -87,8 +87,10 @@ struct Probe {
 };
 
 [[noreturn]] void usage(const std::string & why) {
-    std::fprintf(stderr, "dgr-topk-probe: %s\nusage: dgr-topk-probe --model FILE --threads N --n-decode N "
-                         "--prompts-file FILE [--ctx N] [--out FILE]\n", why.c_str());
+    std::fprintf(stderr,
+                 "dgr-topk-probe: %s\nusage: dgr-topk-probe --model FILE --threads N --n-decode N "
+                 "--prompts-file FILE [--ctx N] [--out FILE]\n",
+                 why.c_str());
     std::exit(2);
 }
 
@@ -109,13 +111,21 @@ Options parse_options(int argc, char ** argv) {
             usage("missing value after " + arg);
         }
         const std::string val = argv[i + 1];
-        if      (arg == "--model")        { o.model = val; }
-        else if (arg == "--prompts-file") { o.prompts_file = val; }
-        else if (arg == "--threads")      { o.threads = parse_positive(arg, val); }
-        else if (arg == "--n-decode")     { o.n_decode = parse_positive(arg, val); }
-        else if (arg == "--ctx")          { o.n_ctx = parse_positive(arg, val); }
-        else if (arg == "--out")          { o.out = val; }
-        else                              { usage("unknown argument '" + arg + "'"); }
+        if (arg == "--model") {
+            o.model = val;
+        } else if (arg == "--prompts-file") {
+            o.prompts_file = val;
+        } else if (arg == "--threads") {
+            o.threads = parse_positive(arg, val);
+        } else if (arg == "--n-decode") {
+            o.n_decode = parse_positive(arg, val);
+        } else if (arg == "--ctx") {
+            o.n_ctx = parse_positive(arg, val);
+        } else if (arg == "--out") {
+            o.out = val;
+        } else {
+            usage("unknown argument '" + arg + "'");
+        }
     }
     if (o.model.empty() || o.prompts_file.empty()) {
         usage("--model and --prompts-file are required");
@@ -125,7 +135,8 @@ Options parse_options(int argc, char ** argv) {
 
 std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text) {
     std::vector<llama_token> out(text.size() + 8);
-    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), true, false);
+    int32_t n =
+        llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), true, false);
     if (n < 0) {
         out.resize((size_t) -n);
         n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), true, false);
@@ -193,13 +204,11 @@ int layer_of(const std::string & name) {
 Selection describe(const ggml_tensor * t, int64_t k) {
     Selection s;
     s.input = t->src[0]->name;
-    s.node  = t->name;
-    s.op    = ggml_op_name(t->op);
-    s.kind  = starts_with(t->src[0]->name, "lid_") ? "indexer"
-            : t->op == GGML_OP_ARGSORT              ? "router"
-            : "other";
+    s.node = t->name;
+    s.op = ggml_op_name(t->op);
+    s.kind = starts_with(t->src[0]->name, "lid_") ? "indexer" : t->op == GGML_OP_ARGSORT ? "router" : "other";
     s.layer = layer_of(s.input) >= 0 ? layer_of(s.input) : layer_of(s.node);
-    s.k     = k;
+    s.k = k;
     return s;
 }
 
@@ -216,9 +225,10 @@ std::vector<std::vector<float>> read_rows(const ggml_tensor * src, std::vector<c
             for (int64_t i1 = 0; i1 < src->ne[1]; ++i1) {
                 std::vector<float> row((size_t) src->ne[0]);
                 for (int64_t i0 = 0; i0 < src->ne[0]; ++i0) {
-                    const char * at = staging.data() + i0 * src->nb[0] + i1 * src->nb[1] + i2 * src->nb[2] + i3 * src->nb[3];
-                    row[(size_t) i0] = src->type == GGML_TYPE_F32 ? *(const float *) at
-                                                                  : ggml_fp16_to_fp32(*(const ggml_fp16_t *) at);
+                    const char * at =
+                        staging.data() + i0 * src->nb[0] + i1 * src->nb[1] + i2 * src->nb[2] + i3 * src->nb[3];
+                    row[(size_t) i0] =
+                        src->type == GGML_TYPE_F32 ? *(const float *) at : ggml_fp16_to_fp32(*(const ggml_fp16_t *) at);
                 }
                 rows.push_back(std::move(row));
             }
@@ -235,11 +245,11 @@ Boundary boundary(const std::vector<float> & row, int64_t k) {
         }
     }
     Boundary b;
-    b.n_finite  = (int64_t) finite.size();
+    b.n_finite = (int64_t) finite.size();
     b.contested = b.n_finite > k;
     if (b.contested) {
         std::partial_sort(finite.begin(), finite.begin() + k + 1, finite.end(), std::greater<float>());
-        b.kth  = finite[(size_t) k - 1];
+        b.kth = finite[(size_t) k - 1];
         b.next = finite[(size_t) k];
     }
     return b;
@@ -253,14 +263,14 @@ void tally(Selection & s, const Boundary & b, const Where & at) {
     s.contested += 1;
     s.exact_ties += b.kth == b.next ? 1 : 0;
     const double margin = b.kth - b.next;
-    const double rel    = margin / std::max(std::fabs(b.kth), (double) std::numeric_limits<float>::min());
+    const double rel = margin / std::max(std::fabs(b.kth), (double) std::numeric_limits<float>::min());
     s.near_ties += rel < NEAR_TIE_REL ? 1 : 0;
     if (margin < s.min_abs) {
-        s.min_abs    = margin;
+        s.min_abs = margin;
         s.min_abs_at = at;
     }
     if (rel < s.min_rel) {
-        s.min_rel    = rel;
+        s.min_rel = rel;
         s.min_rel_at = at;
     }
 }
@@ -303,8 +313,8 @@ void decode(llama_context * ctx, std::vector<llama_token> & tokens) {
 }
 
 // The driver's greedy pass: prefill the prompt at 0.., then decode until n_decode tokens are chosen.
-void run_sequence(llama_context * ctx, const llama_vocab * vocab, std::vector<llama_token> prompt,
-                  int n_decode, int index, Probe & p) {
+void run_sequence(llama_context * ctx, const llama_vocab * vocab, std::vector<llama_token> prompt, int n_decode,
+                  int index, Probe & p) {
     llama_memory_clear(llama_get_memory(ctx), true);
     p.batch = {index, 0};
     decode(ctx, prompt);
@@ -328,12 +338,20 @@ json report(const Options & o, size_t n_prompts, const Probe & p) {
     json selections = json::array();
     for (const auto & [key, s] : p.selections) {
         selections.push_back({
-            {"input", s.input}, {"node", s.node}, {"op", s.op}, {"kind", s.kind},
-            {"layer", s.layer < 0 ? json(nullptr) : json(s.layer)}, {"k", s.k},
-            {"rows", s.rows}, {"contested_rows", s.contested}, {"exact_ties", s.exact_ties},
+            {"input", s.input},
+            {"node", s.node},
+            {"op", s.op},
+            {"kind", s.kind},
+            {"layer", s.layer < 0 ? json(nullptr) : json(s.layer)},
+            {"k", s.k},
+            {"rows", s.rows},
+            {"contested_rows", s.contested},
+            {"exact_ties", s.exact_ties},
             {"near_ties", s.near_ties},
-            {"min_abs_margin", number_or_null(s.min_abs)}, {"min_abs_margin_at", where_json(s.min_abs_at)},
-            {"min_rel_margin", number_or_null(s.min_rel)}, {"min_rel_margin_at", where_json(s.min_rel_at)},
+            {"min_abs_margin", number_or_null(s.min_abs)},
+            {"min_abs_margin_at", where_json(s.min_abs_at)},
+            {"min_rel_margin", number_or_null(s.min_rel)},
+            {"min_rel_margin_at", where_json(s.min_rel_at)},
         });
     }
     std::sort(selections.begin(), selections.end(), [](const json & a, const json & b) {
@@ -341,9 +359,9 @@ json report(const Options & o, size_t n_prompts, const Probe & p) {
                std::make_tuple(b["layer"].is_null() ? -1 : b["layer"].get<int>(), b["kind"].get<std::string>());
     });
     return {
-        {"schema_version", 1}, {"kind", "dgr.topk_probe"}, {"model", o.model}, {"threads", o.threads},
-        {"n_ctx", o.n_ctx}, {"n_decode", o.n_decode}, {"prompts", n_prompts}, {"router_k", p.router_k},
-        {"near_tie_rel", NEAR_TIE_REL},
+        {"schema_version", 1},      {"kind", "dgr.topk_probe"}, {"model", o.model},
+        {"threads", o.threads},     {"n_ctx", o.n_ctx},         {"n_decode", o.n_decode},
+        {"prompts", n_prompts},     {"router_k", p.router_k},   {"near_tie_rel", NEAR_TIE_REL},
         {"selections", selections},
     };
 }
@@ -368,15 +386,15 @@ void log_errors_only(ggml_log_level level, const char * text, void *) {
 
 llama_context * cpu_context(llama_model * model, const Options & o, Probe & p) {
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx             = (uint32_t) o.n_ctx;
-    cp.n_batch           = (uint32_t) o.n_ctx;  // one prefill batch, one ubatch, as the worker
-    cp.n_ubatch          = (uint32_t) o.n_ctx;
-    cp.n_seq_max         = 1;
-    cp.n_threads         = o.threads;
-    cp.n_threads_batch   = o.threads;
-    cp.no_perf           = true;
-    cp.op_offload        = false;
-    cp.cb_eval           = on_node;
+    cp.n_ctx = (uint32_t) o.n_ctx;
+    cp.n_batch = (uint32_t) o.n_ctx;  // one prefill batch, one ubatch, as the worker
+    cp.n_ubatch = (uint32_t) o.n_ctx;
+    cp.n_seq_max = 1;
+    cp.n_threads = o.threads;
+    cp.n_threads_batch = o.threads;
+    cp.no_perf = true;
+    cp.op_offload = false;
+    cp.cb_eval = on_node;
     cp.cb_eval_user_data = &p;
     return llama_init_from_model(model, cp);
 }

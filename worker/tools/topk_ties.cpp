@@ -23,7 +23,7 @@
 namespace {
 
 constexpr int N_COLS = 16;
-constexpr int K      = 4;
+constexpr int K = 4;
 constexpr float NEG_INF = -INFINITY;
 
 using Row = std::vector<float>;
@@ -34,7 +34,7 @@ std::vector<Row> tie_rows() {
     Row masked(N_COLS, NEG_INF);  // an indexer row: 7 visible blocks, 3 of them scored exactly 0
     const float visible[] = {0.12f, 0.0f, 0.09f, 0.0f, 0.0f, 0.03f, -0.05f};
     std::copy(std::begin(visible), std::end(visible), masked.begin());
-    Row zeros(N_COLS, 0.0f);  // every candidate tied
+    Row zeros(N_COLS, 0.0f);     // every candidate tied
     Row plateau(N_COLS, -1.0f);  // one clear winner, then 6 tied for 3 slots
     plateau[0] = 0.5f;
     std::fill(plateau.begin() + 3, plateau.begin() + 9, 0.25f);
@@ -122,8 +122,8 @@ std::vector<int> cuda_bitonic_desc(const Row & x, int k) {
                     continue;
                 }
                 const bool swap = (col & kk) == 0
-                    ? idx[col] >= ncols || (idx[ixj] < ncols && x[idx[col]] < x[idx[ixj]])
-                    : idx[ixj] >= ncols || (idx[col] < ncols && x[idx[col]] > x[idx[ixj]]);
+                                      ? idx[col] >= ncols || (idx[ixj] < ncols && x[idx[col]] < x[idx[ixj]])
+                                      : idx[ixj] >= ncols || (idx[col] < ncols && x[idx[col]] > x[idx[ixj]]);
                 if (swap) {
                     std::swap(idx[col], idx[ixj]);
                 }
