@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from core.errors import ConfigurationError, IntegrityError
 from core.hashing import digest_file
@@ -82,14 +82,24 @@ class BadSignedJson(IntegrityError, ValueError):
     """A certificate or signed payload the bounded reader refused (exit 3)."""
 
 
+def is_json_object(value: object) -> TypeGuard[dict[str, Any]]:
+    """A JSON object as the reader parses one: a dict whose keys are strings."""
+    return isinstance(value, dict)
+
+
+def is_json_array(value: object) -> TypeGuard[list[Any]]:
+    """A JSON array as the reader parses one: a list."""
+    return isinstance(value, list)
+
+
 def _depth(value: Any) -> int:
     """Deepest nesting of arrays and objects, walked without recursing."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, dict | list):
+        if is_json_object(item) or is_json_array(item):
             deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+            stack.extend((v, level + 1) for v in (item.values() if is_json_object(item) else item))
     return deepest
 
 

@@ -22,7 +22,7 @@ import stat
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +152,7 @@ def hold(
     say: Callable[[str], None] | None = None,
     held_by: str = "is held by",
     record_excludes: bool = True,
-) -> Iterator[Path]:
+) -> Generator[Path]:
     """Hold the lock file ``path`` for ``what`` (named in messages: "<what> <held_by> <holder>").
 
     ``wait_s``: None waits as long as it takes (``say`` is told once whom we wait for); 0 fails at once

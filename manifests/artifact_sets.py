@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.canonical import canonical_digest, parse_json
+from core.canonical import canonical_digest, is_json_array, is_json_object, parse_json
 from core.errors import ConfigurationError, IntegrityError
 from core.workspace import MANIFESTS
 from manifests.loader import build, validate
@@ -108,7 +108,7 @@ class Origin:
     paths: tuple[str, ...] = ()
     path: str | None = None
     generator: str | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = field(default_factory=dict[str, Any])
     packages: tuple[IndexPackage, ...] = ()
     chunks: tuple[IndexChunk, ...] = ()
     assembled: Assembled | None = None
@@ -121,7 +121,7 @@ class ExpectedGGUF:
     block_count: int
     split_count: int | None = None
     tensor_counts: tuple[int, ...] | None = None
-    kv: Mapping[str, Any] = field(default_factory=dict)
+    kv: Mapping[str, Any] = field(default_factory=dict[str, Any])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,10 +163,10 @@ class Variant:
     gguf: ExpectedGGUF
     files: tuple[ArtifactFile, ...]
     description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = field(default_factory=dict[str, Any])
     # What sealing measured of a generated model's top-k selections (fetch.conditioning): a record
     # for readers; provisioning never needs it.
-    conditioning: Mapping[str, Any] = field(default_factory=dict)
+    conditioning: Mapping[str, Any] = field(default_factory=dict[str, Any])
 
     @property
     def sealed(self) -> bool:
@@ -235,11 +235,12 @@ def known_sets(root: Path = ARTIFACTS) -> list[str]:
 
 def parse_set(data: Any, *, source: str) -> ArtifactSet:
     """Validate already-parsed manifest JSON; unsafe names are integrity errors, the rest configuration."""
-    if isinstance(data, dict) and isinstance(data.get("variants"), dict):
-        for vname, variant in data["variants"].items():
-            files = variant.get("files") if isinstance(variant, dict) else None
-            for entry in files if isinstance(files, list) else ():
-                if isinstance(entry, dict) and "name" in entry:
+    variants = data.get("variants") if is_json_object(data) else None
+    if is_json_object(variants):
+        for vname, variant in variants.items():
+            files = variant.get("files") if is_json_object(variant) else None
+            for entry in files if is_json_array(files) else ():
+                if is_json_object(entry) and "name" in entry:
                     try:
                         check_file_name(entry["name"])
                     except IntegrityError as exc:

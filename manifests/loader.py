@@ -10,17 +10,23 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
+from jsonschema.protocols import Validator
 
-from core.canonical import read_json
+from core.canonical import is_json_array, is_json_object, read_json
 from core.errors import ConfigurationError
 from core.workspace import MANIFESTS
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 SCHEMAS = MANIFESTS / "schemas"
+_Built = TypeVar("_Built", bound="DataclassInstance")
 
 
 @cache
@@ -38,10 +44,11 @@ def _pointer(path: typing.Iterable[Any]) -> str:
 
 def _describe(error: jsonschema.ValidationError) -> str:
     where = _pointer(error.absolute_path)
-    if error.validator == "additionalProperties":
-        allowed = list(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed))
-        notes = []
+    schema, instance = error.schema, error.instance
+    if error.validator == "additionalProperties" and isinstance(schema, Mapping) and is_json_object(instance):
+        allowed = list(schema.get("properties", {}))
+        extra = sorted(set(instance) - set(allowed))
+        notes: list[str] = []
         for key in extra:
             close = difflib.get_close_matches(key, allowed, n=1)
             notes.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
@@ -49,9 +56,15 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"at {where}: {error.message}"
 
 
+def _validator(schema_name: str) -> Validator:
+    """jsonschema's Validator protocol: its concrete classes' stubs leave ``iter_errors`` untyped."""
+    return jsonschema.Draft202012Validator(schema(schema_name))
+
+
 def validate(data: Any, schema_name: str, *, source: str) -> None:
-    validator = jsonschema.Draft202012Validator(schema(schema_name))
-    errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))
+    errors = sorted(
+        _validator(schema_name).iter_errors(data), key=lambda e: (list(e.absolute_path), e.message)
+    )
     if errors:
         detail = "; ".join(_describe(e) for e in errors[:5])
         more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
@@ -69,7 +82,7 @@ def load_json(path: Path, schema_name: str) -> dict[str, Any]:
     return data
 
 
-def build(cls: type, data: dict[str, Any], *, where: str = "") -> Any:
+def build(cls: type[_Built], data: Mapping[str, Any], *, where: str = "") -> _Built:
     """Turn validated JSON into a frozen keyword-only dataclass tree.
 
     Nested dataclasses, tuples of dataclasses and mappings of dataclasses are converted by their
@@ -96,9 +109,9 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _convert(inner[0], value, where) if len(inner) == 1 else value
-    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and is_json_object(value):
         return build(hint, value, where=where)
-    if origin is tuple and isinstance(value, list):
+    if origin is tuple and is_json_array(value):
         item = args[0] if args else Any
         return tuple(_convert(item, v, f"{where}/{i}") for i, v in enumerate(value))
     if origin in (dict, typing.Mapping) or str(origin).endswith("Mapping'>"):

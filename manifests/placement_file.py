@@ -71,7 +71,8 @@ def check_address(address: str, where: str) -> str:
 
 
 def _stages(raw: Sequence[Mapping[str, Any]], where: str) -> tuple[AttachedStage, ...]:
-    out, expect = [], 0
+    out: list[AttachedStage] = []
+    expect = 0
     for k, s in enumerate(raw):
         at = f"{where}/stages/{k}"
         begin, end = int(s["layers"][0]), int(s["layers"][1])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.canonical import canonical_digest, read_json
+from core.canonical import canonical_digest, is_json_object, read_json
 from core.errors import ConfigurationError
 from core.workspace import MANIFESTS
 from manifests.loader import build, validate
@@ -134,7 +134,7 @@ class Speed:
     decode_tok_s_min: float
     staged_mono_decode_ratio_min: float
     prefill_tok_s_min: float | None = None
-    ratio_min_by_stages: Mapping[str, float] = field(default_factory=dict)
+    ratio_min_by_stages: Mapping[str, float] = field(default_factory=dict[str, float])
     # Shaped seams (pipeline.physics): measured against what the link allows, not against loopback.
     seam_bound_factor_max: float | None = None
     bound_efficiency_min: float | None = None
@@ -222,7 +222,7 @@ class Recipe:
     # Identity: not part of the JSON, filled in by ``load``.
     digest: str = ""
     source: str = ""
-    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    document: Mapping[str, Any] = field(default_factory=dict[str, Any], compare=False, repr=False)
 
     @property
     def most_stages(self) -> int:
@@ -267,7 +267,7 @@ class Recipe:
 
 def recipe_dirs(env: Mapping[str, str]) -> list[Path]:
     """Where recipes are looked up: ``DGR_RECIPES_DIR`` first (tests, private recipes), then ours."""
-    dirs = []
+    dirs: list[Path] = []
     extra = env.get("DGR_RECIPES_DIR")
     if extra:
         dirs.append(Path(extra))
@@ -319,7 +319,7 @@ def load_file(path: Path) -> Recipe:
     except OSError as exc:
         raise ConfigurationError(f"{path} is not readable: {exc.strerror}") from None
     # MTP gets its own sentence: it is a policy, not a typo.
-    if isinstance(raw, dict) and raw.get("mtp") not in (None, False) and not isinstance(raw.get("mtp"), dict):
+    if is_json_object(raw) and raw.get("mtp") not in (None, False) and not isinstance(raw.get("mtp"), dict):
         raise ConfigurationError(
             f"{path}: at /mtp: multi-token prediction is off (false) unless the recipe turns it on "
             "explicitly with its draft length",
@@ -360,8 +360,7 @@ def _check_nextn(recipe: Recipe) -> None:
         variant = load_set(name).variant(variant_name)
     except ConfigurationError:
         return  # the artifact set itself is checked (and named) where the run provisions it
-    kv = variant.gguf.kv if variant.gguf is not None else {}
-    if int(kv.get(f"{recipe.architecture}.nextn_predict_layers", 0)) < 1:
+    if int(variant.gguf.kv.get(f"{recipe.architecture}.nextn_predict_layers", 0)) < 1:
         where = "/mtp/artifacts" if recipe.mtp.artifacts else "/mtp"
         raise ConfigurationError(
             f"{recipe.source}: at {where}: artifact set {name} ({variant_name or 'default variant'}) holds "
