@@ -26,7 +26,8 @@ from certify import gates, metrics, mtp, throughput
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
 from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
-from pipeline import drive, physics, ring, transport_floor
+from pipeline import drive, physics, routes, transport_floor
+from worker.client import StageClient
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
 
@@ -34,13 +35,55 @@ DTYPE_BYTES = {"f32": 4, "f16": 2}
 TOKEN_ID_BYTES = 4  # one int32 token id per position: the hash-routing sideband
 
 
+class Fabric(Protocol):
+    """The network a placement's stages run in (pipeline.seams.Fabric)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    def describe(self) -> Mapping[str, Any]: ...
+
+
+class Started(Protocol):
+    """What measuring reads from a started placement (worker.launcher.Pipeline on loopback,
+    pipeline.seams.NetnsPipeline in namespaces, pipeline.attached.Attached for an operator's workers)."""
+
+    @property
+    def clients(self) -> Sequence[StageClient]:
+        """One client per stage, in order."""
+        ...
+
+    @property
+    def addresses(self) -> Sequence[str] | None:
+        """How the stages reach each other (None: each client's own address)."""
+        ...
+
+    @property
+    def sink_host(self) -> str:
+        """Where the driver's sink listens: an address the last stage reaches."""
+        ...
+
+    @property
+    def fabric(self) -> Fabric | None:
+        """The shaped network the stages run in (None: loopback or real links)."""
+        ...
+
+
 class Pipelines(Protocol):
     """Where a placement's stages run.  The default starts workers on loopback (worker.launcher);
     pipeline.seams starts them in network namespaces behind shaped links, pipeline.attached attaches to
-    workers an operator already runs.  The context manager yields an object with ``clients`` (one
-    StageClient per stage, in order) and stops (or, for attached workers, releases) them on exit."""
+    workers an operator already runs.  The context manager yields the started placement and stops (or,
+    for attached workers, releases) it on exit."""
 
-    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> AbstractContextManager[Any]: ...
+    def start(
+        self, cmd: WorkerCommand, placement: Placement, tag: str
+    ) -> AbstractContextManager[Started]: ...
+
+
+def reach(pipe: Started) -> routes.Reach:
+    """How a route over ``pipe``'s stages reaches them and where its sink listens."""
+    addresses = tuple(pipe.addresses) if pipe.addresses is not None else None
+    return routes.Reach(addresses=addresses, sink_host=pipe.sink_host)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +96,7 @@ class LocalPipelines:
     start_timeout: float = 120.0
     call_deadline: float = 120.0
 
-    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> AbstractContextManager[Any]:
+    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> AbstractContextManager[Started]:
         return launch(
             cmd,
             placement.stages,
@@ -217,7 +260,7 @@ def speed_figures(samples: drive.SpeedSamples) -> dict[str, Any]:
         "seam_bytes_per_token": [int(b) for b in samples.seam_bytes_per_token],
         "prompt_tokens": samples.n_prompt,
         "decode_tokens": samples.n_decode,
-        **({"ring_deliveries": samples.ring_deliveries} if samples.ring_deliveries else {}),
+        **samples.observed,  # what the route saw of its traffic (a ring: how its deliveries came)
     }
 
 
@@ -410,7 +453,7 @@ def lane_monolithic(
                 recipe.mtp.draft_tokens,
                 recipe.n_decode,
                 boundary_dtype="f32",
-                forwarding=mono.forwarding,
+                route=routes.spec_named(mono.forwarding),
             )
     record["speed"] = speed
     if cuts and not capture:
@@ -557,6 +600,21 @@ def staged_placements(
         _staged_placement(plan, p, where, ref, out, mode=mode, agreement=agreement)
 
 
+@dataclass(kw_only=True)
+class _StagedRun:
+    """What one staged placement's workers gave, before any gate reads it."""
+
+    route: routes.RouteSpec
+    dtype: str  # the boundary's
+    trace: drive.Trace
+    forced: drive.Trace | None  # teacher-forced on the reference's tokens (backend agreement)
+    speed: dict[str, Any]
+    route_change: drive.RouteChange | None  # on the recipe's route-change placement
+    record: dict[str, Any]
+    shaping: str
+    fabric: dict[str, Any] | None
+
+
 def _staged_placement(
     plan: Plan,
     p: Placement,
@@ -567,117 +625,155 @@ def _staged_placement(
     mode: Mode | None = None,
     agreement: BackendAgreement | None = None,
 ) -> None:
-    recipe, hc = plan.recipe, plan.hardware_class
-    rc_placement, rc_after = route_change_at(recipe)
+    """Run one staged placement, then its gates: staging parity (or backend agreement against a sealed
+    reference of another lane or build), speed, MTP and the route change where they apply."""
     t0 = time.perf_counter()
-    dtype = recipe.dtype_of(p)
+    run = _run_staged(plan, p, where, ref, forcing=agreement is not None)
+    record = _staged_record(p, run)
+    if agreement is not None and run.forced is not None:
+        out.results.append(_agreement_gate(plan, p, ref, run, agreement, record, t0))
+    else:
+        out.results.append(_parity_gate(plan, p, ref, run, record, t0))
+    out.figures["placements"].append(record)
+    out.results.append(_staged_speed_gate(plan, p, ref, run, mode))
+    if "mtp" in record:
+        out.results.append(mtp.mtp_result(p.name, record["mtp"]))
+    if run.route_change is not None:
+        sealed = mode is not None and ref.route is not None
+        out.figures["route_change"], result = route_change_gate(p, run.route_change, ref.route, sealed=sealed)
+        out.results.append(result)
+
+
+def _run_staged(plan: Plan, p: Placement, where: Pipelines, ref: Reference, *, forcing: bool) -> _StagedRun:
+    """The placement's workers started once for everything measured on them: the parity trace, the
+    teacher-forced trace (``forcing``), speed, the route change and MTP where the recipe asks."""
+    recipe = plan.recipe
+    rc_placement, rc_after = route_change_at(recipe)
+    dtype, spec = recipe.dtype_of(p), routes.spec_named(p.forwarding)
     with where.start(plan.worker, p, p.name) as pipe:
-        # How the stages reach each other and the driver's sink (namespaces, remote hosts); the
-        # loopback launcher's stages are reached at their clients' own addresses.
-        routing = dict(
-            forwarding=p.forwarding,
-            addresses=getattr(pipe, "addresses", None),
-            sink_host=getattr(pipe, "sink_host", "127.0.0.1"),
-        )
+        clients, to = pipe.clients, reach(pipe)
         trace = drive.run_placement(
-            pipe.clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype, **routing
+            clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype, route=spec, reach=to
         )
         forced = None
-        if agreement is not None:
-            # Teacher forcing feeds the reference's tokens, which a ring cannot (its last stage picks
-            # them): a ring placement is forced through the same stages chained.
-            forcing = {**routing, "forwarding": "chained" if p.forwarding == "ring" else p.forwarding}
+        if forcing:  # the reference's tokens fed through the same stages, on a route the driver feeds
+            continuations = [list(t.tokens) for t in ref.trace.prompts]
             forced = drive.run_placement(
-                pipe.clients,
+                clients,
                 ref.prompts,
                 recipe.n_decode,
                 boundary_dtype=dtype,
-                forced=[list(t.tokens) for t in ref.trace.prompts],
-                **forcing,
+                forced=continuations,
+                route=spec.driver_fed(),
+                reach=to,
             )
-        speed = _speed(pipe.clients, ref.prompts, recipe, dtype, p.n_stages, **routing)
-        route = None
+        speed = _speed(clients, ref.prompts, recipe, dtype, p.n_stages, route=spec, reach=to)
+        changed = None
         if p.name == rc_placement:
-            route = drive.route_change(
-                pipe.clients, ref.prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
+            changed = drive.route_change(
+                clients, ref.prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
             )
         record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
         if recipe.mtp:
             record["mtp"] = mtp.mtp_figures(
-                pipe.clients,
+                clients,
                 ref.prompts,
                 trace,
                 recipe.mtp.draft_tokens,
                 recipe.n_decode,
                 boundary_dtype=dtype,
-                **routing,
+                route=spec,
+                reach=to,
             )
-        shaping = describe_shaping(pipe)
-        fabric = describe_fabric(pipe)
-    record.update(speed=speed, forwarding=p.forwarding)
-    if p.forwarding == "ring":  # how its passes crossed the seams: what the seam figures are read against
-        record["ring_transport"] = "tcp pass port" if ring.offers_pass_ports(trace.infos) else "grpc forward"
-    if fabric is not None:
-        record["fabric"] = fabric
+        return _StagedRun(
+            route=spec,
+            dtype=dtype,
+            trace=trace,
+            forced=forced,
+            speed=speed,
+            route_change=changed,
+            record=record,
+            shaping=describe_shaping(pipe),
+            fabric=describe_fabric(pipe),
+        )
+
+
+def _staged_record(p: Placement, run: _StagedRun) -> dict[str, Any]:
+    """The placement's record: what it ran on, its speed, its route's own record, its seam model."""
+    record = run.record
+    record.update(speed=run.speed, **run.trace.route)
+    if run.fabric is not None:
+        record["fabric"] = run.fabric
     record["seam_model"] = physics.model(
         p,
-        p.forwarding,
-        speed,
-        n_vocab=trace.infos[-1].n_vocab,
+        run.route,
+        run.speed,
+        n_vocab=run.trace.infos[-1].n_vocab,
         sideband_stages=record["token_sideband_stages"],
-        backend=shaping,
+        backend=run.shaping,
     )
-    if agreement is not None and forced is not None:
-        width = trace.infos[0].n_embd
-        figures = agreement_figures(
-            ref.trace,
-            _with_captures(forced, forced, width),
-            trace,
-            margin=agreement.top1_margin_min,
-            cuts=p.cuts,
-        )
-        record["agreement"] = figures
-        out.results.append(
-            gates.evaluate_agreement(
-                plan.lane,
-                agreement,
-                p.cuts,
-                gate_figures(figures, None),
-                duration_s=time.perf_counter() - t0,
-                placement=p.name,
-            )
-        )
-    else:
-        parity = staging_parity_figures(ref.trace, trace)
-        record["parity"] = parity
-        out.results.append(
-            gates.evaluate(
-                gates.STAGING_PARITY,
-                p.name,
-                gates.staging_parity_checks(hc.staging_parity_for(dtype), p),
-                gate_figures(parity, None),
-                duration_s=time.perf_counter() - t0,
-            )
-        )
-    out.figures["placements"].append(record)
+    return record
+
+
+def _agreement_gate(
+    plan: Plan,
+    p: Placement,
+    ref: Reference,
+    run: _StagedRun,
+    agreement: BackendAgreement,
+    record: dict[str, Any],
+    t0: float,
+) -> Result:
+    """The placement held to a sealed reference of another lane or build (its figures into ``record``)."""
+    assert run.forced is not None
+    width = run.trace.infos[0].n_embd
+    figures = agreement_figures(
+        ref.trace,
+        _with_captures(run.forced, run.forced, width),
+        run.trace,
+        margin=agreement.top1_margin_min,
+        cuts=p.cuts,
+    )
+    record["agreement"] = figures
+    return gates.evaluate_agreement(
+        plan.lane,
+        agreement,
+        p.cuts,
+        gate_figures(figures, None),
+        duration_s=time.perf_counter() - t0,
+        placement=p.name,
+    )
+
+
+def _parity_gate(
+    plan: Plan, p: Placement, ref: Reference, run: _StagedRun, record: dict[str, Any], t0: float
+) -> Result:
+    """The placement held to the lane's monolithic run (its figures into ``record``)."""
+    parity = staging_parity_figures(ref.trace, run.trace)
+    record["parity"] = parity
+    checks = gates.staging_parity_checks(plan.hardware_class.staging_parity_for(run.dtype), p)
+    return gates.evaluate(
+        gates.STAGING_PARITY, p.name, checks, gate_figures(parity, None), duration_s=time.perf_counter() - t0
+    )
+
+
+def _staged_speed_gate(
+    plan: Plan, p: Placement, ref: Reference, run: _StagedRun, mode: Mode | None
+) -> Result:
     not_applicable = mode.speed_reason if mode is not None and not mode.speed_carried else ""
-    out.results.append(
-        gates.evaluate(
-            "speed",
-            p.name,
-            gates.speed_checks(
-                hc.speed, p, ratio_not_applicable=not_applicable, concurrency=bool(recipe.measure.concurrency)
-            ),
-            gate_figures(None, speed, record.get("seam_model")),
-            gate_figures(None, ref.speed) if ref.speed is not None else None,
-        )
+    checks = gates.speed_checks(
+        plan.hardware_class.speed,
+        p,
+        ratio_not_applicable=not_applicable,
+        concurrency=bool(plan.recipe.measure.concurrency),
     )
-    if "mtp" in record:
-        out.results.append(mtp.mtp_result(p.name, record["mtp"]))
-    if route is not None:
-        sealed = mode is not None and ref.route is not None
-        out.figures["route_change"], result = route_change_gate(p, route, ref.route, sealed=sealed)
-        out.results.append(result)
+    return gates.evaluate(
+        "speed",
+        p.name,
+        checks,
+        gate_figures(None, run.speed, run.record.get("seam_model")),
+        gate_figures(None, ref.speed) if ref.speed is not None else None,
+    )
 
 
 def route_change_gate(
@@ -739,17 +835,29 @@ def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:
 
 
 def _speed(
-    clients: Sequence[Any],
+    clients: Sequence[StageClient],
     prompts: Sequence[Sequence[int]],
     recipe: Recipe,
     dtype: str,
     n_stages: int,
-    **routing: Any,
+    *,
+    route: routes.RouteSpec = routes.RELAYED,
+    reach: routes.Reach = routes.LOOPBACK,
 ) -> dict[str, Any]:
     """Single-stream speed figures, and the throughput of several sessions at once where the recipe
     asks for it (certify.throughput)."""
-    speed = speed_figures(_measure(clients, prompts, recipe, dtype, **routing))
     m = recipe.measure
+    samples = drive.measure_speed(
+        clients,
+        _speed_prompt(prompts, m.prompt_tokens),
+        m.decode_tokens,
+        repetitions=m.repetitions,
+        warmup=m.warmup,
+        boundary_dtype=dtype,
+        route=route,
+        reach=reach,
+    )
+    speed = speed_figures(samples)
     if m.concurrency:
         speed["concurrency"] = throughput.concurrency_figures(
             clients,
@@ -758,38 +866,24 @@ def _speed(
             m.concurrency_levels(n_stages),
             rounds=m.concurrency_rounds,
             boundary_dtype=dtype,
-            **routing,
+            route=route,
+            reach=reach,
         )
     return speed
 
 
-def _measure(
-    clients: Sequence[Any], prompts: Sequence[Sequence[int]], recipe: Recipe, dtype: str, **routing: Any
-) -> drive.SpeedSamples:
-    m = recipe.measure
-    return drive.measure_speed(
-        clients,
-        _speed_prompt(prompts, m.prompt_tokens),
-        m.decode_tokens,
-        repetitions=m.repetitions,
-        warmup=m.warmup,
-        boundary_dtype=dtype,
-        **routing,
+def describe_shaping(pipe: Started) -> str:
+    """How the running pipeline's links are shaped, in words ("" on loopback)."""
+    if pipe.fabric is None:
+        return ""
+    return {"netem": "kernel netem", "shaper": "userspace shaper"}.get(
+        pipe.fabric.backend, pipe.fabric.backend
     )
 
 
-def describe_shaping(pipe: Any) -> str:
-    """How the running pipeline's links are shaped, in words ("" on loopback)."""
-    fabric = getattr(pipe, "fabric", None)
-    if fabric is None:
-        return ""
-    return {"netem": "kernel netem", "shaper": "userspace shaper"}.get(fabric.backend, fabric.backend)
-
-
-def describe_fabric(pipe: Any) -> dict[str, Any] | None:
+def describe_fabric(pipe: Started) -> dict[str, Any] | None:
     """The namespaces, addresses and link profiles the placement ran on (None on loopback)."""
-    fabric = getattr(pipe, "fabric", None)
-    return dict(fabric.describe()) if fabric is not None else None
+    return dict(pipe.fabric.describe()) if pipe.fabric is not None else None
 
 
 def physical_model(recipe: Recipe, placements: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -25,55 +25,76 @@ from certify import gates
 from certify.gates import AtLeast, Check
 from certify.verdict import Result
 from pipeline import drive, speculative
+from pipeline.routes import LOOPBACK, Reach, RouteSpec
+from worker.client import StageClient
 
 ROLLBACK_ACCEPTANCE = 0.4  # known drafts that miss often enough for every pass to reject some
 ROLLBACK_SEED = 5
 
 
 def mtp_figures(
-    clients: Sequence[Any],
+    clients: Sequence[StageClient],
     prompts: Sequence[Sequence[int]],
     plain: drive.Trace,
     k: int,
     n_decode: int,
     *,
     boundary_dtype: str,
-    forwarding: str,
-    **routing: Any,
+    route: RouteSpec,
+    reach: Reach = LOOPBACK,
 ) -> dict[str, Any]:
     """What the MTP gate and the report read, for one placement."""
-    routing = {**routing, "forwarding": forwarding, "boundary_dtype": boundary_dtype}
     runs = [
-        speculative.run(clients, prompt, n_decode, k=k, drafter=speculative.NextnDrafter(), **routing)
+        speculative.run(
+            clients,
+            prompt,
+            n_decode,
+            k=k,
+            drafter=speculative.NextnDrafter(),
+            route=route,
+            reach=reach,
+            boundary_dtype=boundary_dtype,
+        )
         for prompt in prompts
     ]
-    known = {**routing, "forwarding": "chained" if forwarding == "ring" else forwarding}
     same = sum(r.tokens == p.tokens for r, p in zip(runs, plain.prompts, strict=True))
     passes = [q for r in runs for q in r.passes]
     decoded = sum(len(q.chosen) for q in passes)
+    # known drafts live in the driver: they go through the same stages on a route the driver feeds
+    rollback = _rollback_leaves_no_trace(
+        clients,
+        prompts[0],
+        plain.prompts[0].tokens,
+        k,
+        n_decode,
+        route=route.driver_fed(),
+        reach=reach,
+        boundary_dtype=boundary_dtype,
+    )
     return {
         "draft_tokens": k,
         "prompts": len(runs),
         "prompts_identical": same,
         "identical_fraction": same / len(runs),
-        "rollback_identical": 1.0
-        if _rollback_leaves_no_trace(clients, prompts[0], plain.prompts[0].tokens, k, n_decode, known)
-        else 0.0,
+        "rollback_identical": 1.0 if rollback else 0.0,
         "acceptance_rate": sum(q.accepted for q in passes) / max(1, sum(q.drafted for q in passes)),
         "tokens_per_pass": decoded / len(passes) if passes else 0.0,
         "crossings_per_token": sum(q.step.crossings for q in passes) / decoded if decoded else 0.0,
         "decode_tok_s": float(np.median([r.decode_tok_s for r in runs])),
-        "forwarding": routing["forwarding"],
+        "forwarding": route.name,
     }
 
 
 def _rollback_leaves_no_trace(
-    clients: Sequence[Any],
+    clients: Sequence[StageClient],
     prompt: Sequence[int],
     truth: Sequence[int],
     k: int,
     n_decode: int,
-    routing: dict[str, Any],
+    *,
+    route: RouteSpec,
+    reach: Reach,
+    boundary_dtype: str,
 ) -> bool:
     n_vocab = drive.describe(clients)[-1].n_vocab
 
@@ -82,7 +103,19 @@ def _rollback_leaves_no_trace(
             truth, acceptance=ROLLBACK_ACCEPTANCE, n_vocab=n_vocab, seed=ROLLBACK_SEED, wrong_by=by
         )
 
-    a, b = (speculative.run(clients, prompt, n_decode, k=k, drafter=known(by), **routing) for by in (1, 2))
+    a, b = (
+        speculative.run(
+            clients,
+            prompt,
+            n_decode,
+            k=k,
+            drafter=known(by),
+            route=route,
+            reach=reach,
+            boundary_dtype=boundary_dtype,
+        )
+        for by in (1, 2)
+    )
     rewound = any(q.rewound for q in a.passes)
     return rewound and a.tokens == b.tokens and bool(np.array_equal(a.logits, b.logits))
 

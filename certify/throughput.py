@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from certify import metrics
-from pipeline.concurrency import decode_together, diverging
+from pipeline.concurrency import Together, decode_together, diverging
+from pipeline.routes import LOOPBACK, RELAYED, Reach, RouteSpec
 from worker.client import StageClient, StageFailed
 
 
@@ -26,19 +27,24 @@ def concurrency_figures(
     *,
     rounds: int,
     boundary_dtype: str = "f32",
-    **routing: Any,
+    route: RouteSpec = RELAYED,
+    reach: Reach = LOOPBACK,
 ) -> dict[str, Any]:
-    """Aggregate tok/s and diverging sessions at each level (``routing``: forwarding, addresses, sink)."""
-    alone = decode_together(clients, prompt, n_decode, 1, boundary_dtype=boundary_dtype, **routing)
+    """Aggregate tok/s and diverging sessions at each level, each session on its own ``route``."""
+
+    def together_at(sessions: int) -> Together:
+        return decode_together(
+            clients, prompt, n_decode, sessions, boundary_dtype=boundary_dtype, route=route, reach=reach
+        )
+
+    alone = together_at(1)
     lone = alone.sessions[0]
     rows: list[dict[str, Any]] = []
     for sessions in levels:
         rates, differing = [], 0
         try:
             for _ in range(rounds):
-                together = decode_together(
-                    clients, prompt, n_decode, sessions, boundary_dtype=boundary_dtype, **routing
-                )
+                together = together_at(sessions)
                 differing += len(diverging(together, lone))
                 rates.append(together.aggregate_tok_s)
         except StageFailed as exc:

@@ -84,6 +84,7 @@ class Attached:
     clients: list[StageClient]
     infos: tuple[StageInfo, ...]
     sink_host: str  # where the driver's sink binds in chained mode (never all interfaces)
+    fabric = None  # real links between the operator's machines: nothing shaped here
 
 
 @dataclass(kw_only=True)

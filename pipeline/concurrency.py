@@ -25,6 +25,7 @@ import numpy as np
 
 from core.errors import ConfigurationError
 from pipeline import drive
+from pipeline.routes import LOOPBACK, RELAYED, Reach, RouteSpec
 from worker.client import StageClient
 
 
@@ -58,9 +59,8 @@ def decode_together(
     n_sessions: int,
     *,
     boundary_dtype: str = "f32",
-    forwarding: str = "relayed",
-    addresses: Sequence[str] | None = None,
-    sink_host: str = "127.0.0.1",
+    route: RouteSpec = RELAYED,
+    reach: Reach = LOOPBACK,
 ) -> Together:
     """Decode ``n_sessions`` fresh sessions of ``prompt`` at once (each reset afterwards)."""
     if n_sessions < 1:
@@ -70,18 +70,12 @@ def decode_together(
 
     def one(k: int) -> Session:
         session = drive.new_session(f"together{n_sessions}-{k}")
-        with drive.open_route(stages, infos, forwarding, addresses, sink_host) as route:
+        with route.open(stages, infos, reach) as opened:
             try:
                 barrier.wait()
                 started = time.perf_counter()
                 tokens, logits = drive.greedy_session(
-                    stages,
-                    infos,
-                    prompt,
-                    n_decode,
-                    session=session,
-                    route=route,
-                    boundary_dtype=boundary_dtype,
+                    opened, prompt, n_decode, session=session, boundary_dtype=boundary_dtype
                 )
                 ended = time.perf_counter()
             except BaseException:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests.recipe_model import Placement
+from pipeline.routes import Hop, RouteSpec
 from pipeline.seam_model import Link, Profiles, crossing_bound_s, profiles
 
 TOKEN_BYTES = 4  # one int32 token id per position
@@ -48,69 +49,61 @@ class Crossing:
 
 def crossings(
     p: Placement,
-    forwarding: str,
+    route: RouteSpec,
     *,
     boundary_bytes: Sequence[int],
     n_vocab: int,
     sideband_stages: Sequence[int] = (),
     tokens_forwarded: bool = True,
 ) -> list[Crossing]:
-    """The one-way messages on one decode token's critical path, with their bounds.
+    """The one-way messages on one decode token's critical path (the route's ``critical_path``), each
+    with its payload and its bound on the link it crosses.
 
     ``boundary_bytes[k]``: payload of seam k's boundary for one token; ``sideband_stages``: stages
-    that take the token ids next to the boundary in relayed mode; ``tokens_forwarded``: in chained
-    mode the token ids travel with every boundary.
+    that take the token ids next to the boundary when the driver relays it; ``tokens_forwarded``: the
+    token ids travel with every forwarded boundary.
     """
     n = p.n_stages
     if len(boundary_bytes) != n - 1:
         raise ValueError(f"{n} stages need {n - 1} seam byte counts, got {len(boundary_bytes)}")
-    logits = n_vocab * LOGIT_BYTES
     into = links(p)
     out: list[Crossing] = []
-
-    def add(what: str, into: str, link: Link, payload: int) -> None:
+    for hop in route.critical_path(n):
+        link = into.driver if hop.into is None else into.stages[hop.into]
+        payload = _payload(hop, boundary_bytes, n_vocab, sideband_stages, tokens_forwarded)
+        target = "driver" if hop.into is None else f"stage {hop.into}"
         out.append(
-            Crossing(what=what, into=into, payload_bytes=payload, bound_s=crossing_bound_s(payload, link))
+            Crossing(
+                what=hop.what, into=target, payload_bytes=payload, bound_s=crossing_bound_s(payload, link)
+            )
         )
-
-    if forwarding in ("chained", "ring"):
-        # ring: the last stage hands the token it chose straight to stage 0, and its delivery of the
-        # logits to the driver is off the critical path: n crossings instead of chained's n + 1.
-        add("token id", "stage 0", into.stages[0], TOKEN_BYTES)
-        for k in range(n - 1):
-            payload = boundary_bytes[k] + (TOKEN_BYTES if tokens_forwarded else 0)
-            add(f"seam {k} boundary", f"stage {k + 1}", into.stages[k + 1], payload)
-        if forwarding == "chained":
-            add("logits", "driver", into.driver, logits)
-    elif forwarding == "relayed":
-        for k in range(n):
-            if k == 0:
-                payload = TOKEN_BYTES
-            else:
-                payload = boundary_bytes[k - 1] + (TOKEN_BYTES if k in sideband_stages else 0)
-            add("token id" if k == 0 else f"seam {k - 1} boundary", f"stage {k}", into.stages[k], payload)
-            reply = boundary_bytes[k] if k < n - 1 else logits
-            add("boundary reply" if k < n - 1 else "logits", "driver", into.driver, reply)
-    else:
-        raise ValueError(f"unknown forwarding {forwarding!r}")
     return out
 
 
-def seam_bound(forwarding: str, k: int, parts: Sequence[Crossing]) -> float:
-    """The bound of what the driver measures as seam k.
+def _payload(
+    hop: Hop,
+    boundary_bytes: Sequence[int],
+    n_vocab: int,
+    sideband_stages: Sequence[int],
+    tokens_forwarded: bool,
+) -> int:
+    if hop.logits:
+        return n_vocab * LOGIT_BYTES
+    if hop.seam is None:
+        return TOKEN_BYTES  # the token id into stage 0
+    tokens = hop.tokens_with_boundary and tokens_forwarded
+    sideband = not hop.tokens_with_boundary and hop.into is not None and hop.into in sideband_stages
+    return boundary_bytes[hop.seam] + (TOKEN_BYTES if tokens or sideband else 0)
 
-    chained and ring: the boundary's one crossing into stage k+1 (measured between the two workers'
-    clocks).  relayed: stage k+1's round trip minus its compute, i.e. the boundary into stage k+1 plus
-    its reply into the driver.
-    """
-    if forwarding in ("chained", "ring"):
-        return parts[1 + k].bound_s
-    return parts[2 * (k + 1)].bound_s + parts[2 * (k + 1) + 1].bound_s
+
+def seam_bound(route: RouteSpec, k: int, parts: Sequence[Crossing]) -> float:
+    """The bound of what the driver measures as seam k (the route's ``seam_hops``)."""
+    return sum(parts[i].bound_s for i in route.seam_hops(k))
 
 
 def model(
     p: Placement,
-    forwarding: str,
+    route: RouteSpec,
     speed: Mapping[str, Any],
     *,
     n_vocab: int,
@@ -120,14 +113,14 @@ def model(
     """Bound vs measured for one placement's decode, from its speed figures (certify.measure)."""
     bytes_per_seam = [int(b) for b in speed.get("seam_bytes_per_token", [])]
     parts = crossings(
-        p, forwarding, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
+        p, route, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
     )
     measured_seams = [float(s) for s in speed.get("seam_s", [])]
     into = links(p)
     seams = []
     for k in range(p.n_stages - 1):
         link = into.stages[k + 1]
-        bound = seam_bound(forwarding, k, parts)
+        bound = seam_bound(route, k, parts)
         measured = measured_seams[k] if k < len(measured_seams) else None
         seams.append(
             {
@@ -150,7 +143,7 @@ def model(
     token_s = 1.0 / measured_tok_s if measured_tok_s > 0 else float("inf")
     ratios = [s["ratio"] for s in seams if s["ratio"] is not None]
     return {
-        "forwarding": forwarding,
+        "forwarding": route.name,
         "backend": backend,
         "shaped": any(shaped(link) for link in into.stages),
         "crossings_per_token": len(parts),

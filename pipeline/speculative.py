@@ -16,7 +16,7 @@ chosen acceptance (the mechanism's ceiling at 1.0, and what it gives below); ``N
 the drafts the last stage made with DeepSeek-V4's nextn block after the pass before (workers started
 with ``--mtp``, docs/mtp.md), and holds its own count of accepted drafts to the stage's.
 
-Relayed and chained forwarding carry verify passes the driver sends.  On a ring (``forwarding="ring"``)
+Relayed and chained routes carry verify passes the driver sends.  On a ring (``routes.Ring()``)
 the last stage drafts, verifies and starts the next pass itself (pipeline/ring.py with ``draft=k``), so
 only the nextn drafter can run there: a ``KnownDrafter`` lives in the driver, which is off the path.
 """
@@ -33,7 +33,7 @@ import numpy as np
 from core.errors import ConfigurationError
 from pipeline import drive
 from pipeline.ring import RingRoute
-from pipeline.sink import ChainRoute
+from pipeline.routes import LOOPBACK, RELAYED, Reach, Route, RouteSpec, ring_pass
 from worker.client import StageClient, StageInfo
 
 
@@ -153,8 +153,7 @@ def accept(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
 
 
 def decode(
-    stages: Sequence[StageClient],
-    infos: Sequence[StageInfo],
+    route: Route,
     prompt: Sequence[int],
     n_decode: int,
     *,
@@ -163,14 +162,14 @@ def decode(
     session: str,
     epoch: int = 1,
     boundary_dtype: str = "f32",
-    route: ChainRoute | None = None,
 ) -> SpeculativeRun:
     """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
-    the session (and drains a chained route)."""
-    _check(infos, prompt, n_decode, k, route, drafter)
-    if isinstance(route, RingRoute):
+    the session (and drains the route)."""
+    _check(route.infos, prompt, n_decode, k, route.ring, drafter)
+    if route.ring is not None:
         return _on_ring(
             route,
+            route.ring,
             prompt,
             n_decode,
             k=k,
@@ -181,14 +180,7 @@ def decode(
         )
     ask = k if drafter.on_last_stage else 0
     first = drive.prefill(
-        stages,
-        infos,
-        prompt,
-        session=session,
-        epoch=epoch,
-        boundary_dtype=boundary_dtype,
-        route=route,
-        draft=ask,
+        route, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype, draft=ask
     )
     drafter.received(first.draft)
     chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1]]
@@ -199,21 +191,19 @@ def decode(
         drafts = [int(t) for t in drafter.propose(chosen, min(k, n_decode - len(chosen) - 1))]
         fed = [chosen[-1], *drafts]
         done = drive.forward_pass(
-            stages,
-            infos,
+            route,
             range(position, position + len(fed)),
             fed,
             session=session,
             epoch=epoch,
             boundary_dtype=boundary_dtype,
-            route=route,
             rewind=held > position,
             draft=ask,
             drafted=len(drafts) if ask else 0,
         )
         kept, bonus = accept(done.logits, drafts)
         if ask and done.accepted != kept:
-            raise stages[-1].failure(
+            raise route.stages[-1].failure(
                 "BAD_REPLY",
                 f"the last stage counts {done.accepted} accepted drafts of "
                 f"{drafts}, the logits it sent {kept}",
@@ -244,7 +234,8 @@ def decode(
 
 
 def _on_ring(
-    route: RingRoute,
+    route: Route,
+    ring: RingRoute,
     prompt: Sequence[int],
     n_decode: int,
     *,
@@ -256,21 +247,12 @@ def _on_ring(
 ) -> SpeculativeRun:
     """``decode`` on a ring: the prefill as a chained pass asking for the first drafts, then one ring of
     n_decode - 1 tokens whose last stage drafts (k a pass) and verifies on its own."""
-    first = drive.prefill(
-        route.stages,
-        route.infos,
-        prompt,
-        session=session,
-        epoch=epoch,
-        boundary_dtype=boundary_dtype,
-        route=route,
-        draft=k,
-    )
+    first = drive.prefill(route, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype, draft=k)
     drafter.received(first.draft)
     chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1:]]
     passes: list[VerifyPass] = []
     if n_decode > 1:
-        run = route.decode(
+        run = ring.decode(
             session,
             epoch,
             len(prompt),
@@ -286,7 +268,7 @@ def _on_ring(
             )
         position, held = len(prompt), len(prompt)
         for got, done in zip(run.passes, run.drafted, strict=True):
-            step = drive.ring_pass(route, got, len(done.fed), len(done.chosen)).step
+            step = ring_pass(ring, got, len(done.fed), len(done.chosen)).step
             passes.append(
                 VerifyPass(
                     first_position=position,
@@ -318,32 +300,21 @@ def run(
     *,
     k: int,
     drafter: Drafter,
-    forwarding: str = "relayed",
-    addresses: Sequence[str] | None = None,
-    sink_host: str = "127.0.0.1",
+    route: RouteSpec = RELAYED,
+    reach: Reach = LOOPBACK,
     boundary_dtype: str = "f32",
 ) -> SpeculativeRun:
     """One fresh session decoded speculatively (``decode``), reset afterwards, its route drained."""
     infos = drive.describe(stages)
     session = drive.new_session("spec")
-    with drive.open_route(stages, infos, forwarding, addresses, sink_host) as route:
+    with route.open(stages, infos, reach) as opened:
         try:
             done = decode(
-                stages,
-                infos,
-                prompt,
-                n_decode,
-                k=k,
-                drafter=drafter,
-                session=session,
-                boundary_dtype=boundary_dtype,
-                route=route,
+                opened, prompt, n_decode, k=k, drafter=drafter, session=session, boundary_dtype=boundary_dtype
             )
-            if route is not None:
-                route.drain()  # every pass's ack in before the session goes
+            opened.drain()  # every pass's ack in before the session goes
         except BaseException:
-            if route is not None:
-                route.drain(quiet=True)
+            opened.drain(quiet=True)
             raise
         finally:
             drive.reset_session(stages, session)
@@ -355,10 +326,10 @@ def _check(
     prompt: Sequence[int],
     n_decode: int,
     k: int,
-    route: ChainRoute | None,
+    ring: RingRoute | None,
     drafter: Drafter,
 ) -> None:
-    if isinstance(route, RingRoute) and not drafter.on_last_stage:
+    if ring is not None and not drafter.on_last_stage:
         raise ConfigurationError(
             "a ring runs only the last stage's nextn drafter (NextnDrafter): the "
             "driver is off the ring's path, so its own drafts cannot reach a pass",

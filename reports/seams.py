@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 from markupsafe import Markup, escape
 
+from pipeline import routes
 from reports import charts
 
 # The other charts' colours first, so a page keeps one palette.
@@ -42,13 +43,13 @@ def _link(seam: Mapping[str, Any]) -> str:
 
 
 def modelled(placements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Placements the seam section speaks of: shaped seams or chained forwarding (plain loopback relays
-    are already in the speed table)."""
+    """Placements the seam section speaks of: shaped seams or seams the driver does not relay (plain
+    loopback relays are already in the speed table)."""
     return [
         p
         for p in placements
         if p.get("seam_model")
-        and (p["seam_model"].get("shaped") or p["seam_model"].get("forwarding") in ("chained", "ring"))
+        and (p["seam_model"].get("shaped") or not routes.recorded(p["seam_model"].get("forwarding")).relays)
     ]
 
 
@@ -117,7 +118,7 @@ def floor_frame(
         m = p.get("seam_model")
         if not m or p.get("role") != "under test":
             continue
-        crossings = 2 if m["forwarding"] == "relayed" else 1
+        crossings = len(routes.recorded(m["forwarding"]).seam_hops(0))  # what the seam's time spans
         for s in m["seams"]:
             row = _floor_row(floor, s["bytes_per_token"])
             if row is None:

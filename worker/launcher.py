@@ -215,7 +215,11 @@ class Stage:
 
 
 class Pipeline:
-    """The running stages of one placement, in order."""
+    """The running stages of one placement, in order, on this machine's loopback."""
+
+    addresses = None  # the stages reach each other at their clients' own addresses
+    sink_host = "127.0.0.1"  # where a driver's sink listens for the last stage
+    fabric = None  # no shaped network between them
 
     def __init__(self, stages: list[Stage], evidence: Path) -> None:
         self.stages = stages

@@ -27,6 +27,7 @@ import pytest
 
 from certify.metrics import median_iqr
 from fetch.gguf_header import read_header
+from pipeline import routes
 from pipeline.balance import balanced_stages, decode_cost
 from pipeline.concurrency import Session, decode_together, diverging
 from tests.bench.placements import PLACEMENTS
@@ -46,7 +47,7 @@ def _levels(n_stages: int) -> list[int]:
 
 def _alone(clients, prompt, forwarding: str) -> Session:
     """The session decoded alone: what every concurrent one must equal."""
-    return decode_together(clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
+    return decode_together(clients, prompt, N_DECODE, 1, route=routes.spec_named(forwarding)).sessions[0]
 
 
 def _balanced_cut(tiny_model) -> list[tuple[int, int]]:
@@ -61,7 +62,7 @@ def _aggregate(
     alone = alone or _alone(clients, prompt, forwarding)
     rates = []
     for _ in range(rounds):
-        together = decode_together(clients, prompt, N_DECODE, sessions, forwarding=forwarding)
+        together = decode_together(clients, prompt, N_DECODE, sessions, route=routes.spec_named(forwarding))
         bad = diverging(together, alone)
         assert not bad, f"{forwarding}, {sessions} at once: sessions {bad} differ from the session alone"
         rates.append(together.aggregate_tok_s)

@@ -32,7 +32,7 @@ import pytest
 
 from certify.inputs import worker_threads
 from core import proc
-from pipeline import drive
+from pipeline import drive, routes
 from tests.bench.floor_tool import floor_tool, run_floor
 from tests.bench.ways import bench_rounds, paired_ratio, paired_spread, pooled
 from tests.integration import conftest as shared
@@ -89,8 +89,7 @@ def _worker_decode(
         N_GEN + 1,
         repetitions=REPETITIONS,
         warmup=1,
-        forwarding=forwarding,
-        ring_logits=forwarding != "ring",
+        route=routes.Ring(logits=False) if forwarding == "ring" else routes.spec_named(forwarding),
     )
     if compute is not None:
         compute += [1.0 / sum(rep) for rep in speed.stage_compute_per_token]
@@ -116,7 +115,7 @@ def test_monolithic_decode_vs_llama_bench(
                     floor_tool(cpu_build.dir), tiny_model.first, 1, THREADS, ctx=worker_command.ctx_size
                 )["tok_s"]
             )
-            by_round["ring"].append(_worker_decode(p.clients, prompt, forwarding="ring"))
+            by_round["ring"].append(_worker_decode(p.clients, prompt, route=routes.Ring()))
             if r < rounds - 1:
                 ours += _worker_decode(p.clients, prompt, ours_compute)
         ours += benchmark.pedantic(

@@ -26,13 +26,19 @@ import os
 import pytest
 
 from certify.metrics import median_iqr
-from pipeline import drive
+from pipeline import drive, routes
 from tests.bench.placements import PLACEMENTS
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-MODES = ("relayed", "chained", "ring-unary", "ring")
+SPECS = {  # each way of forwarding the bench compares, as the route it runs
+    "relayed": routes.Relayed(),
+    "chained": routes.Chained(),
+    "ring-unary": routes.Ring(streams=False),
+    "ring": routes.Ring(),
+}
+MODES = tuple(SPECS)
 CROSSINGS = {
     "relayed": lambda n: 2 * n,
     "chained": lambda n: n + 1,
@@ -55,8 +61,7 @@ def _sweep(clients) -> dict[str, dict]:
                 N_DECODE,
                 repetitions=3,
                 warmup=1,
-                forwarding=mode.removesuffix("-unary"),
-                ring_streams=mode == "ring",
+                route=SPECS[mode],
             )
             got[mode]["tok_s"] += list(s.decode_tok_s)
             got[mode]["seam_s"] += [t for rep in s.seam_seconds for t in rep]

@@ -25,7 +25,7 @@ import os
 import pytest
 
 from certify.metrics import median_iqr
-from pipeline import drive
+from pipeline import drive, routes
 from tests.bench import rpc_split
 from tests.bench.ways import bench_rounds, paired_ratio, paired_spread, pooled
 from worker.launcher import launch
@@ -42,7 +42,7 @@ THEIRS = {1: (0, 0), 2: (1, 6), 4: (3, 9)}  # ways: (RPC servers, layers on them
 
 def _ours(clients, prompt, logits: bool = False) -> list[float]:
     s = drive.measure_speed(
-        clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1, forwarding="ring", ring_logits=logits
+        clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1, route=routes.Ring(logits=logits)
     )
     return list(s.decode_tok_s)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from manifests.recipe_model import Placement, Seam
-from pipeline import drive, physics, seams
+from pipeline import drive, physics, routes, seams
 from tests.integration.test_seams import left_over, seam_support
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -50,9 +50,8 @@ def test_chained_beats_relayed_on_the_same_seams(
                 16,
                 repetitions=3,
                 warmup=1,
-                forwarding=mode,
-                addresses=pipe.addresses,
-                sink_host=pipe.sink_host,
+                route=routes.spec_named(mode),
+                reach=measure.reach(pipe),
             )
 
         runs = {
@@ -69,7 +68,7 @@ def test_chained_beats_relayed_on_the_same_seams(
                 "stage_compute_s": compute,
                 "decode_tok_s": {"median": tok_s},
             }
-            bound = physics.model(placement, mode, speed, n_vocab=n_vocab)["token_bound_s"]
+            bound = physics.model(placement, routes.spec_named(mode), speed, n_vocab=n_vocab)["token_bound_s"]
             figures[mode] = dict(
                 decode_tok_s=tok_s,
                 bound_tok_s=1 / bound,

@@ -25,10 +25,11 @@ import os
 
 import pytest
 
+from certify import measure
 from certify.metrics import median_iqr
 from fetch.provision import provision
 from manifests.recipe_model import Placement, Seam
-from pipeline import drive, seams, speculative
+from pipeline import drive, routes, seams, speculative
 from tests.integration.test_seams import left_over, seam_support
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -53,9 +54,8 @@ def _plain(pipe, prompt: list[int], mode: str) -> list[float]:
         N_DECODE,
         repetitions=REPETITIONS,
         warmup=0,
-        forwarding=mode,
-        addresses=pipe.addresses,
-        sink_host=pipe.sink_host,
+        route=routes.spec_named(mode),
+        reach=measure.reach(pipe),
     )
     return list(s.decode_tok_s)
 
@@ -70,9 +70,8 @@ def _speculative(pipe, prompt: list[int], truth, k: int, acceptance: float, n_vo
             N_DECODE,
             k=k,
             drafter=drafter,
-            forwarding="chained",
-            addresses=pipe.addresses,
-            sink_host=pipe.sink_host,
+            route=routes.Chained(),
+            reach=measure.reach(pipe),
         )
         assert got.tokens == tuple(truth), (k, acceptance)
         runs.append(got)
@@ -88,9 +87,8 @@ def _sweep(pipe, n: int) -> dict[str, dict]:
             [prompt],
             N_DECODE,
             all_logits=False,
-            forwarding="chained",
-            addresses=pipe.addresses,
-            sink_host=pipe.sink_host,
+            route=routes.Chained(),
+            reach=measure.reach(pipe),
         )
         .prompts[0]
         .tokens
@@ -179,8 +177,10 @@ def test_speculative_decoding_over_metro_seams(
 
 def _nextn_sweep(pipe, n: int) -> dict[str, dict]:
     prompt = pipe.clients[0].tokenize(PROMPT)[:16]
-    routing = dict(forwarding="chained", addresses=pipe.addresses, sink_host=pipe.sink_host)
-    plain = drive.run_placement(pipe.clients, [prompt], N_DECODE, all_logits=False, **routing)
+    to = measure.reach(pipe)
+    plain = drive.run_placement(
+        pipe.clients, [prompt], N_DECODE, all_logits=False, route=routes.Chained(), reach=to
+    )
     truth = plain.prompts[0].tokens
     rows = {
         f"plain {mode}": {"tok_s": _plain(pipe, prompt, mode), "runs": []} for mode in ("chained", "ring")
@@ -192,7 +192,7 @@ def _nextn_sweep(pipe, n: int) -> dict[str, dict]:
     ):
         runs = [
             speculative.run(
-                pipe.clients, prompt, N_DECODE, k=3, drafter=make(), **{**routing, "forwarding": mode}
+                pipe.clients, prompt, N_DECODE, k=3, drafter=make(), route=routes.spec_named(mode), reach=to
             )
             for _ in range(REPETITIONS)
         ]

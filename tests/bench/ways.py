@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from certify.metrics import median_iqr
-from pipeline import drive
+from pipeline import drive, routes
 from tests.bench.cpu_time import cpu_seconds
 from tests.bench.placements import PLACEMENTS
 from worker.launcher import WorkerCommand, launch
@@ -68,10 +68,7 @@ def decode_ring(pipeline, prompt, driver_yields: bool = True, delivery_stream: b
         N_DECODE,
         repetitions=REPETITIONS,
         warmup=1,
-        forwarding="ring",
-        ring_logits=False,
-        ring_driver_yields=driver_yields,
-        ring_delivery_stream=delivery_stream,
+        route=routes.Ring(logits=False, driver_yields=driver_yields, delivery_stream=delivery_stream),
     )
     tokens = (REPETITIONS + 1) * (len(prompt) + N_DECODE - 1)
     return RingFigures(

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from certify.metrics import median_iqr
-from pipeline import drive
+from pipeline import drive, routes
 from pipeline.sink import chain_route
 from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageFailed
@@ -46,7 +46,7 @@ def reference(worker_command, stubs, worker_env, tmp_path_factory):
     with launch(worker_command, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         prompts = [p.clients[0].tokenize(text, add_special=True) for text in TEXTS]
         trace = drive.run_placement(p.clients, prompts, N_DECODE, capture=list(range(1, N_LAYER)))
-        chained = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="chained")
+        chained = drive.run_placement(p.clients, prompts, N_DECODE, route=routes.Chained())
     for r, c in zip(trace.prompts, chained.prompts, strict=True):
         assert np.array_equal(r.logits, c.logits), "one stage chained to the sink differs from relayed"
     return prompts, trace
@@ -65,7 +65,7 @@ def test_chained_equals_relayed_equals_monolithic(
     n = len(placement)
     with launch(worker_command, placement, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         relayed = drive.run_placement(p.clients, prompts, N_DECODE)
-        chained = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="chained")
+        chained = drive.run_placement(p.clients, prompts, N_DECODE, route=routes.Chained())
         pids = p.pids
     assert [s.process.returncode for s in p.stages] == [0] * n, "clean exit on SIGTERM"
     print(
@@ -96,7 +96,7 @@ def test_chained_f16_seam(reference, worker_command, stubs, worker_env, tmp_path
     ) as p:
         relayed = drive.run_placement(p.clients, prompts, N_DECODE, boundary_dtype="f16")
         chained = drive.run_placement(
-            p.clients, prompts, N_DECODE, boundary_dtype="f16", forwarding="chained"
+            p.clients, prompts, N_DECODE, boundary_dtype="f16", route=routes.Chained()
         )
     print(
         f"\n[chained f16] 4 stages: max |chained - relayed| = {_max_diff(chained, relayed):.3g}, "
@@ -114,7 +114,7 @@ def test_killed_middle_stage_is_named(reference, worker_command, stubs, worker_e
     with launch(
         worker_command, PLACEMENTS["4-stages"], stubs=stubs, evidence=tmp_path / "ev", env=worker_env
     ) as p:
-        drive.run_placement(p.clients, prompts[:1], 4, forwarding="chained")
+        drive.run_placement(p.clients, prompts[:1], 4, route=routes.Chained())
         infos = drive.describe(p.clients)
         p.stages[2].process.send_signal(signal.SIGKILL)
         started = time.monotonic()
@@ -154,7 +154,7 @@ def test_killed_middle_stage_mid_decode(reference, worker_command, stubs, worker
         try:
             with pytest.raises(StageFailed) as caught:
                 drive.measure_speed(
-                    p.clients, prompts[0], 400, repetitions=50, warmup=0, forwarding="chained"
+                    p.clients, prompts[0], 400, repetitions=50, warmup=0, route=routes.Chained()
                 )
         finally:
             timer.cancel()
@@ -176,7 +176,7 @@ def test_decode_speed_chained_vs_relayed(reference, worker_command, stubs, worke
             got = {}
             for forwarding in ("relayed", "chained", "relayed", "chained"):  # interleaved: drift hits both
                 s = drive.measure_speed(
-                    p.clients, prompts[1], 33, repetitions=3, warmup=1, forwarding=forwarding
+                    p.clients, prompts[1], 33, repetitions=3, warmup=1, route=routes.spec_named(forwarding)
                 )
                 got.setdefault(forwarding, []).extend(s.decode_tok_s)
                 crossings = s.crossings_per_token

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from pipeline import routes
 from pipeline.concurrency import decode_together, diverging
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -44,8 +45,10 @@ def test_concurrent_sessions_equal_one_session_alone(
 ) -> None:
     prompt, mono = monolithic
     with launch(command, FOUR, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
-        alone = decode_together(p.clients, prompt, N_DECODE, 1, forwarding=forwarding).sessions[0]
-        together = decode_together(p.clients, prompt, N_DECODE, 4, forwarding=forwarding)
+        alone = decode_together(p.clients, prompt, N_DECODE, 1, route=routes.spec_named(forwarding)).sessions[
+            0
+        ]
+        together = decode_together(p.clients, prompt, N_DECODE, 4, route=routes.spec_named(forwarding))
     assert len(together.sessions) == 4 and together.aggregate_tok_s > 0
     assert alone.tokens == mono.tokens and alone.logits.tobytes() == mono.logits.tobytes()
     assert diverging(together, alone) == []

@@ -23,7 +23,7 @@ import pytest
 from fetch import source
 from fetch.provision import provision
 from fetch.tinygguf import import_gguf
-from pipeline import drive, speculative
+from pipeline import drive, routes, speculative
 from worker.client import StageFailed
 from worker.launcher import launch
 
@@ -97,7 +97,12 @@ def test_the_last_stage_drafts_from_the_mtp_file_what_the_whole_model_drafts(
         own_file, tokens = _drafts(p, prompt)
         for forwarding in ("relayed", "chained"):
             got = speculative.run(
-                p.clients, prompt, N_DECODE, k=3, drafter=speculative.NextnDrafter(), forwarding=forwarding
+                p.clients,
+                prompt,
+                N_DECODE,
+                k=3,
+                drafter=speculative.NextnDrafter(),
+                route=routes.spec_named(forwarding),
             )
             assert got.tokens == off.tokens, forwarding
     print(f"\ndrafts from the main file {in_file}\ndrafts from the MTP file  {own_file}")

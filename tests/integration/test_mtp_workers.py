@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from fetch.provision import provision
-from pipeline import drive, speculative
+from pipeline import drive, routes, speculative
 from tests.integration import test_tiny_v4_mtp_set as mtp_set
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -68,7 +68,12 @@ def test_mtp_on_chooses_the_tokens_mtp_off_chooses(
         assert p.clients[-1].info().mtp and not any(c.info().mtp for c in p.clients[:-1])
         for forwarding in ("relayed", "chained"):
             got = speculative.run(
-                p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=forwarding
+                p.clients,
+                prompt,
+                N_DECODE,
+                k=K,
+                drafter=speculative.NextnDrafter(),
+                route=routes.spec_named(forwarding),
             )
             print(
                 f"{placement} {forwarding}: nextn acceptance {got.acceptance_rate:.2f}, "

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
-from pipeline import drive, ring
+from pipeline import drive, ring, routes
 from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageClient, StageFailed
 from worker.launcher import launch
@@ -50,7 +50,7 @@ def reference(worker_command, stubs, worker_env, tmp_path_factory):
     with launch(worker_command, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         prompts = [p.clients[0].tokenize(text, add_special=True) for text in TEXTS]
         trace = drive.run_placement(p.clients, prompts, N_DECODE, capture=list(range(1, N_LAYER)))
-        mono_ring = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="ring")
+        mono_ring = drive.run_placement(p.clients, prompts, N_DECODE, route=routes.Ring())
     for r, c in zip(trace.prompts, mono_ring.prompts, strict=True):
         assert r.tokens == c.tokens and np.array_equal(r.logits, c.logits), "a one-stage ring differs"
     return prompts, trace
@@ -69,7 +69,7 @@ def test_ring_equals_relayed_equals_monolithic(
     n = len(placement)
     with launch(worker_command, placement, stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         relayed = drive.run_placement(p.clients, prompts, N_DECODE)
-        ringed = drive.run_placement(p.clients, prompts, N_DECODE, forwarding="ring")
+        ringed = drive.run_placement(p.clients, prompts, N_DECODE, route=routes.Ring())
         pids = p.pids
     assert [s.process.returncode for s in p.stages] == [0] * n, "clean exit on SIGTERM"
     print(

@@ -27,7 +27,7 @@ import pytest
 from certify import mtp
 from core.errors import ConfigurationError
 from fetch.provision import provision
-from pipeline import drive, ring, speculative
+from pipeline import drive, ring, routes, speculative
 from tests.integration.conftest import our_workers, proc_alive
 from tests.integration.test_ring import killed_mid_ring
 from worker.client import StageFailed
@@ -69,7 +69,12 @@ def test_a_drafting_ring_chooses_the_tokens_mtp_off_chooses(
     with launch(mtp_command, PLACEMENTS[placement], stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         runs = {
             f: speculative.run(
-                p.clients, prompt, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=f
+                p.clients,
+                prompt,
+                N_DECODE,
+                k=K,
+                drafter=speculative.NextnDrafter(),
+                route=routes.spec_named(f),
             )
             for f in ("ring", "chained")
         }
@@ -181,7 +186,7 @@ def test_a_drafting_ring_is_refused_where_it_cannot_run(
             if name == "no --mtp":
                 known = speculative.KnownDrafter(ref, n_vocab=infos[-1].n_vocab)
                 with pytest.raises(ConfigurationError, match="NextnDrafter"):
-                    speculative.run(p.clients, prompt, 8, k=K, drafter=known, forwarding="ring")
+                    speculative.run(p.clients, prompt, 8, k=K, drafter=known, route=routes.Ring())
     for name, failed in failures.items():
         print(f"\n[ring drafts] {name}: {failed}")
     assert failures["no --mtp"].stage == 2 and failures["no --mtp"].code == "FAILED_PRECONDITION"
@@ -222,7 +227,7 @@ def test_the_mtp_gate_verifies_a_ring_placement_on_the_ring(
     with launch(mtp_command, THREE, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         plain = drive.run_placement(p.clients, [prompt], N_DECODE, all_logits=False)
         figures = mtp.mtp_figures(
-            p.clients, [prompt], plain, K, N_DECODE, boundary_dtype="f32", forwarding="ring"
+            p.clients, [prompt], plain, K, N_DECODE, boundary_dtype="f32", route=routes.Ring()
         )
     print(f"\n[ring drafts] MTP gate figures on a ring placement: {figures}")
     assert plain.prompts[0].tokens == off

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from certify import measure
 from manifests.recipe_model import Placement, Seam
-from pipeline import drive, physics, seam_model, seams
+from pipeline import drive, physics, routes, seam_model, seams
 from pipeline.shaper import Link
 from tests.integration.conftest import proc_alive
 from worker.launcher import launch
@@ -390,9 +391,8 @@ def test_real_worker_chained_over_a_shaped_fabric(
             pipe.clients,
             prompts,
             N_DECODE,
-            forwarding="chained",
-            addresses=pipe.addresses,
-            sink_host=pipe.sink_host,
+            route=routes.Chained(),
+            reach=measure.reach(pipe),
         )
     assert left_over(tag) == [] and not any(proc_alive(p) for p in pids)
     for got, want in zip(trace.prompts, ref["four"].prompts, strict=True):
@@ -405,7 +405,7 @@ def test_real_worker_chained_over_a_shaped_fabric(
         placement, "chained", boundary_bytes=list(steps[0].seam_bytes), n_vocab=trace.infos[-1].n_vocab
     )
     for k in range(placement.n_stages - 1):
-        bound = physics.seam_bound("chained", k, parts)
+        bound = physics.seam_bound(routes.Chained(), k, parts)
         payload = steps[0].seam_bytes[k] + physics.TOKEN_BYTES  # the token ids ride with the boundary
         measured = sorted(s.seam_seconds[k] for s in steps)
         median = measured[len(measured) // 2]

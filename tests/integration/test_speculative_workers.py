@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from fetch.provision import provision
-from pipeline import drive, speculative
+from pipeline import drive, routes, speculative
 from tests.integration.conftest import our_workers, proc_alive
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -57,7 +57,7 @@ def test_verify_passes_choose_the_plain_greedy_tokens(
                     prompt,
                     N_DECODE,
                     k=K,
-                    forwarding=forwarding,
+                    route=routes.spec_named(forwarding),
                     drafter=speculative.KnownDrafter(
                         plain.tokens, acceptance=acceptance, n_vocab=n_vocab, seed=1
                     ),
@@ -141,7 +141,7 @@ def test_a_stage_killed_during_verify_passes_is_named(
             at=5,
         )
         with pytest.raises(StageFailed) as caught:
-            speculative.run(p.clients, prompt, 200, k=K, drafter=drafter, forwarding=forwarding)
+            speculative.run(p.clients, prompt, 200, k=K, drafter=drafter, route=routes.spec_named(forwarding))
         took = time.monotonic() - drafter.killed_at
         pids = p.pids
     print(

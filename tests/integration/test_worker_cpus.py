@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import drive
+from pipeline import drive, routes
 from tests.integration.conftest import our_workers
 from worker.launcher import launch
 
@@ -67,7 +67,7 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(
     pinned = dataclasses.replace(worker_command, cpus=(cpu,))
     with launch(pinned, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "pinned", env=worker_env) as p:
         prompts = [p.clients[0].tokenize("Pinning moves no token.", add_special=True)]
-        tokens = drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens
+        tokens = drive.run_placement(p.clients, prompts, 8, route=routes.Ring()).prompts[0].tokens
         for pid in p.pids:
             allowed = _allowed_per_thread(pid)
             assert allowed.pop("dgr-deliver") == {frozenset(os.sched_getaffinity(0))}
@@ -76,6 +76,6 @@ def test_pinned_stages_keep_every_thread_on_their_cpu_and_decode_alike(
     with launch(
         worker_command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "free", env=worker_env
     ) as p:
-        assert drive.run_placement(p.clients, prompts, 8, forwarding="ring").prompts[0].tokens == tokens
+        assert drive.run_placement(p.clients, prompts, 8, route=routes.Ring()).prompts[0].tokens == tokens
         assert [i.cpus for i in drive.describe(p.clients)] == ["", ""]
     assert our_workers(worker_command.program[0]) == []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import drive
+from pipeline import drive, routes
 from pipeline.concurrency import decode_together, diverging
 from tests.integration.conftest import our_workers
 from worker.launcher import launch
@@ -61,7 +61,7 @@ def test_every_pass_computes_on_one_team(threads, worker_command, stubs, worker_
         together = decode_together(p.clients, prompt, N_DECODE, SESSIONS)  # on several gRPC threads
         relayed = _threads_that_computed(before, _cpu_ticks(pid))
         before = _cpu_ticks(pid)
-        ring = drive.run_placement(p.clients, [prompt], N_DECODE, forwarding="ring").prompts[0].tokens
+        ring = drive.run_placement(p.clients, [prompt], N_DECODE, route=routes.Ring()).prompts[0].tokens
         ringed = _threads_that_computed(before, _cpu_ticks(pid))
     assert diverging(together, alone) == []
     assert ring == alone.tokens

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from pipeline import drive
+from pipeline import drive, routes
 from tests.integration.conftest import our_workers
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -98,7 +98,7 @@ def test_an_address_not_in_peers_is_refused(worker_command, stubs, worker_env, t
             assert p.clients[0].reset("chained") is False  # refused before the stage computed
         # what is listed still chains: the placement's own loopback addresses and the driver's sink
         prompts = [p.clients[0].tokenize(TEXT, add_special=True)]
-        chained = drive.run_placement(p.clients, prompts, 4, forwarding="chained")
+        chained = drive.run_placement(p.clients, prompts, 4, route=routes.Chained())
         relayed = drive.run_placement(p.clients, prompts, 4)
         assert chained.prompts[0].tokens == relayed.prompts[0].tokens
     assert our_workers(worker_command.program[0]) == []

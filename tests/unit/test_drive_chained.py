@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline import drive
+from pipeline import drive, routes
 from pipeline.sink import Sink, chain_route
 from tests.unit.fake_stages import TOY, fake_command, fake_env, load_stubs, running
 from worker.client import StageFailed
@@ -53,7 +53,7 @@ def test_chained_equals_relayed_bitwise(stubs, tmp_path: Path, name: str) -> Non
     n = len(placement)
     with _launch(stubs, tmp_path, placement) as p:
         relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE)
-        chained = drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="chained")
+        chained = drive.run_placement(p.clients, PROMPTS, N_DECODE, route=routes.Chained())
         for c in p.clients:
             assert c.health()[1] == "ok"
     assert (relayed.forwarding, chained.forwarding) == ("relayed", "chained")
@@ -77,7 +77,7 @@ def test_chained_f16_seams_match_relayed_f16(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE, boundary_dtype="f16")
         chained = drive.run_placement(
-            p.clients, PROMPTS, N_DECODE, boundary_dtype="f16", forwarding="chained"
+            p.clients, PROMPTS, N_DECODE, boundary_dtype="f16", route=routes.Chained()
         )
     rows = sum(len(x) + N_DECODE - 1 for x in PROMPTS)
     assert chained.seam_bytes() == relayed.seam_bytes() == (rows * TOY["n_embd"] * 2,) * 2
@@ -88,7 +88,7 @@ def test_chained_f16_seams_match_relayed_f16(stubs, tmp_path: Path) -> None:
 def test_chained_prefill_in_n_batch_chunks(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["2"], DGR_FAKE_N_BATCH="3") as p:
         relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE)
-        chained = drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="chained")
+        chained = drive.run_placement(p.clients, PROMPTS, N_DECODE, route=routes.Chained())
     for r, c in zip(relayed.prompts, chained.prompts, strict=True):
         assert np.array_equal(r.logits, c.logits) and r.tokens == c.tokens
     long = chained.prompts[2].prefill
@@ -97,7 +97,7 @@ def test_chained_prefill_in_n_batch_chunks(stubs, tmp_path: Path) -> None:
 
 def test_speed_chained(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
-        speed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1, forwarding="chained")
+        speed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1, route=routes.Chained())
         relayed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1)
     assert speed.forwarding == "chained" and speed.crossings_per_token == 4
     assert relayed.forwarding == "relayed" and relayed.crossings_per_token == 6
@@ -107,12 +107,14 @@ def test_speed_chained(stubs, tmp_path: Path) -> None:
 
 def test_capture_and_unknown_forwarding_are_refused(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["2"]) as p:
-        with pytest.raises(ConfigurationError, match="relayed"):
-            drive.run_placement(p.clients, PROMPTS, 2, capture=[3], forwarding="chained")
+        with pytest.raises(ConfigurationError, match="relayed passes"):
+            drive.run_placement(p.clients, PROMPTS, 2, capture=[3], route=routes.Chained())
         with pytest.raises(ConfigurationError, match="forwarding 'teleported'"):
-            drive.run_placement(p.clients, PROMPTS, 2, forwarding="teleported")
+            drive.run_placement(p.clients, PROMPTS, 2, route=routes.spec_named("teleported"))
         with pytest.raises(ConfigurationError, match="1 stage addresses for 2 stages"):
-            drive.run_placement(p.clients, PROMPTS, 2, forwarding="chained", addresses=["127.0.0.1:1"])
+            drive.run_placement(
+                p.clients, PROMPTS, 2, route=routes.Chained(), reach=routes.Reach(addresses=("127.0.0.1:1",))
+            )
 
 
 def test_wrong_position_in_the_chain_is_refused(stubs, tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def test_mid_chain_error_names_that_stage(stubs, tmp_path: Path) -> None:
         DGR_FAKE_FAULT_BEGIN="6",
     ) as p:
         with pytest.raises(StageFailed) as caught:
-            drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="chained")
+            drive.run_placement(p.clients, PROMPTS, N_DECODE, route=routes.Chained())
         addr = p.clients[2].address
         assert all(running(pid) for pid in p.pids)
     err = caught.value
@@ -159,8 +161,8 @@ def test_wrong_address_order_is_refused_by_the_stage_it_reaches(stubs, tmp_path:
                 p.clients,
                 PROMPTS[:1],
                 3,
-                forwarding="chained",
-                addresses=[addrs[0], addrs[1], addrs[3], addrs[2]],
+                route=routes.Chained(),
+                reach=routes.Reach(addresses=(addrs[0], addrs[1], addrs[3], addrs[2])),
             )
     # stage 1 hands its boundary to the worker at addrs[3] (layers 9:12): that is the last stage and
     # it is given a downstream address, which it refuses; the driver names the hop as stage 2
@@ -180,7 +182,7 @@ def test_killed_mid_chain_stage_is_seen_as_died(stubs, tmp_path: Path) -> None:
         started = time.monotonic()
         died = r"stage 1 \(layers 4:8\) failed: DIED: worker was killed by SIGKILL"
         with pytest.raises(StageFailed, match=died):
-            drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="chained")
+            drive.run_placement(p.clients, PROMPTS, N_DECODE, route=routes.Chained())
         assert time.monotonic() - started < 10
         pids = p.pids
     assert not any(running(pid) for pid in pids)

@@ -1,4 +1,4 @@
-"""Ring decode's driver side (pipeline/ring.py, drive forwarding="ring") over real loopback fake workers.
+"""Ring decode's driver side (pipeline/ring.py, drive route=routes.Ring()) over real loopback fake workers.
 
 The fake worker (fake_shard_worker.py) runs rings with the C++ worker's messages, so these cover the
 driver without a build: ring == relayed bitwise, the budget and stop tokens, a token that is not its
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline import drive, ring, yielding
+from pipeline import drive, ring, routes, yielding
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -52,8 +52,8 @@ def test_ring_equals_relayed_bitwise(stubs, tmp_path: Path, name: str) -> None:
     n = len(PLACEMENTS[name])
     with _launch(stubs, tmp_path, PLACEMENTS[name]) as p:
         relayed = drive.run_placement(p.clients, PROMPTS, N_DECODE)
-        ringed = drive.run_placement(p.clients, PROMPTS, N_DECODE, forwarding="ring")
-        speed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1, forwarding="ring")
+        ringed = drive.run_placement(p.clients, PROMPTS, N_DECODE, route=routes.Ring())
+        speed = drive.measure_speed(p.clients, PROMPTS[0], 6, repetitions=2, warmup=1, route=routes.Ring())
     assert ringed.forwarding == "ring" and speed.crossings_per_token == n
     for r, g in zip(relayed.prompts, ringed.prompts, strict=True):
         assert np.array_equal(r.logits, g.logits) and r.tokens == g.tokens
@@ -83,7 +83,7 @@ def test_budget_and_stop_tokens(stubs, tmp_path: Path) -> None:
 def test_a_token_that_is_not_the_argmax_is_refused(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="wrong-token", DGR_FAKE_FAULT_BEGIN="11") as p:
         with pytest.raises(StageFailed) as caught:
-            drive.run_placement(p.clients, PROMPTS[:1], N_DECODE, forwarding="ring")
+            drive.run_placement(p.clients, PROMPTS[:1], N_DECODE, route=routes.Ring())
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY" and "argmax" in caught.value.detail
 
 
@@ -93,7 +93,7 @@ def test_a_token_that_is_not_the_argmax_is_refused(stubs, tmp_path: Path) -> Non
 def test_a_failing_middle_stage_is_named(stubs, tmp_path: Path, fault: str, code: str) -> None:
     with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT=fault, DGR_FAKE_FAULT_BEGIN="1") as p:
         with pytest.raises(StageFailed) as caught:
-            drive.run_placement(p.clients, PROMPTS[:1], 20, forwarding="ring")
+            drive.run_placement(p.clients, PROMPTS[:1], 20, route=routes.Ring())
     assert caught.value.stage == 1 and caught.value.code == code, caught.value
     assert "ring Forward" in str(caught.value)
 
@@ -101,21 +101,21 @@ def test_a_failing_middle_stage_is_named(stubs, tmp_path: Path, fault: str, code
 def test_teacher_forcing_and_captures_refuse_a_ring(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, PLACEMENTS["2"]) as p:
         with pytest.raises(ConfigurationError, match="teacher forcing"):
-            drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", forced=[[1, 2, 3]])
+            drive.run_placement(p.clients, PROMPTS[:1], 3, route=routes.Ring(), forced=[[1, 2, 3]])
         with pytest.raises(ConfigurationError, match="relayed"):
-            drive.run_placement(p.clients, PROMPTS[:1], 3, forwarding="ring", capture=[3])
+            drive.run_placement(p.clients, PROMPTS[:1], 3, route=routes.Ring(), capture=[3])
 
 
 def test_a_token_only_ring_chooses_the_same_tokens_and_delivers_no_logits(stubs, tmp_path: Path) -> None:
     with _launch(stubs, tmp_path, THREE) as p:
-        ref = drive.run_placement(p.clients, [VARIED], 12, forwarding="ring").prompts[0]
+        ref = drive.run_placement(p.clients, [VARIED], 12, route=routes.Ring()).prompts[0]
         infos = drive.describe(p.clients)
         with ring.ring_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as r:
             bare = ring.generate(r, VARIED, 12, session="bare", logits=False)
             with pytest.raises(ConfigurationError, match="drafting ring needs its logits"):
                 r.decode("draft", 1, 0, VARIED[0], 3, draft=2, logits=False)
         speed = drive.measure_speed(
-            p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring", ring_logits=False
+            p.clients, VARIED, 12, repetitions=2, warmup=1, route=routes.Ring(logits=False)
         )
     assert bare.tokens == tuple(ref.tokens) and bare.end == "budget"
     assert bare.logits.shape == (1, ref.logits.shape[1])  # the prefill's row, picked by the driver
@@ -127,7 +127,7 @@ def test_a_token_only_ring_that_delivers_logits_is_refused(stubs, tmp_path: Path
     with _launch(stubs, tmp_path, THREE, DGR_FAKE_FAULT="logits-anyway", DGR_FAKE_FAULT_BEGIN="11") as p:
         with pytest.raises(StageFailed) as caught:
             drive.measure_speed(
-                p.clients, VARIED, 8, repetitions=1, warmup=0, forwarding="ring", ring_logits=False
+                p.clients, VARIED, 8, repetitions=1, warmup=0, route=routes.Ring(logits=False)
             )
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
     assert "token-only ring delivered logits" in caught.value.detail
@@ -141,7 +141,7 @@ def test_token_only_speed_runs_that_disagree_are_refused(stubs, tmp_path: Path) 
     ) as p:
         with pytest.raises(StageFailed) as caught:
             drive.measure_speed(
-                p.clients, VARIED, 12, repetitions=2, warmup=1, forwarding="ring", ring_logits=False
+                p.clients, VARIED, 12, repetitions=2, warmup=1, route=routes.Ring(logits=False)
             )
     assert caught.value.stage == 2 and caught.value.code == "BAD_REPLY"
     assert "different greedy continuations" in caught.value.detail
@@ -162,7 +162,7 @@ def test_the_driver_yields_to_the_stages_while_it_reads_a_ring(stubs, tmp_path: 
     with _launch(stubs, tmp_path, THREE) as p:
         for yields in (True, False):
             drive.measure_speed(
-                p.clients, VARIED, 4, repetitions=1, warmup=0, forwarding="ring", ring_driver_yields=yields
+                p.clients, VARIED, 4, repetitions=1, warmup=0, route=routes.Ring(driver_yields=yields)
             )
             assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert seen == [(True, os.SCHED_BATCH), (False, os.SCHED_OTHER)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from manifests.recipe_model import Placement, Seam
-from pipeline import physics
+from pipeline import physics, routes
 from reports import seams
 
 METRO = Seam(delay_ms=20.0, rate_mbit=1000.0)
@@ -27,7 +27,9 @@ def _record(n: int, forwarding: str, tok_s: float, seam: Seam | None = METRO) ->
     return {
         "name": p.name,
         "n_stages": n,
-        "seam_model": physics.model(p, forwarding, speed, n_vocab=32000, backend="userspace shaper"),
+        "seam_model": physics.model(
+            p, routes.spec_named(forwarding), speed, n_vocab=32000, backend="userspace shaper"
+        ),
     }
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline import drive, ring, speculative
+from pipeline import drive, ring, routes, speculative
 from pipeline.ring_drafts import DraftedPasses
 from pipeline.sink import ChainedPass
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs
@@ -135,7 +135,12 @@ def test_a_drafting_ring_decodes_what_plain_greedy_decodes(stubs, tmp_path: Path
         plain = drive.run_placement(p.clients, [PROMPT], N_DECODE, all_logits=False).prompts[0]
         got, chained = (
             speculative.run(
-                p.clients, PROMPT, N_DECODE, k=K, drafter=speculative.NextnDrafter(), forwarding=f
+                p.clients,
+                PROMPT,
+                N_DECODE,
+                k=K,
+                drafter=speculative.NextnDrafter(),
+                route=routes.spec_named(f),
             )
             for f in ("ring", "chained")
         )
@@ -213,7 +218,9 @@ def test_a_stage_killed_in_a_drafting_ring_is_named(stubs, tmp_path: Path) -> No
     with _launch(stubs, tmp_path, THREE, **faults) as p:
         started = time.perf_counter()
         with pytest.raises(StageFailed) as caught:
-            speculative.run(p.clients, PROMPT, 40, k=K, drafter=speculative.NextnDrafter(), forwarding="ring")
+            speculative.run(
+                p.clients, PROMPT, 40, k=K, drafter=speculative.NextnDrafter(), route=routes.Ring()
+            )
         elapsed = time.perf_counter() - started
     assert caught.value.stage == 1 and caught.value.code == "DIED", caught.value
     assert elapsed < 10.0, elapsed  # the call deadline is 20 s: the death was seen, not waited out

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigurationError
-from pipeline import drive, speculative
+from pipeline import drive, routes, speculative
 from tests.unit.fake_stages import fake_command, fake_env, load_stubs
 from worker.client import StageFailed
 from worker.launcher import launch
@@ -77,7 +77,7 @@ def test_verify_passes_give_the_plain_greedy_run_bitwise(
             for acceptance in (1.0, 0.5, 0.0):
                 drafter = speculative.KnownDrafter(plain.tokens, acceptance=acceptance, n_vocab=40, seed=k)
                 got = speculative.run(
-                    p.clients, PROMPT, N_DECODE, k=k, drafter=drafter, forwarding=forwarding
+                    p.clients, PROMPT, N_DECODE, k=k, drafter=drafter, route=routes.spec_named(forwarding)
                 )
                 assert got.tokens == plain.tokens, (k, acceptance)
                 assert np.array_equal(got.logits, plain.logits), (k, acceptance)
@@ -137,10 +137,12 @@ def test_a_ring_refuses_every_drafter_but_the_last_stages(stubs, tmp_path: Path)
     with _launch(stubs, tmp_path, PLACEMENTS["3"]) as p:
         with pytest.raises(ConfigurationError, match="NextnDrafter") as known:
             speculative.run(
-                p.clients, PROMPT, 4, k=1, drafter=speculative.KnownDrafter([]), forwarding="ring"
+                p.clients, PROMPT, 4, k=1, drafter=speculative.KnownDrafter([]), route=routes.Ring()
             )
         with pytest.raises(ConfigurationError, match="needs a last stage that drafts"):
-            speculative.run(p.clients, PROMPT, 4, k=1, drafter=speculative.NextnDrafter(), forwarding="ring")
+            speculative.run(
+                p.clients, PROMPT, 4, k=1, drafter=speculative.NextnDrafter(), route=routes.Ring()
+            )
     assert "relayed or chained" in known.value.hint
 
 
@@ -154,7 +156,9 @@ def test_a_stage_killed_during_a_verify_pass_ends_the_run_naming_it(
         drafter = speculative.KnownDrafter([1] * N_DECODE)
         started = time.perf_counter()
         with pytest.raises(StageFailed) as caught:
-            speculative.run(p.clients, PROMPT, N_DECODE, k=3, drafter=drafter, forwarding=forwarding)
+            speculative.run(
+                p.clients, PROMPT, N_DECODE, k=3, drafter=drafter, route=routes.spec_named(forwarding)
+            )
         elapsed = time.perf_counter() - started
     assert caught.value.stage == 1 and caught.value.code in ("DIED", "UNAVAILABLE"), caught.value
     # the call deadline is 20 s: ending well inside it means the death was seen, not waited out
