@@ -12,11 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Literal, overload
 
 import grpc
 import numpy as np
 
 from core.errors import RuntimeFailure
+from worker import wire
 
 # Logits of a long prompt over a large vocabulary exceed gRPC's 4 MiB default by far.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
@@ -102,7 +104,7 @@ class Forwarded:
     accepted: int = 0  # MTP last stage: how many of the pass's drafted tokens stood
 
 
-def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
+def decode_tensor(tensor: wire.Tensor, *, what: str) -> np.ndarray:
     """A pb2 Tensor as a float32 numpy array; ValueError naming ``what`` when bytes and shape disagree."""
     dtype_name = {1: "f32", 2: "f16"}.get(int(tensor.dtype))
     if dtype_name is None:
@@ -125,8 +127,8 @@ def decode_tensor(tensor: object, *, what: str) -> np.ndarray:
 def rpc_status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
     """A failed call's status code and detail (None and the error's text when it carries no status)."""
     code = exc.code() if hasattr(exc, "code") else None
-    detail = exc.details() if hasattr(exc, "details") else str(exc)
-    return code, detail
+    detail = exc.details() if hasattr(exc, "details") else None
+    return code, detail if detail is not None else str(exc)
 
 
 def ended_stage(
@@ -225,7 +227,26 @@ class StageClient:
             return self.failure(status, f"{name} got no reply within {limit:.1f} s")
         return self.failure(status, f"{name}: {detail}")
 
+    @overload
+    def _call(self, name: Literal["Health"], request: object, deadline: float | None) -> wire.HealthReply: ...
+    @overload
+    def _call(self, name: Literal["Info"], request: object, deadline: float | None) -> wire.InfoReply: ...
+    @overload
+    def _call(self, name: Literal["Reset"], request: object, deadline: float | None) -> wire.ResetReply: ...
+    @overload
+    def _call(
+        self, name: Literal["Tokenize"], request: object, deadline: float | None
+    ) -> wire.TokenizeReply: ...
+    @overload
+    def _call(
+        self, name: Literal["Detokenize"], request: object, deadline: float | None
+    ) -> wire.DetokenizeReply: ...
+    @overload
+    def _call(
+        self, name: Literal["Forward"], request: object, deadline: float | None
+    ) -> wire.ForwardReply: ...
     def _call(self, name: str, request: object, deadline: float | None) -> object:
+        """One unary RPC of the generated stub (its reply typed by ``worker.wire``), errors explained."""
         try:
             return getattr(self._stub, name)(request, timeout=self.deadline if deadline is None else deadline)
         except grpc.RpcError as exc:
