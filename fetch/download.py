@@ -42,6 +42,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.auth import AuthBase
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import InvalidHeader
 from urllib3.util.retry import Retry
@@ -136,7 +137,7 @@ class _StatusRetry(Retry):
             return 0.0
 
 
-class _NoNetrc(requests.auth.AuthBase):
+class _NoNetrc(AuthBase):
     """Set as the Session's auth so requests does not add .netrc credentials to any request: the only
     credential we send is the one a ``Credential`` names, to the host it names."""
 

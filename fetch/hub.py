@@ -246,7 +246,8 @@ class Hub:
             for e in entries:
                 if not isinstance(e, dict) or e.get("type") != "file":
                     continue
-                lfs = e.get("lfs") if isinstance(e.get("lfs"), dict) else {}
+                pointer = e.get("lfs")
+                lfs = pointer if isinstance(pointer, dict) else {}
                 sha = lfs.get("oid") or lfs.get("sha256")
                 files[str(e.get("path"))] = HubFile(
                     path=str(e.get("path")),

@@ -267,7 +267,8 @@ def _read_ledger(path: Path, identity: str, entry: ArtifactFile) -> tuple[set[in
         or header.get("identity") != identity
     ):
         return None, {}
-    validator = header.get("validator") if isinstance(header.get("validator"), dict) else {}
+    named = header.get("validator")
+    validator = named if isinstance(named, dict) else {}
     assert entry.chunks is not None
     claims: set[int] = set()
     for line in lines[1:]:

@@ -189,7 +189,7 @@ def seal_hub(
     aset = parse_set(data, source=str(path))
     vname = aset.variant_name(variant)
     wanted = hub.parse_ref(ref)
-    odata = next(
+    odata: dict[str, Any] | None = next(
         (o for o in data["origins"] if o.get("kind") == "hub" and o.get("repo") == wanted.repo), None
     )
     if odata is None:

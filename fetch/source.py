@@ -162,14 +162,14 @@ def _existing(ctx: Context, pin: Pin, final: Path, record: Path, *, reverify: bo
         )
     try:
         prov = read_json(record)
-        ok = (
-            prov.get("schema_version") == PROVENANCE_VERSION
-            and prov.get("commit") == pin.commit
-            and prov.get("tree") == pin.tree
-        )
-    except (OSError, ValueError, AttributeError):
-        ok = False
-    if not ok:
+    except (OSError, ValueError):
+        prov = None
+    if not (
+        isinstance(prov, dict)
+        and prov.get("schema_version") == PROVENANCE_VERSION
+        and prov.get("commit") == pin.commit
+        and prov.get("tree") == pin.tree
+    ):
         raise IntegrityError(
             f"{record} does not describe the pinned tree {pin.tree}",
             hint=f"remove {final} and its record, then rerun `dgr fetch`",

@@ -355,7 +355,8 @@ def _fetch(
         )
         got = gittree.git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], env=env, cwd=repo)
     except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
-        last = exc.tail.strip().splitlines()[-1] if getattr(exc, "tail", "").strip() else exc.message
+        tail = exc.tail.strip() if isinstance(exc, CommandFailed) else ""
+        last = tail.splitlines()[-1] if tail else exc.message
         raise SourceUnavailable(
             f"{where}: could not fetch {commit}: {last}",
             hint="name a mirror with --from-git URL|DIR or DGR_LLAMA_GIT_URL, "

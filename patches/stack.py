@@ -371,10 +371,11 @@ def _existing(
         return None
     try:
         prov = read_json(record)
-        ok = prov.get("schema_version") == PROVENANCE_VERSION and prov.get("key") == key
-    except (OSError, ValueError, AttributeError):
-        ok = False
-    if not ok:
+    except (OSError, ValueError):
+        return None
+    if not (
+        isinstance(prov, dict) and prov.get("schema_version") == PROVENANCE_VERSION and prov.get("key") == key
+    ):
         return None
     stamp = gittree.tree_stamp(final)
     if stamp == prov.get("stamp") and not reverify:
