@@ -67,8 +67,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
     headers = _headers(ctx, recipe.artifacts, recipe.variant, args.store)
-    mtp_set = getattr(recipe.mtp, "artifacts", None)  # an MTP-only set the last stage loads beside
-    mtp_file = _headers(ctx, mtp_set, recipe.mtp.variant, args.store) if mtp_set else []
+    mtp = recipe.mtp if isinstance(recipe.mtp, recipes.Mtp) else None
+    mtp_set = mtp.artifacts if mtp is not None else None  # an MTP-only set the last stage loads beside
+    mtp_file = _headers(ctx, mtp_set, mtp.variant, args.store) if mtp is not None and mtp_set else []
     cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp), mtp_file=mtp_file)
     cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total

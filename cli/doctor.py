@@ -33,7 +33,7 @@ def rows(env: Mapping[str, str]) -> list[dict[str, object]]:
 
 def table(data: list[dict[str, object]]) -> str:
     header = ("lane", "status", "tool", "version", "certifiable here", "path or reason")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for r in data:
         where = r["path"] if r["status"] == "ok" else r["reason"]
         if r["status"] == "ok" and r["reason"]:  # a note (an optional part missing), not a failure

@@ -29,7 +29,7 @@ WORKER_TARGETS = ("llama", "dgr-shard-worker", "dgr-ring-floor")
 
 
 def _parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m device", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(prog="python -m device", description=(__doc__ or "").partition("\n")[0])
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("bundle", help="make the offline bundle for a GPU box")

@@ -308,7 +308,9 @@ def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lanes.packages", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m lanes.packages", description=(__doc__ or "").split("\n\n")[0]
+    )
     ap.add_argument("groups", nargs="+", metavar="GROUP", help=f"one or more of: ensure, {', '.join(GROUPS)}")
     ap.add_argument("--brew", action="store_true", help="print Homebrew names instead of Debian/Ubuntu ones")
     ap.add_argument("--required", action="store_true", help="leave the optional packages out")

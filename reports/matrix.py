@@ -50,7 +50,7 @@ def entries(ctx: Context, *, self_hosted: bool = False, recipe: str | None = Non
         else:
             mode, runs_on, why = "certify", labels, f"certifies {chosen} on {', '.join(labels)}"
         status = "compile-only"
-        if chosen is not None:
+        if chosen is not None and certified is not None:
             c = cell(
                 certs,
                 lane=lane_name,
