@@ -425,18 +425,10 @@ def lane_monolithic(
     _, rc_after = route_change_at(recipe)
     capture = cuts if plan.lane in CAPTURING_LANES else ()
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
-        prompts = (
-            [list(p) for p in prompts]
-            if prompts is not None
-            else [pipe.clients[0].tokenize(t) for t in recipe.prompts.texts]
+        prompts = _prompt_tokens(pipe.clients[0], recipe, prompts)
+        forced, forced_seconds = _teacher_forced(
+            pipe.clients, prompts, recipe.n_decode, capture, continuations
         )
-        forced, forced_seconds = None, 0.0
-        if continuations is not None:
-            t1 = time.perf_counter()
-            forced = drive.run_placement(
-                pipe.clients, prompts, recipe.n_decode, capture=capture, forced=continuations
-            )
-            forced_seconds = time.perf_counter() - t1
         trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture)
         speed = _speed(pipe.clients, prompts, recipe, "f32", mono.n_stages)
         # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
@@ -463,6 +455,30 @@ def lane_monolithic(
         trace=trace, prompts=prompts, speed=speed, route=route, forced=forced, forced_seconds=forced_seconds
     )
     return ref, record
+
+
+def _prompt_tokens(
+    first: StageClient, recipe: Recipe, prompts: Sequence[Sequence[int]] | None
+) -> list[list[int]]:
+    """The given prompts' token ids, else the recipe's texts as the worker tokenizes them."""
+    if prompts is not None:
+        return [list(p) for p in prompts]
+    return [first.tokenize(t) for t in recipe.prompts.texts]
+
+
+def _teacher_forced(
+    clients: Sequence[StageClient],
+    prompts: Sequence[Sequence[int]],
+    n_decode: int,
+    capture: Sequence[int],
+    continuations: Sequence[Sequence[int]] | None,
+) -> tuple[drive.Trace | None, float]:
+    """The run fed ``continuations`` (None without them) and how long it took."""
+    if continuations is None:
+        return None, 0.0
+    started = time.perf_counter()
+    forced = drive.run_placement(clients, prompts, n_decode, capture=capture, forced=continuations)
+    return forced, time.perf_counter() - started
 
 
 def _lane_reference(
@@ -655,18 +671,8 @@ def _run_staged(plan: Plan, p: Placement, where: Pipelines, ref: Reference, *, f
         trace = drive.run_placement(
             clients, ref.prompts, recipe.n_decode, boundary_dtype=dtype, route=spec, reach=to
         )
-        forced = None
-        if forcing:  # the reference's tokens fed through the same stages, on a route the driver feeds
-            continuations = [list(t.tokens) for t in ref.trace.prompts]
-            forced = drive.run_placement(
-                clients,
-                ref.prompts,
-                recipe.n_decode,
-                boundary_dtype=dtype,
-                forced=continuations,
-                route=spec.driver_fed(),
-                reach=to,
-            )
+        # the reference's tokens fed through the same stages, on a route the driver feeds
+        forced = _forced_on(clients, ref, recipe.n_decode, dtype, spec.driver_fed(), to) if forcing else None
         speed = _speed(clients, ref.prompts, recipe, dtype, p.n_stages, route=spec, reach=to)
         changed = None
         if p.name == rc_placement:
@@ -696,6 +702,21 @@ def _run_staged(plan: Plan, p: Placement, where: Pipelines, ref: Reference, *, f
             shaping=describe_shaping(pipe),
             fabric=describe_fabric(pipe),
         )
+
+
+def _forced_on(
+    clients: Sequence[StageClient],
+    ref: Reference,
+    n_decode: int,
+    dtype: str,
+    route: routes.RouteSpec,
+    to: routes.Reach,
+) -> drive.Trace:
+    """The placement teacher-forced on the reference's tokens (the backend-agreement figures)."""
+    continuations = [list(t.tokens) for t in ref.trace.prompts]
+    return drive.run_placement(
+        clients, ref.prompts, n_decode, boundary_dtype=dtype, forced=continuations, route=route, reach=to
+    )
 
 
 def _staged_record(p: Placement, run: _StagedRun) -> dict[str, Any]:

@@ -58,8 +58,6 @@ def mtp_figures(
         for prompt in prompts
     ]
     same = sum(r.tokens == p.tokens for r, p in zip(runs, plain.prompts, strict=True))
-    passes = [q for r in runs for q in r.passes]
-    decoded = sum(len(q.chosen) for q in passes)
     # known drafts live in the driver: they go through the same stages on a route the driver feeds
     rollback = _rollback_leaves_no_trace(
         clients,
@@ -77,11 +75,21 @@ def mtp_figures(
         "prompts_identical": same,
         "identical_fraction": same / len(runs),
         "rollback_identical": 1.0 if rollback else 0.0,
+        **_pass_figures(runs),
+        "forwarding": route.name,
+    }
+
+
+def _pass_figures(runs: Sequence[speculative.SpeculativeRun]) -> dict[str, float]:
+    """How the verify passes of every prompt did together: drafts accepted, tokens and crossings per
+    pass, the median decode rate."""
+    passes = [q for r in runs for q in r.passes]
+    decoded = sum(len(q.chosen) for q in passes)
+    return {
         "acceptance_rate": sum(q.accepted for q in passes) / max(1, sum(q.drafted for q in passes)),
         "tokens_per_pass": decoded / len(passes) if passes else 0.0,
         "crossings_per_token": sum(q.step.crossings for q in passes) / decoded if decoded else 0.0,
         "decode_tok_s": float(np.median([r.decode_tok_s for r in runs])),
-        "forwarding": route.name,
     }
 
 

@@ -129,33 +129,9 @@ class AttachedPipelines:
                     deadline=self.call_deadline,
                 )
                 clients.append(client)
-                try:
-                    info = client.info(deadline=INFO_DEADLINE)
-                except StageFailed as exc:
-                    raise RuntimeFailure(
-                        f"attached worker {s.address} (placement {name}, stage {k}, layers "
-                        f"{s.layers[0]}:{s.layers[1]}) is unreachable: {exc.code}: {exc.detail}",
-                        hint="is it running and listening there? the certifier never starts attached workers",
-                    ) from None
-                want = Expect(
-                    identity=want_id,
-                    placement=name,
-                    stage=k,
-                    n_stages=len(stages),
-                    layers=s.layers,
-                    architecture=self.recipe.architecture,
-                    n_layer=self.recipe.n_layer,
-                    n_embd=self.shape.get("n_embd"),
-                    n_vocab=self.shape.get("n_vocab"),
-                    min_ctx=self.min_ctx,
+                info = self._checked_info(
+                    client, name, k, s, len(stages), want_id, infos[0] if infos else None
                 )
-                check_worker(info, want, s.address)
-                if infos and info.boundary_width != infos[0].boundary_width:
-                    raise ConfigurationError(
-                        f"attached worker {s.address} (placement {name}, stage {k}) does not match the "
-                        f"recipe: boundary_width: expected {infos[0].boundary_width} (stage 0), "
-                        f"got {info.boundary_width}"
-                    )
                 infos.append(info)
                 self._record(s, name, info)
         except BaseException:
@@ -172,6 +148,47 @@ class AttachedPipelines:
             infos=tuple(infos),
             sink_host=sink,
         )
+
+    def _checked_info(
+        self,
+        client: _Client,
+        name: str,
+        k: int,
+        s: AttachedStage,
+        n_stages: int,
+        want_id: str,
+        first: StageInfo | None,
+    ) -> StageInfo:
+        """Stage k's Info, held to what the recipe and the placement expect of it (and to stage 0's
+        boundary width): a worker that does not match is refused before anything is measured on it."""
+        try:
+            info = client.info(deadline=INFO_DEADLINE)
+        except StageFailed as exc:
+            raise RuntimeFailure(
+                f"attached worker {s.address} (placement {name}, stage {k}, layers "
+                f"{s.layers[0]}:{s.layers[1]}) is unreachable: {exc.code}: {exc.detail}",
+                hint="is it running and listening there? the certifier never starts attached workers",
+            ) from None
+        want = Expect(
+            identity=want_id,
+            placement=name,
+            stage=k,
+            n_stages=n_stages,
+            layers=s.layers,
+            architecture=self.recipe.architecture,
+            n_layer=self.recipe.n_layer,
+            n_embd=self.shape.get("n_embd"),
+            n_vocab=self.shape.get("n_vocab"),
+            min_ctx=self.min_ctx,
+        )
+        check_worker(info, want, s.address)
+        if first is not None and info.boundary_width != first.boundary_width:
+            raise ConfigurationError(
+                f"attached worker {s.address} (placement {name}, stage {k}) does not match the "
+                f"recipe: boundary_width: expected {first.boundary_width} (stage 0), "
+                f"got {info.boundary_width}"
+            )
+        return info
 
     def _record(self, s: AttachedStage, name: str, info: StageInfo) -> None:
         """What a worker said about itself, kept from the first time it is met (preflight)."""

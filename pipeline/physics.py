@@ -101,6 +101,37 @@ def seam_bound(route: RouteSpec, k: int, parts: Sequence[Crossing]) -> float:
     return sum(parts[i].bound_s for i in route.seam_hops(k))
 
 
+def _seam_rows(
+    p: Placement,
+    route: RouteSpec,
+    parts: Sequence[Crossing],
+    bytes_per_seam: Sequence[int],
+    measured_seams: Sequence[float],
+) -> list[dict[str, Any]]:
+    """Per seam: its link, the bound of what the driver measures as that seam, the measurement, the ratio."""
+    into = links(p)
+    rows = []
+    for k in range(p.n_stages - 1):
+        link = into.stages[k + 1]
+        bound = seam_bound(route, k, parts)
+        measured = measured_seams[k] if k < len(measured_seams) else None
+        rows.append(
+            {
+                "seam": k,
+                "cut": p.stages[k + 1][0],
+                "bytes_per_token": bytes_per_seam[k],
+                "delay_ms": link.delay_s * 1e3,
+                "jitter_ms": link.jitter_s * 1e3,
+                "rtt_ms": 2 * link.delay_s * 1e3,
+                "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
+                "bound_s": bound,
+                "measured_s": measured,
+                "ratio": measured / bound if measured is not None and bound > 0 else None,
+            }
+        )
+    return rows
+
+
 def model(
     p: Placement,
     route: RouteSpec,
@@ -115,27 +146,8 @@ def model(
     parts = crossings(
         p, route, boundary_bytes=bytes_per_seam, n_vocab=n_vocab, sideband_stages=sideband_stages
     )
-    measured_seams = [float(s) for s in speed.get("seam_s", [])]
     into = links(p)
-    seams = []
-    for k in range(p.n_stages - 1):
-        link = into.stages[k + 1]
-        bound = seam_bound(route, k, parts)
-        measured = measured_seams[k] if k < len(measured_seams) else None
-        seams.append(
-            {
-                "seam": k,
-                "cut": p.stages[k + 1][0],
-                "bytes_per_token": bytes_per_seam[k],
-                "delay_ms": link.delay_s * 1e3,
-                "jitter_ms": link.jitter_s * 1e3,
-                "rtt_ms": 2 * link.delay_s * 1e3,
-                "rate_mbit": link.rate_bps / 1e6 if link.rate_bps else None,
-                "bound_s": bound,
-                "measured_s": measured,
-                "ratio": measured / bound if measured is not None and bound > 0 else None,
-            }
-        )
+    seams = _seam_rows(p, route, parts, bytes_per_seam, [float(s) for s in speed.get("seam_s", [])])
     compute = float(sum(speed.get("stage_compute_s", [])))
     crossing_bound = float(sum(c.bound_s for c in parts))
     token_bound = compute + crossing_bound

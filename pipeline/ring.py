@@ -140,6 +140,15 @@ class RingSink(Sink):
         return None
 
 
+def _check_decode(budget: int, draft: int, drafts: Sequence[int], logits: bool) -> None:
+    if budget < 1:
+        raise ConfigurationError("a ring needs a budget of at least one token")
+    if draft and not logits:
+        raise ConfigurationError("a drafting ring needs its logits rows: its drafts are checked on them")
+    if len(drafts) > draft:
+        raise ConfigurationError(f"{len(drafts)} drafts for the first pass of a ring that drafts {draft}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RingRun:
     """What a ring brought back: the tokens it chose, in order, and one entry per pass (a one-token
@@ -197,31 +206,14 @@ class RingRoute(ChainRoute):
         (what the last stage drafted after ``token``) go into the first pass.  ``logits=False``: the
         deliveries carry tokens only (each pass's logits are then [0, n_vocab]) and no token can be
         checked against its row; not for drafting rings, whose check reads the rows."""
-        if budget < 1:
-            raise ConfigurationError("a ring needs a budget of at least one token")
-        if draft and not logits:
-            raise ConfigurationError("a drafting ring needs its logits rows: its drafts are checked on them")
-        if len(drafts) > draft:
-            raise ConfigurationError(f"{len(drafts)} drafts for the first pass of a ring that drafts {draft}")
-        first, pb2 = self.stages[0], self.stages[0].pb2
+        _check_decode(budget, draft, drafts, logits)
         request_id = uuid.uuid4().hex
-        ring = pb2.Ring(
-            budget=budget,
-            stop_tokens=[int(t) for t in stop_tokens],
-            stages=self.addresses,
-            max_position=min(i.n_ctx for i in self.infos) - 1,
-            pass_timeout_ms=int(first.deadline * 1000),
-            draft=draft,
-            stream=self.streamed,
-            tokens_only=not logits,
-            delivery_stream=self.sink.stream_address if self.stream_deliveries else "",
-        )
         fed = [int(token), *(int(t) for t in drafts)]
         checker = DraftedPasses(self.stages[-1], token, drafts, draft) if draft else None
         deliveries = self.sink.open_ring(request_id)
         started = time.perf_counter()
         try:
-            ack = first.forward_chained(
+            ack = self.stages[0].forward_chained(
                 session,
                 epoch,
                 range(position, position + len(fed)),
@@ -232,23 +224,31 @@ class RingRoute(ChainRoute):
                 boundary_dtype=boundary_dtype,
                 all_logits=all_logits,
                 keep_boundaries=keep_boundaries,
-                ring=ring,
+                ring=self._ring_message(budget, stop_tokens, draft, logits),
                 draft=draft,
                 drafted=len(drafts),
             )
             self._acks.append(ack)  # collected by drain(), like a chained pass's
             with yielding_to_stages(self.driver_yields):  # the ring is on its way: the driver only reads
-                return self._read(
-                    deliveries,
-                    ack,
-                    budget,
-                    started,
-                    keep_boundaries=keep_boundaries,
-                    checker=checker,
-                    logits=logits,
-                )
+                return self._read(deliveries, ack, budget, started, keep_boundaries, checker, logits)
         finally:
             self.sink.close_ring(request_id)
+
+    def _ring_message(self, budget: int, stop_tokens: Sequence[int], draft: int, logits: bool) -> object:
+        """The Ring a ring's first pass carries: its budget and stops, the stages' addresses, how its
+        passes and deliveries travel."""
+        first = self.stages[0]
+        return first.pb2.Ring(
+            budget=budget,
+            stop_tokens=[int(t) for t in stop_tokens],
+            stages=self.addresses,
+            max_position=min(i.n_ctx for i in self.infos) - 1,
+            pass_timeout_ms=int(first.deadline * 1000),
+            draft=draft,
+            stream=self.streamed,
+            tokens_only=not logits,
+            delivery_stream=self.sink.stream_address if self.stream_deliveries else "",
+        )
 
     def _read(
         self,
@@ -256,7 +256,6 @@ class RingRoute(ChainRoute):
         ack: grpc.Future,
         budget: int,
         started: float,
-        *,
         keep_boundaries: bool,
         checker: DraftedPasses | None,
         logits: bool,
@@ -366,20 +365,7 @@ def generate(
     if not prompt or budget < 1:
         raise ConfigurationError("a ring run needs a prompt and a budget of at least one token")
     session = session or f"dgr-ring-{uuid.uuid4().hex[:12]}"
-    batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
-    for begin in range(0, len(prompt), batch):
-        part = [int(t) for t in prompt[begin : begin + batch]]
-        last = begin + batch >= len(prompt)
-        passed = route.run(
-            session,
-            epoch,
-            list(range(begin, begin + len(part))),
-            part,
-            boundary_dtype=boundary_dtype,
-            all_logits=False,
-            keep_boundaries=False,
-            draft=draft if last else 0,
-        )
+    passed = _prefill(route, prompt, session, epoch, boundary_dtype, draft)
     first = int(np.argmax(passed.logits[-1]))
     rows = [passed.logits[-1:]]
     full = len(prompt) > min(i.n_ctx for i in route.infos) - 1
@@ -402,6 +388,30 @@ def generate(
     route.drain()
     rows += [p.logits if draft else p.logits[-1:] for p in run.passes]
     return Generated(tokens=(first, *run.tokens), logits=np.concatenate(rows), end=run.end, ring=run)
+
+
+def _prefill(
+    route: RingRoute, prompt: Sequence[int], session: str, epoch: int, boundary_dtype: str, draft: int
+) -> ChainedPass:
+    """The prompt as chained passes of at most the smallest n_batch; the last one's delivery (with the
+    first pass's drafts where ``draft`` asks for them)."""
+    batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
+    passed = None
+    for begin in range(0, len(prompt), batch):
+        part = [int(t) for t in prompt[begin : begin + batch]]
+        last = begin + batch >= len(prompt)
+        passed = route.run(
+            session,
+            epoch,
+            list(range(begin, begin + len(part))),
+            part,
+            boundary_dtype=boundary_dtype,
+            all_logits=False,
+            keep_boundaries=False,
+            draft=draft if last else 0,
+        )
+    assert passed is not None  # a prompt has at least one token
+    return passed
 
 
 def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:

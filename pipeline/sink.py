@@ -220,6 +220,21 @@ class ChainRoute:
             draft=draft,
             drafted=drafted,
         )
+        got = self._delivery(request_id, waiting, ack, wake)
+        self._collect(block=True)  # earlier passes' acks: long done by now
+        if ack.done():
+            self._raise_if_failed(ack)
+        else:
+            self._acks.append(ack)
+        return self._check(got, started, keep_boundaries=keep_boundaries)
+
+    def _delivery(
+        self, request_id: str, waiting: futures.Future[Received], ack: grpc.Future, wake: threading.Event
+    ) -> Received:
+        """The pass's delivery, once it or the ack (a failure) is in; DEADLINE_EXCEEDED when neither
+        came within the first stage's deadline, BAD_REPLY when the chain acknowledged a pass it never
+        delivered."""
+        first = self.stages[0]
         ack.add_done_callback(lambda _: wake.set())
         waiting.add_done_callback(lambda _: wake.set())
         # gRPC ends the call at its deadline; the margin only guards against a lost callback
@@ -233,13 +248,7 @@ class ChainRoute:
                 )
             self._raise_if_failed(ack)
             raise self.stages[-1].failure("BAD_REPLY", "the chain acknowledged a pass it never delivered")
-        got: Received = waiting.result()
-        self._collect(block=True)  # earlier passes' acks: long done by now
-        if ack.done():
-            self._raise_if_failed(ack)
-        else:
-            self._acks.append(ack)
-        return self._check(got, started, keep_boundaries=keep_boundaries)
+        return waiting.result()
 
     def drain(self, *, quiet: bool = False) -> None:
         """Wait for every outstanding ack; raise the first failure unless ``quiet``."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from core.errors import ConfigurationError
 from pipeline import drive
-from pipeline.ring import RingRoute
+from pipeline.ring import RingRoute, RingRun
 from pipeline.routes import LOOPBACK, RELAYED, Reach, Route, RouteSpec, ring_pass
 from worker.client import StageClient, StageInfo
 
@@ -166,19 +166,12 @@ def decode(
     """Prefill ``prompt``, then verify passes until ``n_decode`` tokens are chosen.  The caller resets
     the session (and drains the route)."""
     _check(route.infos, prompt, n_decode, k, route.ring, drafter)
-    if route.ring is not None:
-        return _on_ring(
-            route,
-            route.ring,
-            prompt,
-            n_decode,
-            k=k,
-            drafter=drafter,
-            session=session,
-            epoch=epoch,
-            boundary_dtype=boundary_dtype,
-        )
     ask = k if drafter.on_last_stage else 0
+    verifying = _Verifying(
+        route=route, drafter=drafter, session=session, epoch=epoch, boundary_dtype=boundary_dtype, ask=ask
+    )
+    if route.ring is not None:
+        return _on_ring(verifying, route.ring, prompt, n_decode, k)
     first = drive.prefill(
         route, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype, draft=ask
     )
@@ -188,41 +181,11 @@ def decode(
     passes: list[VerifyPass] = []
     while len(chosen) < n_decode:
         position = len(prompt) + len(chosen) - 1  # where the last chosen token goes
-        drafts = [int(t) for t in drafter.propose(chosen, min(k, n_decode - len(chosen) - 1))]
-        fed = [chosen[-1], *drafts]
-        done = drive.forward_pass(
-            route,
-            range(position, position + len(fed)),
-            fed,
-            session=session,
-            epoch=epoch,
-            boundary_dtype=boundary_dtype,
-            rewind=held > position,
-            draft=ask,
-            drafted=len(drafts) if ask else 0,
-        )
-        kept, bonus = accept(done.logits, drafts)
-        if ask and done.accepted != kept:
-            raise route.stages[-1].failure(
-                "BAD_REPLY",
-                f"the last stage counts {done.accepted} accepted drafts of "
-                f"{drafts}, the logits it sent {kept}",
-            )
-        drafter.received(done.draft)
-        new = (*drafts[:kept], bonus)
-        passes.append(
-            VerifyPass(
-                first_position=position,
-                fed=tuple(fed),
-                accepted=kept,
-                chosen=new,
-                rewound=held - position,
-                step=done.step,
-            )
-        )
-        chosen += new
-        rows += list(done.logits[: kept + 1])
-        held = position + len(fed)
+        verify, kept_rows = verifying.one(chosen, position, held, min(k, n_decode - len(chosen) - 1))
+        passes.append(verify)
+        chosen += verify.chosen
+        rows += list(kept_rows)
+        held = position + len(verify.fed)
     return SpeculativeRun(
         prompt=tuple(int(t) for t in prompt),
         k=k,
@@ -233,20 +196,61 @@ def decode(
     )
 
 
+@dataclass(kw_only=True)
+class _Verifying:
+    """One session's verify passes as the driver sends them (a route that does not decode by itself)."""
+
+    route: Route
+    drafter: Drafter
+    session: str
+    epoch: int
+    boundary_dtype: str
+    ask: int  # drafts the last stage makes after each pass (the nextn drafter), else 0
+
+    def one(
+        self, chosen: Sequence[int], position: int, held: int, n_drafts: int
+    ) -> tuple[VerifyPass, np.ndarray]:
+        """Feed the last chosen token and up to ``n_drafts`` drafts at ``position`` (taking back what the
+        stages hold from there on); the pass and the logits rows of the tokens it chose."""
+        drafts = [int(t) for t in self.drafter.propose(chosen, n_drafts)]
+        fed = [chosen[-1], *drafts]
+        done = drive.forward_pass(
+            self.route,
+            range(position, position + len(fed)),
+            fed,
+            session=self.session,
+            epoch=self.epoch,
+            boundary_dtype=self.boundary_dtype,
+            rewind=held > position,
+            draft=self.ask,
+            drafted=len(drafts) if self.ask else 0,
+        )
+        kept, bonus = accept(done.logits, drafts)
+        if self.ask and done.accepted != kept:
+            raise self.route.stages[-1].failure(
+                "BAD_REPLY",
+                f"the last stage counts {done.accepted} accepted drafts of {drafts}, "
+                f"the logits it sent {kept}",
+            )
+        self.drafter.received(done.draft)
+        verify = VerifyPass(
+            first_position=position,
+            fed=tuple(fed),
+            accepted=kept,
+            chosen=(*drafts[:kept], bonus),
+            rewound=held - position,
+            step=done.step,
+        )
+        return verify, done.logits[: kept + 1]
+
+
 def _on_ring(
-    route: Route,
-    ring: RingRoute,
-    prompt: Sequence[int],
-    n_decode: int,
-    *,
-    k: int,
-    drafter: Drafter,
-    session: str,
-    epoch: int,
-    boundary_dtype: str,
+    verifying: _Verifying, ring: RingRoute, prompt: Sequence[int], n_decode: int, k: int
 ) -> SpeculativeRun:
     """``decode`` on a ring: the prefill as a chained pass asking for the first drafts, then one ring of
     n_decode - 1 tokens whose last stage drafts (k a pass) and verifies on its own."""
+    route, drafter, session, epoch = verifying.route, verifying.drafter, verifying.session, verifying.epoch
+    boundary_dtype = verifying.boundary_dtype
     first = drive.prefill(route, prompt, session=session, epoch=epoch, boundary_dtype=boundary_dtype, draft=k)
     drafter.received(first.draft)
     chosen, rows = [int(np.argmax(first.logits[-1]))], [first.logits[-1:]]
@@ -266,22 +270,8 @@ def _on_ring(
             raise route.stages[-1].failure(
                 "BAD_REPLY", f"the ring ended ({run.end}) after {len(run.tokens)} of {n_decode - 1} tokens"
             )
-        position, held = len(prompt), len(prompt)
-        for got, done in zip(run.passes, run.drafted, strict=True):
-            step = ring_pass(ring, got, len(done.fed), len(done.chosen)).step
-            passes.append(
-                VerifyPass(
-                    first_position=position,
-                    fed=done.fed,
-                    accepted=done.accepted,
-                    chosen=done.chosen,
-                    rewound=held - position,
-                    step=step,
-                )
-            )
-            drafter.received(got.draft)
-            held, position = position + len(done.fed), position + len(done.chosen)
-            rows.append(got.logits)
+        passes, delivered = _ring_passes(ring, run, len(prompt), drafter)
+        rows += delivered
         chosen += run.tokens
     return SpeculativeRun(
         prompt=tuple(int(t) for t in prompt),
@@ -291,6 +281,32 @@ def _on_ring(
         prefill=first.step,
         passes=tuple(passes),
     )
+
+
+def _ring_passes(
+    ring: RingRoute, run: RingRun, n_prompt: int, drafter: Drafter
+) -> tuple[list[VerifyPass], list[np.ndarray]]:
+    """A drafting ring's deliveries as verify passes (the positions each was fed at and took back)
+    and their logits rows; the drafter hears each delivery's drafts."""
+    passes: list[VerifyPass] = []
+    rows: list[np.ndarray] = []
+    position, held = n_prompt, n_prompt
+    for got, done in zip(run.passes, run.drafted, strict=True):
+        step = ring_pass(ring, got, len(done.fed), len(done.chosen)).step
+        passes.append(
+            VerifyPass(
+                first_position=position,
+                fed=done.fed,
+                accepted=done.accepted,
+                chosen=done.chosen,
+                rewound=held - position,
+                step=step,
+            )
+        )
+        drafter.received(got.draft)
+        held, position = position + len(done.fed), position + len(done.chosen)
+        rows.append(got.logits)
+    return passes, rows
 
 
 def run(
