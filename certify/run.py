@@ -31,6 +31,7 @@ from manifests.recipe_model import HardwareClass, Recipe
 if TYPE_CHECKING:  # measure pulls in the worker launcher (gRPC); the run imports it when it measures
     from certify.measure import Outcome, Plan
     from certify.sealed import Sealed
+    from manifests.placement_file import PlacementFile
     from pipeline.attached import AttachedPipelines
 
 REPORT_FILE = "report.html"
@@ -81,39 +82,108 @@ def run_certification(
 
     ``placement_file`` (manifests.placement_file.PlacementFile): attach to workers the operator runs instead
     of starting our own; each is checked through Info before it is trusted.  ``fingerprint``: this
-    machine's, when the caller has just taken it (``certify`` does, to pick the hardware class).
+    machine's, when the caller has already taken it (else it is taken here, once).  ``certify`` checks
+    the lane and takes the machine itself and goes straight to the run (``_run_prepared``).
     """
     recipe.require_lane(lane)
     key = key or signing_key(ctx.env, ctx.workspace)  # a bad DGR_SIGNING_KEY fails before any work
-    run_id = run_id or new_run_id()
-    started = time.time()
+    here = take_machine(ctx, recipe, lane, fingerprint)
+    return _run_prepared(
+        ctx,
+        recipe,
+        lane,
+        prepared,
+        here,
+        key,
+        render=render,
+        placement_file=placement_file,
+        sealed=sealed,
+        run_id=run_id,
+        start_timeout=start_timeout,
+        call_deadline=call_deadline,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    """This machine as a run sees it: its fingerprint and the recipe's hardware class for it and the
+    lane.  Taken once where a run enters and passed down, so the class the plan is built for, the one
+    the gates apply and the one the certificate names are the same."""
+
+    fingerprint: Mapping[str, Any]
+    hardware_class: HardwareClass
+
+    @property
+    def cpu_cores(self) -> int:
+        return int(self.fingerprint["cpu_cores"])
+
+
+def take_machine(
+    ctx: Context, recipe: Recipe, lane: str, fingerprint: Mapping[str, Any] | None = None
+) -> Machine:
+    """This machine's fingerprint (``fingerprint`` when the caller has just taken it) and the first of
+    the recipe's hardware classes that fits it and ``lane`` (exit 2 when none does)."""
     fp = dict(fingerprint) if fingerprint is not None else hardware.fingerprint(ctx.env)
     hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
-    run = Run(
-        recipe=recipe,
-        lane=lane,
-        run_id=run_id,
-        started=started,
-        evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id),
-    )
-    write_run_identity(run, prepared)
+    return Machine(fingerprint=fp, hardware_class=hc)
+
+
+def _run_prepared(
+    ctx: Context,
+    recipe: Recipe,
+    lane: str,
+    prepared: Prepared,
+    here: Machine,
+    key: SigningKey,
+    *,
+    render: Render,
+    placement_file: Any,
+    sealed: Sealed | None,
+    run_id: str | None = None,
+    start_timeout: float = 120.0,
+    call_deadline: float = 120.0,
+) -> Written:
+    """The run on a lane, machine and key its entry point has already checked (``certify`` and
+    ``run_certification`` each check them once): plan, measure, decide, publish."""
+    run = _start_run(ctx, recipe, lane, prepared, run_id)
     context = ctx_size(recipe)
-    threads = worker_threads(ctx.env, int(fp["cpu_cores"]), recipe.most_stages)
     plan = make_plan(
         ctx,
         run,
-        hc,
+        here.hardware_class,
         prepared,
         context=context,
-        threads=threads,
+        threads=worker_threads(ctx.env, here.cpu_cores, recipe.most_stages),
         start_timeout=start_timeout,
         call_deadline=call_deadline,
     )
     if sealed is not None:
-        build = prepared.identity.get("build") or {}
-        plan = dataclasses.replace(plan, sealed=sealed, build_key=build.get("key"), fingerprint=fp)
+        plan = _against_sealed(plan, sealed, prepared, here)
     outcome, attached, device = _measure(run, plan, placement_file, prepared, context)
-    return _decide_and_publish(ctx, run, hc, outcome, attached, device, fp, prepared, key, render)
+    done = _finished_run(run, here, outcome, attached, device, prepared)
+    return _publish_and_record(ctx, done, key, render)
+
+
+def _start_run(ctx: Context, recipe: Recipe, lane: str, prepared: Prepared, run_id: str | None) -> Run:
+    """The run's name, clock and evidence folder, with identity.json written there before any worker
+    is started (every worker we start is handed it)."""
+    run_id = run_id or new_run_id()
+    run = Run(
+        recipe=recipe,
+        lane=lane,
+        run_id=run_id,
+        started=time.time(),
+        evidence=ctx.workspace.ensure(ctx.workspace.runs / run_id),
+    )
+    write_run_identity(run, prepared)
+    return run
+
+
+def _against_sealed(plan: Plan, sealed: Sealed, prepared: Prepared, here: Machine) -> Plan:
+    """The plan held to a sealed reference: the build key and fingerprint it is given decide which
+    gate compares the placements with it (Sealed.mode_for)."""
+    build = prepared.identity.get("build") or {}
+    return dataclasses.replace(plan, sealed=sealed, build_key=build.get("key"), fingerprint=here.fingerprint)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +270,7 @@ def make_plan(
 
 def _measure(
     run: Run, plan: Plan, placement_file: Any, prepared: Prepared, context: int
-) -> tuple[Outcome, AttachedPipelines | None, str | None]:
+) -> tuple[Outcome, AttachedPipelines | None, dict[str, Any] | None]:
     """Attach (when a placement file is given) and measure; returns the outcome, the attached
     pipelines and the device the lane's workers ran on.  Whatever stops it, run.json records how the
     run ended and a DgrError's hint says where the evidence is before the error goes on."""
@@ -235,52 +305,63 @@ def _measure(
     return outcome, attached, device
 
 
-def _decide_and_publish(
-    ctx: Context,
+@dataclass(frozen=True, kw_only=True)
+class FinishedRun:
+    """A run measured and decided: everything its certificate states, gathered once where the run
+    ends and handed whole to ``publish`` (which signs it) and ``_predicate`` (which writes it out)."""
+
+    run: Run
+    hardware_class: HardwareClass
+    finished: float
+    results: Sequence[Result]
+    figures: Mapping[str, Any]
+    fingerprint: Mapping[str, Any]  # the machine's, with the lane's device when it is known
+    prepared: Prepared  # with the attached workers' record in its identity when there were some
+    verdict: Verdict
+
+
+def _finished_run(
     run: Run,
-    hc: HardwareClass,
+    here: Machine,
     outcome: Outcome,
     attached: AttachedPipelines | None,
-    device: str | None,
-    fp: Mapping[str, Any],
+    device: Mapping[str, Any] | None,
     prepared: Prepared,
-    key: SigningKey,
-    render: Render,
-) -> Written:
-    """The verdict, signed and written with the machine's fingerprint (and the lane's device) and the
-    attached workers' record; run.json then says where, or how signing broke."""
+) -> FinishedRun:
+    """The verdict on the outcome, with the machine's fingerprint (and the lane's device) and the
+    attached workers' record folded in, so the certificate says where and on whose workers it ran."""
     finished = time.time()
+    fp = here.fingerprint
     if device is not None:
         fp = {**fp, "lane_device": device}  # e.g. marks lavapipe as a software rasterizer
     verdict = decide(outcome.results)
     if attached is not None:
         identity = {**prepared.identity, "attached": attached.record()}
         prepared = dataclasses.replace(prepared, identity=identity)
+    return FinishedRun(
+        run=run,
+        hardware_class=here.hardware_class,
+        finished=finished,
+        results=outcome.results,
+        figures=outcome.figures,
+        fingerprint=fp,
+        prepared=prepared,
+        verdict=verdict,
+    )
+
+
+def _publish_and_record(ctx: Context, done: FinishedRun, key: SigningKey, render: Render) -> Written:
+    """The verdict signed and written; run.json then says where, or how signing broke."""
+    run = done.run
     try:
-        written = publish(
-            ctx,
-            recipe=run.recipe,
-            lane=run.lane,
-            hc=hc,
-            run_id=run.run_id,
-            started=run.started,
-            finished=finished,
-            results=outcome.results,
-            figures=outcome.figures,
-            fingerprint=fp,
-            prepared=prepared,
-            key=key,
-            verdict=verdict,
-            evidence=run.evidence,
-            render=render,
-        )
+        written = publish(ctx, done, key=key, render=render)
     except BaseException as exc:
-        _unfinished(run, exc, unsigned_verdict=verdict.status.value)
+        _unfinished(run, exc, unsigned_verdict=done.verdict.status.value)
         raise
-    sealed = (outcome.figures.get("sealed_reference") or {}).get("sha256")
+    sealed = (done.figures.get("sealed_reference") or {}).get("sha256")
     _run_record(
         run,
-        verdict.status,
+        done.verdict.status,
         certificate=str(written.certificate),
         html=str(written.html),
         seconds=written.seconds,
@@ -338,98 +419,59 @@ def attached_build_key(attached: AttachedPipelines) -> str | None:
     return keys.pop() if len(keys) == 1 else None
 
 
-def publish(
-    ctx: Context,
-    *,
-    recipe: Recipe,
-    lane: str,
-    hc: HardwareClass,
-    run_id: str,
-    started: float,
-    finished: float,
-    results: Sequence[Result],
-    figures: Mapping[str, Any],
-    fingerprint: Mapping[str, Any],
-    prepared: Prepared,
-    key: SigningKey,
-    verdict: Verdict,
-    evidence: Path,
-    render: Render,
-) -> Written:
+def publish(ctx: Context, done: FinishedRun, *, key: SigningKey, render: Render) -> Written:
     """Render the page, put its digest in the predicate, sign, write both; never sign an ERROR."""
-    if verdict.status is Status.ERROR:
+    if done.verdict.status is Status.ERROR:
         raise ValueError("an incomplete run is never signed")
-    signer = {
+    signer = _signer(key)
+    stmt = cert.statement(done.prepared.subjects, _predicate(done, signer))
+    html = render(stmt, signer=signer).encode("utf-8")
+    stmt["predicate"]["report"] = {"file": REPORT_FILE, "html_sha256": sha256_bytes(html)}
+    envelope = cert.sign(stmt, key)
+    run = done.run
+    out = ctx.workspace.ensure(ctx.workspace.reports / run.recipe.name / run.lane / run.run_id)
+    _write_published(out, html, envelope)
+    return Written(
+        run_id=run.run_id,
+        verdict=done.verdict,
+        certificate=(out / CERTIFICATE_FILE).resolve(),
+        html=(out / REPORT_FILE).resolve(),
+        evidence=run.evidence,
+        seconds=round(done.finished - run.started, 3),
+    )
+
+
+def _signer(key: SigningKey) -> dict[str, Any]:
+    """Who signs: the key's id, whether it is the development key, and where its public half is; the
+    predicate and the report both name it."""
+    return {
         "keyid": key.keyid,
         "dev_key": key.dev_key,
         "public_key_path": str(key.public_path) if key.public_path else None,
     }
-    predicate = _predicate(
-        run_id=run_id,
-        started=started,
-        finished=finished,
-        lane=lane,
-        recipe=recipe,
-        hc=hc,
-        prepared=prepared,
-        fingerprint=fingerprint,
-        results=results,
-        figures=figures,
-        verdict=verdict,
-        signer=signer,
-        evidence=evidence,
-    )
-    stmt = cert.statement(prepared.subjects, predicate)
-    html = render(stmt, signer=signer).encode("utf-8")
-    stmt["predicate"]["report"] = {"file": REPORT_FILE, "html_sha256": sha256_bytes(html)}
-    envelope = cert.sign(stmt, key)
-    out = ctx.workspace.ensure(ctx.workspace.reports / recipe.name / lane / run_id)
-    _write_published(out, html, envelope)
-    return Written(
-        run_id=run_id,
-        verdict=verdict,
-        certificate=(out / CERTIFICATE_FILE).resolve(),
-        html=(out / REPORT_FILE).resolve(),
-        evidence=evidence,
-        seconds=round(finished - started, 3),
-    )
 
 
-def _predicate(
-    *,
-    run_id: str,
-    started: float,
-    finished: float,
-    lane: str,
-    recipe: Recipe,
-    hc: HardwareClass,
-    prepared: Prepared,
-    fingerprint: Mapping[str, Any],
-    results: Sequence[Result],
-    figures: Mapping[str, Any],
-    verdict: Verdict,
-    signer: Mapping[str, Any],
-    evidence: Path,
-) -> dict[str, Any]:
+def _predicate(done: FinishedRun, signer: Mapping[str, Any]) -> dict[str, Any]:
     """What the certificate states about the run (the report's digest is added once it is rendered)."""
+    run, prepared = done.run, done.prepared
     return {
         "schema_version": cert.PREDICATE_SCHEMA_VERSION,
-        "run_id": run_id,
-        "started": _utc(started),
-        "finished": _utc(finished),
-        "duration_s": round(finished - started, 3),
-        "lane": lane,
-        "recipe": _recipe_record(recipe, hc),
+        "run_id": run.run_id,
+        "started": _utc(run.started),
+        "finished": _utc(done.finished),
+        "duration_s": round(done.finished - run.started, 3),
+        "lane": run.lane,
+        "recipe": _recipe_record(run.recipe, done.hardware_class),
         "identity": dict(prepared.identity),
-        "hardware": dict(fingerprint),
-        "results": [r.as_dict() for r in results],
-        "gates": gates.sections(results, figures),
-        "figures": dict(figures),
-        "verdict": verdict.as_dict(),
+        "hardware": dict(done.fingerprint),
+        "results": [r.as_dict() for r in done.results],
+        "gates": gates.sections(done.results, done.figures),
+        "figures": dict(done.figures),
+        "verdict": done.verdict.as_dict(),
         "signer": signer,
         "verified_during_run": list(prepared.verified),
         "local_paths": dict(prepared.local_paths),
-        "evidence": str(evidence),
+        "evidence": str(run.evidence),
     }
 
 
@@ -474,34 +516,58 @@ def certify(
 
     # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.
     require_sealed(load_set(recipe.artifacts), recipe.variant)
-    fp = hardware.fingerprint(ctx.env)
-    hc = recipe.hardware_class(lane, int(fp["cpu_cores"]), hardware.gpu_names(fp))
+    here = take_machine(ctx, recipe, lane)
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
-    sealed = None
-    if reference is not None:
-        from certify import sealed as sealed_ref
-
-        sealed = sealed_ref.load(ctx, reference, store=store)
-        sealed_ref.check_recipe(sealed, recipe)
-    if placement_file is not None:
-        from certify import attach
-        from certify.inputs import prepare_attached
-        from manifests.placement_file import load_file
-
-        pf = load_file(placement_file)
-        attach.restrict(
-            pf, recipe, lane, cross_lane=hc.agreement_for(lane) is not None, sealed=sealed is not None
-        )
-        prepared = prepare_attached(ctx, recipe, lane, store=store)
-    else:
-        need_cpu = hc.agreement_for(lane) is not None and sealed is None
-        prepared = prepare(ctx, recipe, lane, store=store, need_cpu_reference=need_cpu)
-        pf = None
+    sealed = _load_reference(ctx, recipe, reference, store)
+    prepared, pf = _prepare_inputs(
+        ctx, recipe, lane, here, store=store, placement_file=placement_file, sealed=sealed
+    )
     if sealed is not None:
         prepared = _with_sealed(prepared, sealed, recipe)
-    return run_certification(
-        ctx, recipe, lane, prepared, key=key, placement_file=pf, fingerprint=fp, render=render, sealed=sealed
+    return _run_prepared(
+        ctx, recipe, lane, prepared, here, key, render=render, placement_file=pf, sealed=sealed
     )
+
+
+def _load_reference(
+    ctx: Context, recipe: Recipe, reference: Path | None, store: Path | None
+) -> Sealed | None:
+    """The sealed reference, provisioned and hashed (exit 3 on a changed byte) and held to this recipe
+    (exit 2) before anything of the run's own is provisioned or built; None without one."""
+    if reference is None:
+        return None
+    from certify import sealed as sealed_ref
+
+    sealed = sealed_ref.load(ctx, reference, store=store)
+    sealed_ref.check_recipe(sealed, recipe)
+    return sealed
+
+
+def _prepare_inputs(
+    ctx: Context,
+    recipe: Recipe,
+    lane: str,
+    here: Machine,
+    *,
+    store: Path | None,
+    placement_file: Path | None,
+    sealed: Sealed | None,
+) -> tuple[Prepared, PlacementFile | None]:
+    """The run's inputs.  With a placement file: the file, held to the recipe before anything is
+    provisioned, and the artifacts alone (the operator runs the workers).  Without: the artifacts and
+    the lane's build, and the CPU reference's build when the class compares the lane with one and no
+    sealed reference stands in for it."""
+    cross_lane = here.hardware_class.agreement_for(lane) is not None
+    if placement_file is None:
+        need_cpu = cross_lane and sealed is None
+        return prepare(ctx, recipe, lane, store=store, need_cpu_reference=need_cpu), None
+    from certify import attach
+    from certify.inputs import prepare_attached
+    from manifests.placement_file import load_file
+
+    pf = load_file(placement_file)
+    attach.restrict(pf, recipe, lane, cross_lane=cross_lane, sealed=sealed is not None)
+    return prepare_attached(ctx, recipe, lane, store=store), pf
 
 
 def _with_sealed(prepared: Prepared, sealed: Sealed, recipe: Recipe) -> Prepared:

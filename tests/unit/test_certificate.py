@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from certify import certificate as cert
 from certify import gates, hardware, keys
-from certify.run import Prepared, Written, publish
+from certify.run import FinishedRun, Prepared, Run, Written, publish
 from certify.verdict import decide
 from certify.verify import verify
 from core.canonical import canonical_bytes
@@ -79,23 +79,24 @@ def make_certificate(ctx: Context, tmp: Path, *, bad: bool = False) -> Written:
         verified=["test files"],
     )
     now = time.time()
-    return publish(
-        ctx,
+    run = Run(
         recipe=RECIPE,
         lane="cpu",
-        hc=HC,
         run_id="20260101T000000Z-abcdef",
         started=now,
+        evidence=ctx.workspace.runs / "x",
+    )
+    done = FinishedRun(
+        run=run,
+        hardware_class=HC,
         finished=now + 1,
         results=results,
         figures={"placements": []},
         fingerprint=hardware.fingerprint(ctx.env),
         prepared=prepared,
-        key=keys.signing_key(ctx.env, ctx.workspace),
         verdict=decide(results),
-        evidence=ctx.workspace.runs / "x",
-        render=render,
     )
+    return publish(ctx, done, key=keys.signing_key(ctx.env, ctx.workspace), render=render)
 
 
 def trusted(ctx: Context) -> dict[str, keys.TrustedKey]:
