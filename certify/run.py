@@ -145,7 +145,7 @@ def _run_prepared(
 ) -> Written:
     """The run on a lane, machine and key its entry point has already checked (``certify`` and
     ``run_certification`` each check them once): plan, measure, decide, publish."""
-    run = _start_run(ctx, recipe, lane, prepared, run_id)
+    run = start_run(ctx, recipe, lane, prepared, run_id)
     context = ctx_size(recipe)
     plan = make_plan(
         ctx,
@@ -164,9 +164,9 @@ def _run_prepared(
     return _publish_and_record(ctx, done, key, render)
 
 
-def _start_run(ctx: Context, recipe: Recipe, lane: str, prepared: Prepared, run_id: str | None) -> Run:
+def start_run(ctx: Context, recipe: Recipe, lane: str, prepared: Prepared, run_id: str | None = None) -> Run:
     """The run's name, clock and evidence folder, with identity.json written there before any worker
-    is started (every worker we start is handed it)."""
+    is started (every worker we start is handed it); ``dgr reference`` starts its run the same way."""
     run_id = run_id or new_run_id()
     run = Run(
         recipe=recipe,
