@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from core.context import Context
 from core.errors import ConfigurationError, IntegrityError
 from manifests.recipe_model import Recipe
 from pipeline import drive
+
+if TYPE_CHECKING:
+    from manifests.artifact_sets import ArtifactFile, ArtifactSet
 
 STAGING_PARITY = "staging-parity"
 BACKEND_AGREEMENT = "backend-agreement"
@@ -145,16 +148,34 @@ def same_hardware(made: Mapping[str, Any], here: Mapping[str, Any]) -> tuple[boo
 
 def load(ctx: Context, manifest: Path, *, store: Path | None) -> Sealed:
     """Provision the sealed reference named by its artifact-set manifest, verify every byte, read it."""
-    from core.hashing import digest_file
-    from fetch.provision import provision
-    from manifests.artifact_sets import load_set
-
     manifest = Path(manifest)
     if not manifest.is_file():
         raise ConfigurationError(
             f"sealed reference manifest {manifest} does not exist",
             hint="make one with `dgr reference --recipe R --lane L`",
         )
+    aset, entry, path = _provision_verified(ctx, manifest, store)
+    contents = reference_file.read(path)
+    header = contents.header
+    record = _record(manifest, aset, entry, path, header)
+    return Sealed(
+        header=header,
+        trace=_trace(header, contents.tensors, "free"),
+        forced=_trace(header, contents.tensors, "forced") if header.get("forced") else None,
+        record=record,
+    )
+
+
+def _provision_verified(
+    ctx: Context, manifest: Path, store: Path | None
+) -> tuple[ArtifactSet, ArtifactFile, Path]:
+    """The reference's one file provisioned into the store and hashed once more against the manifest:
+    the store's sidecar trusts a stat, and a certification reads every byte anyway (exit 3 on any
+    difference)."""
+    from core.hashing import digest_file
+    from fetch.provision import provision
+    from manifests.artifact_sets import load_set
+
     name, root = manifest.stem, manifest.parent
     aset = load_set(name, root=root)
     provisioned = provision(ctx, name, store=store, manifests=root)
@@ -169,10 +190,16 @@ def load(ctx: Context, manifest: Path, *, store: Path | None) -> Sealed:
             f"manifest {entry.sha256}); not used",
             hint="the store copy was changed: remove it and provision again from the reference's origin",
         )
-    contents = reference_file.read(path)
-    header = contents.header
-    record = {
-        "set": name,
+    return aset, entry, path
+
+
+def _record(
+    manifest: Path, aset: ArtifactSet, entry: ArtifactFile, path: Path, header: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What a certificate binds of the reference: its set, manifest, digests, origins and where it
+    lies, and the identity and hardware it was made with (``Sealed.record``)."""
+    return {
+        "set": manifest.stem,
         "manifest": str(manifest.resolve()),
         "manifest_digest": aset.digest,
         "file": entry.name,
@@ -188,12 +215,6 @@ def load(ctx: Context, manifest: Path, *, store: Path | None) -> Sealed:
         "hardware": header.get("hardware"),
         "format": f"{reference_file.ARCH} v{reference_file.FORMAT_VERSION}",
     }
-    return Sealed(
-        header=header,
-        trace=_trace(header, contents.tensors, "free"),
-        forced=_trace(header, contents.tensors, "forced") if header.get("forced") else None,
-        record=record,
-    )
 
 
 def _trace(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray], prefix: str) -> drive.Trace:
