@@ -231,44 +231,68 @@ def open_url(
     base = urllib.parse.urlsplit(origin.base_url or url)
     current = urllib.parse.urlsplit(url)
     for _hop in range(policy.max_redirects + 1):
-        asked = urllib.parse.urlunsplit(current)
-        shown = _shown(current)
-        hop = dict(headers)
-        if credential is not None and credential.header and credential.applies(current):
-            hop["Authorization"] = credential.header
-        try:
-            resp = session.get(
-                asked,
-                headers=hop,
-                stream=True,
-                allow_redirects=False,
-                timeout=(policy.timeout_s, policy.timeout_s),
-            )
-        except requests.exceptions.SSLError as exc:
-            if _untrusted_tls(exc):  # not transient: the peer is not who it claims
-                raise IntegrityError(
-                    f"{shown}: TLS certificate not trusted: {exc}",
-                    hint="a private CA goes in REQUESTS_CA_BUNDLE",
-                ) from None
-            raise Transient(f"{shown}: SSLError: {exc}") from None
-        except (*_TRANSIENT_ERRORS, OSError) as exc:  # refused, unreachable, name lookup failed, reset
-            raise Transient(f"{shown}: {_why(exc)}") from None
+        resp = _get_hop(current, headers, policy, session, credential)
         stats.requests += 1
         if resp.status_code not in _REDIRECTS:
             return resp
-        location = resp.headers.get("Location") or ""
         if hops is not None:
             hops.append(dict(resp.headers))
-        _discard(resp)
-        target = urllib.parse.urlsplit(urllib.parse.urljoin(asked, location))
-        if not _host_allowed(target, base, origin):
-            raise IntegrityError(
-                f"refused redirect from {shown} to "
-                f"{_shown(target)}: another scheme or a host the manifest does not allow",
-                hint="add the host to the origin's allowed_redirect_hosts if it is trusted",
-            )
-        current = target
+        current = _redirect_target(resp, current, base, origin)
     raise IntegrityError(f"refused {url}: more than {policy.max_redirects} redirects")
+
+
+def _get_hop(
+    current: urllib.parse.SplitResult,
+    headers: dict[str, str],
+    policy: RetryPolicy,
+    session: requests.Session,
+    credential: Credential | None,
+) -> requests.Response:
+    """One GET of one hop, redirects not followed: the credential goes only where it applies, and a
+    failure to connect becomes a Transient, except a certificate nobody vouches for (not a broken link
+    but a peer that is not who it claims, so retrying cannot help)."""
+    shown = _shown(current)
+    hop = dict(headers)
+    if credential is not None and credential.header and credential.applies(current):
+        hop["Authorization"] = credential.header
+    try:
+        return session.get(
+            urllib.parse.urlunsplit(current),
+            headers=hop,
+            stream=True,
+            allow_redirects=False,
+            timeout=(policy.timeout_s, policy.timeout_s),
+        )
+    except requests.exceptions.SSLError as exc:
+        if _untrusted_tls(exc):  # not transient: the peer is not who it claims
+            raise IntegrityError(
+                f"{shown}: TLS certificate not trusted: {exc}",
+                hint="a private CA goes in REQUESTS_CA_BUNDLE",
+            ) from None
+        raise Transient(f"{shown}: SSLError: {exc}") from None
+    except (*_TRANSIENT_ERRORS, OSError) as exc:  # refused, unreachable, name lookup failed, reset
+        raise Transient(f"{shown}: {_why(exc)}") from None
+
+
+def _redirect_target(
+    resp: requests.Response,
+    current: urllib.parse.SplitResult,
+    base: urllib.parse.SplitResult,
+    origin: Origin,
+) -> urllib.parse.SplitResult:
+    """Where a redirect points, once it is allowed: the same scheme, to the origin's host or one the
+    manifest names; the redirect's own response is discarded (its connection reused when it can be)."""
+    asked = urllib.parse.urlunsplit(current)
+    location = resp.headers.get("Location") or ""
+    _discard(resp)
+    target = urllib.parse.urlsplit(urllib.parse.urljoin(asked, location))
+    if not _host_allowed(target, base, origin):
+        raise IntegrityError(
+            f"refused redirect from {_shown(current)} to "
+            f"{_shown(target)}: another scheme or a host the manifest does not allow",
+            hint="add the host to the origin's allowed_redirect_hosts if it is trusted",
+        )
+    return target
 
 
 def _shown(url: urllib.parse.SplitResult) -> str:
