@@ -27,6 +27,24 @@ def restrict(
     ``sealed``: the reference is a sealed one, so no monolithic (or CPU reference) workers are needed;
     the monolithic placement stays in the recipe as the name of what the sealed reference ran.
     """
+    _check_recipe_and_lane(pf, recipe, lane)
+    _check_placements(pf, recipe)
+    _check_references(pf, recipe, lane, cross_lane=cross_lane, sealed=sealed)
+    kept = {n: p for n, p in recipe.placements.items() if n in pf.placements or (sealed and p.is_monolithic)}
+    skipped = [
+        Result(
+            name=f"placement/{n}",
+            status=Status.SKIPPED,
+            reason=f"not listed in the placement file {Path(pf.source).name}; no attached workers, not run",
+        )
+        for n in recipe.placements
+        if n not in kept
+    ]
+    return dataclasses.replace(recipe, placements=types.MappingProxyType(kept)), skipped
+
+
+def _check_recipe_and_lane(pf: PlacementFile, recipe: Recipe, lane: str) -> None:
+    """Exit 2 when the file was written for another recipe, or for workers of another lane."""
     src = pf.source
     if pf.recipe != recipe.name:
         raise ConfigurationError(
@@ -34,6 +52,12 @@ def restrict(
         )
     if pf.lane is not None and pf.lane != lane:
         raise ConfigurationError(f"{src}: at /lane: the file's workers run lane {pf.lane}, not --lane {lane}")
+
+
+def _check_placements(pf: PlacementFile, recipe: Recipe) -> None:
+    """Exit 2 unless every placement the file lists is the recipe's, with the recipe's very layers;
+    an unknown name gets the likely one suggested."""
+    src = pf.source
     for name, stages in pf.placements.items():
         if name not in recipe.placements:
             close = difflib.get_close_matches(name, list(recipe.placements), n=1)
@@ -52,6 +76,15 @@ def restrict(
                 f"{src}: at /placements/{name}: layers {[list(g) for g in got]} are not the recipe's "
                 f"{[list(w) for w in want]}"
             )
+
+
+def _check_references(
+    pf: PlacementFile, recipe: Recipe, lane: str, *, cross_lane: bool, sealed: bool
+) -> None:
+    """Exit 2 unless the file lists what every placement is compared with: the monolithic reference
+    (unless a sealed one stands in), the route-change placement, and the CPU reference's workers
+    when the lane is held to one."""
+    src = pf.source
     needed = ([] if sealed else [recipe.monolithic.name]) + (
         [recipe.route_change.placement] if recipe.route_change else []
     )
@@ -71,17 +104,6 @@ def restrict(
             raise ConfigurationError(
                 f"{src}: at /reference: must own the monolithic range {list(recipe.monolithic.stages)}"
             )
-    kept = {n: p for n, p in recipe.placements.items() if n in pf.placements or (sealed and p.is_monolithic)}
-    skipped = [
-        Result(
-            name=f"placement/{n}",
-            status=Status.SKIPPED,
-            reason=f"not listed in the placement file {Path(src).name}; no attached workers, not run",
-        )
-        for n in recipe.placements
-        if n not in kept
-    ]
-    return dataclasses.replace(recipe, placements=types.MappingProxyType(kept)), skipped
 
 
 def attach_plan(
