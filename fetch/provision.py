@@ -83,16 +83,12 @@ def provision(
     free: Callable[[Path], int] = free_bytes,
     tools: Tools = NO_TOOLS,
 ) -> Provisioned:
+    """Provision one variant of an artifact set into the store (the module's docstring says how)."""
     started = time.monotonic()
     aset = load_set(set_name or DEFAULT_SET, root=manifests)
     vname = aset.variant_name(variant)
     spec = require_sealed(aset, vname)
-    make_bar = progress or factory()
-    policy = policy or RetryPolicy()
-    root = env_store(ctx.env, os.fspath(store) if store is not None else None, ctx.workspace)
-    check_policy(root, aset.storage, aset.name)
-    ensure_store(root)
-    vdir = prepare_dir(root, root / aset.name / vname)
+    root, vdir = _variant_dir(ctx, aset, vname, store)
     run = _Run(
         ctx=ctx,
         aset=aset,
@@ -100,41 +96,33 @@ def provision(
         spec=spec,
         root=root,
         vdir=vdir,
-        policy=policy,
-        make_bar=make_bar,
+        policy=policy or RetryPolicy(),
+        make_bar=progress or factory(),
         lock_wait_s=lock_wait_s,
         tools=tools,
     )
     records = ledger.read_sidecar(vdir, aset.digest)
     dests = [_dest(root, vdir, f) for f in spec.files]
-
-    todo: list[int] = []
-    for i, (entry, dest) in enumerate(zip(spec.files, dests, strict=True)):
-        if not reverify and ledger.sidecar_trusts(
-            records.files.get(entry.name), dest, entry, spec.chunk_size
-        ):
-            run.reused += 1
-        else:
-            todo.append(i)
+    todo = run.untrusted(records, dests, reverify=reverify)
     if not todo and records.set_checked:
         return run.result(dests, started)
-
-    still = {i: _remaining(spec.files[i], dests[i]) for i in todo}
-    preflight(vdir, sum(still.values()), free=free)
-    run.free = free
-    run.later = {i: sum(still[j] for j in todo if j > i) for i in todo}
-    records.set_checked = False  # until the headers below are held against the manifest together
+    run.plan(todo, dests, free)
     try:
-        for i in todo:
-            records.files[spec.files[i].name] = run.one(i, spec.files[i], dests[i])
-            ledger.write_sidecar(vdir, aset.digest, records)
-        headers = [run.headers.get(i) or gguf_header.read_header(d) for i, d in enumerate(dests)]
-        gguf_header.check_set(headers, spec.gguf)
-        records.set_checked = True
-        ledger.write_sidecar(vdir, aset.digest, records)
+        run.fill_all(records, todo, dests)
     finally:
         run.cleanup()
     return run.result(dests, started)
+
+
+def _variant_dir(
+    ctx: Context, aset: ArtifactSet, vname: str, store: str | os.PathLike[str] | None
+) -> tuple[Path, Path]:
+    """The store root and the variant's directory in it (<store>/<set>/<variant>), made only once the
+    set's storage policy accepts that store: nothing is written where the set may not live."""
+    root = env_store(ctx.env, os.fspath(store) if store is not None else None, ctx.workspace)
+    check_policy(root, aset.storage, aset.name)
+    ensure_store(root)
+    return root, prepare_dir(root, root / aset.name / vname)
 
 
 def _dest(root: Path, vdir: Path, entry: ArtifactFile) -> Path:
@@ -207,6 +195,41 @@ class _Run:
     _generated: Path | None = None
     headers: dict[int, gguf_header.Header] = field(default_factory=dict)
 
+    def untrusted(self, records: ledger.Sidecar, dests: list[Path], *, reverify: bool) -> list[int]:
+        """The indexes of the files the sidecar cannot vouch for with a stat (all of them on
+        ``reverify``): only these are locked, hashed or fetched; the others count as reused."""
+        todo: list[int] = []
+        for i, (entry, dest) in enumerate(zip(self.spec.files, dests, strict=True)):
+            if not reverify and ledger.sidecar_trusts(
+                records.files.get(entry.name), dest, entry, self.spec.chunk_size
+            ):
+                self.reused += 1
+            else:
+                todo.append(i)
+        return todo
+
+    def plan(self, todo: list[int], dests: list[Path], free: Callable[[Path], int]) -> None:
+        """Refuse a set that cannot fit before any byte lands, and remember what the files after each
+        one still need, so a disk that fills later can say how much the whole set wants."""
+        still = {i: _remaining(self.spec.files[i], dests[i]) for i in todo}
+        preflight(self.vdir, sum(still.values()), free=free)
+        self.free = free
+        self.later = {i: sum(still[j] for j in todo if j > i) for i in todo}
+
+    def fill_all(self, records: ledger.Sidecar, todo: list[int], dests: list[Path]) -> None:
+        """Verify or fetch each file in ``todo``, recording it in the sidecar as it is done (an
+        interrupted run keeps what it finished); the set counts as checked only once every split
+        header has been held against the manifest together."""
+        files = self.spec.files
+        records.set_checked = False  # until the headers below are held against the manifest together
+        for i in todo:
+            records.files[files[i].name] = self.one(i, files[i], dests[i])
+            ledger.write_sidecar(self.vdir, self.aset.digest, records)
+        headers = [self.headers.get(i) or gguf_header.read_header(d) for i, d in enumerate(dests)]
+        gguf_header.check_set(headers, self.spec.gguf)
+        records.set_checked = True
+        ledger.write_sidecar(self.vdir, self.aset.digest, records)
+
     def one(self, index: int, entry: ArtifactFile, dest: Path) -> dict[str, Any]:
         with file_lock(dest, wait_s=self.lock_wait_s):
             if dest.is_symlink():
@@ -244,65 +267,86 @@ class _Run:
         gguf_header.check_file(header, index, len(self.spec.files), self.spec.gguf)
 
     def _fill(self, index: int, entry: ArtifactFile, dest: Path) -> None:
+        """Resume the file's partial (its verified chunks hashed again), fill it, publish it."""
         assert entry.size is not None
         with self.make_bar(f"recheck {entry.name}", entry.size) as bar:  # resumed chunks are hashed again
             partial = ledger.open_partial(dest, entry, self.spec.chunk_size, on_rehash=bar.update)
         try:
-            errors: list[DgrError] = []
-            served = not partial.missing()  # a partial finished by an earlier run needs no origin
-            for origin in self.aset.origins:
-                if served:
-                    break
-                stats = Stats()
-                with self.make_bar(f"fetch {entry.name}", entry.size, initial=partial.bytes_verified) as bar:
-                    try:
-                        self._from_origin(origin, partial, stats, bar.update)
-                        served = True
-                    except ledger.DiskFull as exc:
-                        need = entry.size - partial.bytes_verified
-                        total = need + self.later.get(index, 0)
-                        raise RuntimeFailure(
-                            f"disk full writing {dest.name}: {partial.bytes_verified} of {entry.size} bytes "
-                            f"verified and kept; need {need} more bytes for this file, {total} bytes for the "
-                            f"whole set (free {free_bytes(dest.parent)})",
-                            hint="free space (or use a larger --store) and run again to resume",
-                        ) from exc
-                    except DgrError as exc:
-                        log.warning(
-                            "origin %s failed for %s: %s", _origin_text(origin), entry.name, exc.message
-                        )
-                        errors.append(exc)
-                    finally:
-                        self.bytes_fetched += stats.bytes_received
-            if not served or partial.missing():  # an origin that misbehaved fails the run, even past the end
-                raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
-            partial.maybe_sync(force=True)
-            size = os.fstat(partial.fd).st_size
-            if size != entry.size:  # the stream digest covers entry.size bytes only: never publish a tail
-                raise IntegrityError(
-                    f"{entry.name}: the partial holds {size} bytes, the manifest says "
-                    f"{entry.size}; not published",
-                    hint="run again to refit the partial",
-                )
-            actual = partial.whole_digest()
-            if actual is None:  # chunks came out of order (resume, refetch): read the file once more
-                with self.make_bar(f"verify {entry.name}", entry.size) as bar:
-                    actual = ledger.blake3_fd(partial.fd, on_bytes=bar.update)
-            if actual != entry.blake3:
-                partial.close()
-                partial.path.unlink(missing_ok=True)
-                partial.discard_ledger()
-                raise IntegrityError(
-                    f"{entry.name}: whole-file blake3 mismatch: expected {entry.blake3}, "
-                    f"got {actual}; not published",
-                    hint="the manifest's chunk and file digests disagree; re-seal it",
-                )
-            self._check_header(dest, index, fd=partial.fd)
-            if not publish(partial.path, dest, partial.fd) and not self._hash_ok(dest, entry):
-                raise IntegrityError(f"{dest}: another run published a file that does not match the manifest")
-            partial.discard_ledger()
+            self._serve(index, entry, dest, partial)
+            self._publish(index, entry, dest, partial)
         finally:
             partial.close()
+
+    def _serve(self, index: int, entry: ArtifactFile, dest: Path, partial: ledger.Partial) -> None:
+        """Fill the partial's missing chunks from the first origin that works, in the manifest's order
+        (a partial finished by an earlier run needs none).  A failing origin is logged and the next one
+        tried; a full disk stops at once, since no origin can help with that."""
+        assert entry.size is not None
+        errors: list[DgrError] = []
+        served = not partial.missing()  # a partial finished by an earlier run needs no origin
+        for origin in self.aset.origins:
+            if served:
+                break
+            stats = Stats()
+            with self.make_bar(f"fetch {entry.name}", entry.size, initial=partial.bytes_verified) as bar:
+                try:
+                    self._from_origin(origin, partial, stats, bar.update)
+                    served = True
+                except ledger.DiskFull as exc:
+                    raise self._disk_full(index, entry, dest, partial) from exc
+                except DgrError as exc:
+                    log.warning("origin %s failed for %s: %s", _origin_text(origin), entry.name, exc.message)
+                    errors.append(exc)
+                finally:
+                    self.bytes_fetched += stats.bytes_received
+        if not served or partial.missing():  # an origin that misbehaved fails the run, even past the end
+            raise errors[-1] if errors else RuntimeFailure(f"{entry.name}: no origin could provide it")
+
+    def _disk_full(
+        self, index: int, entry: ArtifactFile, dest: Path, partial: ledger.Partial
+    ) -> RuntimeFailure:
+        """A full disk keeps what is verified; the message says how much more this file and the rest
+        of the set need, so the next run (after freeing space) can finish."""
+        assert entry.size is not None
+        need = entry.size - partial.bytes_verified
+        total = need + self.later.get(index, 0)
+        return RuntimeFailure(
+            f"disk full writing {dest.name}: {partial.bytes_verified} of {entry.size} bytes "
+            f"verified and kept; need {need} more bytes for this file, {total} bytes for the "
+            f"whole set (free {free_bytes(dest.parent)})",
+            hint="free space (or use a larger --store) and run again to resume",
+        )
+
+    def _publish(self, index: int, entry: ArtifactFile, dest: Path, partial: ledger.Partial) -> None:
+        """Only a partial of exactly the manifest's size, whose whole-file digest and GGUF header
+        match, is renamed into place.  A digest mismatch means the manifest's chunk and file digests
+        disagree: the partial and its ledger go.  A file another run published first is hashed."""
+        assert entry.size is not None
+        partial.maybe_sync(force=True)
+        size = os.fstat(partial.fd).st_size
+        if size != entry.size:  # the stream digest covers entry.size bytes only: never publish a tail
+            raise IntegrityError(
+                f"{entry.name}: the partial holds {size} bytes, the manifest says "
+                f"{entry.size}; not published",
+                hint="run again to refit the partial",
+            )
+        actual = partial.whole_digest()
+        if actual is None:  # chunks came out of order (resume, refetch): read the file once more
+            with self.make_bar(f"verify {entry.name}", entry.size) as bar:
+                actual = ledger.blake3_fd(partial.fd, on_bytes=bar.update)
+        if actual != entry.blake3:
+            partial.close()
+            partial.path.unlink(missing_ok=True)
+            partial.discard_ledger()
+            raise IntegrityError(
+                f"{entry.name}: whole-file blake3 mismatch: expected {entry.blake3}, "
+                f"got {actual}; not published",
+                hint="the manifest's chunk and file digests disagree; re-seal it",
+            )
+        self._check_header(dest, index, fd=partial.fd)
+        if not publish(partial.path, dest, partial.fd) and not self._hash_ok(dest, entry):
+            raise IntegrityError(f"{dest}: another run published a file that does not match the manifest")
+        partial.discard_ledger()
 
     def _from_origin(
         self, origin: Origin, partial: ledger.Partial, stats: Stats, on_bytes: Callable[[int], None]
