@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.canonical import read_json, write_json
 from core.context import Context
@@ -31,8 +31,19 @@ from fetch import gguf_header
 from fetch.download import RetryPolicy, open_session
 from fetch.progress import Progress, factory
 from fetch.tools import NO_TOOLS, Tools
-from manifests.artifact_sets import ARTIFACTS, ExpectedGGUF, Origin, check_file_name, parse_set, set_path
+from manifests.artifact_sets import (
+    ARTIFACTS,
+    ArtifactSet,
+    ExpectedGGUF,
+    Origin,
+    check_file_name,
+    parse_set,
+    set_path,
+)
 from manifests.loader import build
+
+if TYPE_CHECKING:
+    from fetch.hub import Hub, HubFile
 
 
 def hash_file(
@@ -56,11 +67,7 @@ def seal(
     tools: Tools = NO_TOOLS,
 ) -> Path:
     """Seal one variant (or every variant) of ``set_name`` from the files in ``source``; returns the path."""
-    path = set_path(set_name, root=root)
-    if not path.is_file():
-        raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
-    data = read_json(path)
-    aset = parse_set(data, source=str(path))  # validates before we touch anything
+    path, data, aset = _read_set(set_name, root)
     make_bar = progress or factory()
     names = [variant] if variant else sorted(aset.variants)
     for vname in names:
@@ -86,6 +93,16 @@ def seal(
     parse_set(data, source=f"{path} (sealed)")  # what we write must load
     write_json(path, data)
     return path
+
+
+def _read_set(set_name: str, root: Path) -> tuple[Path, dict[str, Any], ArtifactSet]:
+    """The manifest's path, its JSON (which sealing fills in and writes back) and the set parsed from
+    it: parsing validates the manifest before anything is hashed or downloaded."""
+    path = set_path(set_name, root=root)
+    if not path.is_file():
+        raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
+    data = read_json(path)
+    return path, data, parse_set(data, source=str(path))
 
 
 def _staging(ctx: Context) -> Path:
@@ -182,24 +199,10 @@ def seal_hub(
     commit and the headers to the manifest, record the commit.  Returns the manifest path and commit."""
     from fetch import hub
 
-    path = set_path(set_name, root=root)
-    if not path.is_file():
-        raise ConfigurationError(f"unknown artifact set {set_name!r} (no {path})")
-    data = read_json(path)
-    aset = parse_set(data, source=str(path))
+    path, data, aset = _read_set(set_name, root)
     vname = aset.variant_name(variant)
     wanted = hub.parse_ref(ref)
-    odata: dict[str, Any] | None = next(
-        (o for o in data["origins"] if o.get("kind") == "hub" and o.get("repo") == wanted.repo), None
-    )
-    if odata is None:
-        odata = {"kind": "hub", "repo": wanted.repo}
-        data["origins"].append(odata)
-    for host in allow_hosts or ():
-        hosts = odata.setdefault("allowed_redirect_hosts", [])
-        if host not in hosts:
-            hosts.append(host)
-    origin = build(Origin, {k: v for k, v in odata.items() if k not in ("revision", "paths")})
+    odata, origin = _hub_origin(data, wanted.repo, allow_hosts or [])
     make_bar = progress or factory()
     policy = policy or RetryPolicy()
     with open_session(policy) as session:
@@ -209,25 +212,61 @@ def seal_hub(
         vdata = data["variants"][vname]
         names = _hub_names(vdata, tree, include, wanted.repo, commit)
         staging = _staging(ctx) / f"hub-{set_name}-{vname}-{commit[:12]}"  # no pid: a re-run resumes
-        chunk_size = int(vdata["chunk_size"])
-        files = []
-        for name in names:
-            entry = tree[name]
-            dest = staging / name
-            have = min(dest.stat().st_size, entry.size) if dest.is_file() else 0
-            have -= have % chunk_size if have != entry.size else 0  # what a re-run finds: counted as done
-            with make_bar(f"seal {name}", entry.size, initial=have) as bar:
-                digests = repo.download(commit, entry, dest, chunk_size, on_bytes=bar.update)
-            files.append({"name": name, **digests})
+        entries = {name: tree[name] for name in names}
+        files = _download_hub_files(repo, commit, entries, staging, int(vdata["chunk_size"]), make_bar)
     _hold_headers(vdata, vname, [staging / n for n in names])
     vdata["files"] = files
-    previous = odata.get("revision")
-    odata["revision"] = commit
-    odata["paths"] = sorted(set(names) | (set(odata.get("paths", ())) if previous == commit else set()))
+    _record_revision(odata, commit, names)
     parse_set(data, source=f"{path} (sealed)")
     write_json(path, data)
     shutil.rmtree(staging, ignore_errors=True)
     return path, commit
+
+
+def _hub_origin(data: dict[str, Any], repo: str, allow_hosts: list[str]) -> tuple[dict[str, Any], Origin]:
+    """The manifest's hub origin for ``repo`` (added when the set has none yet), with the storage hosts
+    ``--allow-host`` names; the Origin the download runs under leaves out what sealing will record."""
+    odata: dict[str, Any] | None = next(
+        (o for o in data["origins"] if o.get("kind") == "hub" and o.get("repo") == repo), None
+    )
+    if odata is None:
+        odata = {"kind": "hub", "repo": repo}
+        data["origins"].append(odata)
+    for host in allow_hosts:
+        hosts = odata.setdefault("allowed_redirect_hosts", [])
+        if host not in hosts:
+            hosts.append(host)
+    return odata, build(Origin, {k: v for k, v in odata.items() if k not in ("revision", "paths")})
+
+
+def _download_hub_files(
+    repo: Hub,
+    commit: str,
+    entries: dict[str, HubFile],
+    staging: Path,
+    chunk_size: int,
+    make_bar: Callable[..., Progress],
+) -> list[dict[str, Any]]:
+    """Each file's digests, in ``entries``' order (name: the hub's entry), downloaded once into staging
+    and hashed as it lands; the bar starts at the whole chunks an interrupted run left, since those are
+    what the download resumes from."""
+    files = []
+    for name, entry in entries.items():
+        dest = staging / name
+        have = min(dest.stat().st_size, entry.size) if dest.is_file() else 0
+        have -= have % chunk_size if have != entry.size else 0  # what a re-run finds: counted as done
+        with make_bar(f"seal {name}", entry.size, initial=have) as bar:
+            digests = repo.download(commit, entry, dest, chunk_size, on_bytes=bar.update)
+        files.append({"name": name, **digests})
+    return files
+
+
+def _record_revision(odata: dict[str, Any], commit: str, names: list[str]) -> None:
+    """The origin records the commit sealed and the paths drawn from it; a re-seal at the same commit
+    (another variant of the set) adds its paths to those already recorded, another commit replaces them."""
+    previous = odata.get("revision")
+    odata["revision"] = commit
+    odata["paths"] = sorted(set(names) | (set(odata.get("paths", ())) if previous == commit else set()))
 
 
 def _hub_names(
