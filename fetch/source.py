@@ -335,20 +335,36 @@ def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tup
     used.  A fresh download lands in a temp dir beside the cache entry and is only renamed in once it
     verifies (the open file keeps the same inode across the rename).
     """
-    sd = pin.sources.sdist
     cached = archive_path(ctx, pin)
     ctx.workspace.ensure(cached.parent)
-    if cached.exists():
-        fh = open(cached, "rb")  # handed to the caller, who closes it
-        actual = _sha256_open(fh)
-        if actual == sd.sha256:
-            return fh, cached, False
-        fh.close()
-        print(
-            f"dgr fetch: cached {cached} has sha256 {actual}, expected {sd.sha256}; deleting it",
-            file=sys.stderr,
-        )
-        cached.unlink()
+    fh = _open_cached(cached, pin.sources.sdist.sha256)
+    if fh is not None:
+        return fh, cached, False
+    return _download_to_cache(ctx, pin, cached, download), cached, True
+
+
+def _open_cached(cached: Path, sha256: str) -> BinaryIO | None:
+    """The cached sdist, open and verified, or None.  The cache is shared with other workspaces, so it
+    is hashed before every use; a copy with another digest is deleted here, never used."""
+    if not cached.exists():
+        return None
+    fh = open(cached, "rb")  # handed to the caller, who closes it
+    actual = _sha256_open(fh)
+    if actual == sha256:
+        return fh
+    fh.close()
+    print(
+        f"dgr fetch: cached {cached} has sha256 {actual}, expected {sha256}; deleting it",
+        file=sys.stderr,
+    )
+    cached.unlink()
+    return None
+
+
+def _download_to_cache(ctx: Context, pin: Pin, cached: Path, download: Any) -> BinaryIO:
+    """A fresh download, into a temp dir beside the cache entry, renamed in only once it verifies;
+    the file stays open across the rename, so the caller reads the very bytes that were hashed."""
+    sd = pin.sources.sdist
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cached.parent))
     try:
         try:
@@ -377,7 +393,7 @@ def open_archive(ctx: Context, pin: Pin, *, download: Any = pip_download) -> tup
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return fh, cached, True
+    return fh
 
 
 def _sha256_open(fh: BinaryIO) -> str:
