@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from core.errors import ConfigurationError
 from pipeline.socket_io import HEAD_BYTES, frame, recv_exact
+from worker import wire
 from worker.client import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("dgr.delivery")
@@ -56,7 +57,7 @@ class DeliveryPort:
     def __init__(
         self,
         pb2: ModuleType,
-        take: Callable[[object, float], str | None],
+        take: Callable[[wire.Delivery, float], str | None],
         *,
         host: str,
         max_bytes: int = MAX_MESSAGE_BYTES,
@@ -96,6 +97,7 @@ class DeliveryPort:
         if listener is None:
             return
         _shut(listener)  # accept returns: no connection or thread is added after this
+        assert self._accepting is not None  # start() set it with the listener
         self._accepting.join(JOIN_SECONDS)
         with self._lock:
             open_now, readers = list(self._connections), list(self._threads)
@@ -144,7 +146,7 @@ class DeliveryPort:
                 self._connections.discard(conn)
             conn.close()
 
-    def _next(self, conn: socket.socket) -> object | None:
+    def _next(self, conn: socket.socket) -> wire.Delivery | None:
         """The next delivery on ``conn``; None when it closed or sent what is not one (then closed)."""
         head = read_exact(conn, HEAD_BYTES)
         if head is None:

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 
 import grpc
 import numpy as np
@@ -39,7 +40,8 @@ from pipeline.delivery_port import DeliveryPort
 from pipeline.ring_drafts import DraftedPass, DraftedPasses
 from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
 from pipeline.yielding import yielding_to_stages
-from worker.client import StageFailed, StageInfo, ended_stage
+from worker import wire
+from worker.client import StageClient, StageFailed, StageInfo, ended_stage
 
 POLL_SECONDS = 0.1  # how often a silent ring's workers are checked for an exit
 SILENCE_SECONDS = 0.5  # no token for this long: every stage is asked for Health (a slow one costs nothing)
@@ -55,8 +57,16 @@ class RingSink(Sink):
     A ring delivery for a ring nobody reads (unknown, or closed: the driver has its answer or gave
     up) is refused with FAILED_PRECONDITION, which stops that ring at its last stage."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        pb2: ModuleType,
+        pb2_grpc: ModuleType,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 4,
+    ) -> None:
+        super().__init__(pb2, pb2_grpc, host=host, port=port, threads=threads)
         self._rings: dict[str, queue.SimpleQueue[Received]] = {}
         self._delivery_port: DeliveryPort | None = None
         self.stream_address = ""  # the delivery port (pipeline/delivery_port.py), once started
@@ -107,7 +117,7 @@ class RingSink(Sink):
         with self._lock:
             self._rings.pop(request_id, None)
 
-    def _deliver(self, request: object, context: grpc.ServicerContext) -> object:
+    def _deliver(self, request: wire.Delivery, context: grpc.ServicerContext) -> object:
         received_at = time.perf_counter()
         if not request.HasField("ring"):
             with self._lock:
@@ -124,7 +134,7 @@ class RingSink(Sink):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused)
         return self._pb2.DeliveryAck()
 
-    def _take_ring(self, delivery: object, received_at: float) -> str | None:
+    def _take_ring(self, delivery: wire.Delivery, received_at: float) -> str | None:
         """Queue a ring delivery for its reader: None, or why it is refused (a Deliver call's or the
         delivery port's)."""
         if not delivery.HasField("ring"):
@@ -234,7 +244,7 @@ class RingRoute(ChainRoute):
         finally:
             self.sink.close_ring(request_id)
 
-    def _ring_message(self, budget: int, stop_tokens: Sequence[int], draft: int, logits: bool) -> object:
+    def _ring_message(self, budget: int, stop_tokens: Sequence[int], draft: int, logits: bool) -> wire.Ring:
         """The Ring a ring's first pass carries: its budget and stops, the stages' addresses, how its
         passes and deliveries travel."""
         first = self.stages[0]
@@ -297,7 +307,7 @@ class RingRoute(ChainRoute):
             if end != "continues":
                 return RingRun(tokens=tuple(tokens), passes=tuple(passes), end=end, drafted=tuple(drafted))
 
-    def _one_token(self, r: object, passed: ChainedPass) -> int:
+    def _one_token(self, r: wire.RingToken, passed: ChainedPass) -> int:
         """A one-token ring's pick, held to the argmax of the logits delivered with it (a token-only
         ring's is taken as delivered: its caller checks the tokens another way)."""
         if not len(passed.logits):
@@ -334,7 +344,7 @@ class RingRoute(ChainRoute):
                     exc.code, f"the ring delivered no token for {quiet:.2f} s and Health failed: {exc.detail}"
                 ) from None
 
-    def _failed(self, r: object) -> StageFailed:
+    def _failed(self, r: wire.RingToken) -> StageFailed:
         """The StageFailed of a RING_FAILED delivery: a worker that died explains it best, else the
         stage the delivery names, with the failed call's status."""
         code = grpc.StatusCode.__members__.get(r.code)
@@ -421,7 +431,7 @@ def offers_pass_ports(infos: Sequence[StageInfo]) -> bool:
 
 @contextmanager
 def ring_route(
-    stages: Sequence,
+    stages: Sequence[StageClient],
     infos: Sequence[StageInfo],
     *,
     addresses: Sequence[str] | None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.sink import ChainedPass
+from worker import wire
 from worker.client import StageClient
 
 
@@ -37,7 +38,7 @@ class DraftedPasses:
         self._k = k
         self._fed = (int(token), *(int(t) for t in drafts))
 
-    def take(self, ring: object, passed: ChainedPass, end: str) -> DraftedPass:
+    def take(self, ring: wire.RingToken, passed: ChainedPass, end: str) -> DraftedPass:
         """The tokens one delivery chose, checked; raises BAD_REPLY against the last stage."""
         fed, drafts = self._fed, self._fed[1:]
         chosen = tuple(int(t) for t in ring.tokens)

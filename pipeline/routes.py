@@ -29,6 +29,7 @@ import numpy as np
 from core.errors import ConfigurationError
 from pipeline.ring import RingRoute, ring_route
 from pipeline.sink import ChainedPass, ChainRoute, chain_route
+from worker import wire
 from worker.client import Forwarded, StageClient, StageInfo
 
 
@@ -109,9 +110,20 @@ class Hop:
 class Route(Protocol):
     """One way of forwarding, opened over a started placement's stages."""
 
-    spec: RouteSpec
-    stages: Sequence[StageClient]
-    infos: Sequence[StageInfo]
+    @property
+    def spec(self) -> RouteSpec:
+        """The spec this route was opened from."""
+        ...
+
+    @property
+    def stages(self) -> Sequence[StageClient]:
+        """The placement's stages, stage 0 first."""
+        ...
+
+    @property
+    def infos(self) -> Sequence[StageInfo]:
+        """Each stage's Info, in the order of ``stages``."""
+        ...
 
     def forward(
         self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], options: PassOptions
@@ -232,12 +244,13 @@ class RelayedRoute:
         boundaries: list[np.ndarray] = []
         captures: dict[int, np.ndarray] = {}
         started = time.perf_counter()
-        relay = None
+        relay: wire.Tensor | None = None
         for k, (stage, info) in enumerate(zip(self.stages, self.infos, strict=True)):
             reply = self._one_stage(k, stage, info, session, epoch, positions, tokens, relay, options)
             captures.update(reply.captures)
             if not info.last_stage:
                 if options.keep_boundaries:
+                    assert reply.boundary is not None  # _one_stage held it to its shape
                     boundaries.append(reply.boundary)
                 relay = reply.boundary_wire
             replies.append(reply)
@@ -270,7 +283,7 @@ class RelayedRoute:
         epoch: int,
         positions: Sequence[int],
         tokens: Sequence[int],
-        relay: object,
+        relay: wire.Tensor | None,
         options: PassOptions,
     ) -> Forwarded:
         """Stage k's Forward, its reply's shapes checked (captures, logits or boundary)."""

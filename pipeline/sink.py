@@ -27,11 +27,13 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
+from typing import cast
 
 import grpc
 import numpy as np
 
 from core.errors import ConfigurationError
+from worker import wire
 from worker.client import (
     CHANNEL_OPTIONS,
     StageClient,
@@ -47,7 +49,7 @@ FAILED_STAGE = "dgr-failed-stage"  # trailer of a chained failure: the index of 
 
 @dataclass(frozen=True, kw_only=True)
 class Received:
-    delivery: object  # the pb2 Delivery
+    delivery: wire.Delivery
     received_at: float  # time.perf_counter() on arrival, for the driver's wall clock
 
 
@@ -133,7 +135,7 @@ class Sink:
         if fut is not None:
             fut.cancel()
 
-    def _deliver(self, request: object, context: grpc.ServicerContext) -> object:
+    def _deliver(self, request: wire.Delivery, context: grpc.ServicerContext) -> object:
         received_at = time.perf_counter()
         with self._lock:
             fut = self._waiting.pop(request.request_id, None)
@@ -150,6 +152,17 @@ class Sink:
         return self._pb2.DeliveryAck()
 
 
+def _trailers(exc: grpc.RpcError) -> dict[str, str | bytes]:
+    """A failed call's trailing metadata by key; none for an RpcError that is not also a grpc.Call.
+
+    typeshed's grpc stubs declare ``trailing_metadata`` on every RpcError, its entries as objects with
+    a key and a value; grpc has it only on a failed call's error, and gives (key, value) pairs, the
+    value a str unless its key ends in -bin."""
+    if not hasattr(exc, "trailing_metadata"):
+        return {}
+    return dict(cast(Sequence[tuple[str, str | bytes]], exc.trailing_metadata() or ()))
+
+
 # One chained pass, from the driver's side ---------------------------------------------------------
 _HOP_FAILURE = re.compile(r"^(stage \d+ at \S+|delivering to the sink at \S+): ([A-Z_]+): (.*)$", re.DOTALL)
 
@@ -160,7 +173,7 @@ class ChainedPass:
     checked against the placement (the tensors' shapes are the driver's to check, pipeline.drive)."""
 
     logits: np.ndarray  # float32, [rows, n_vocab] when the chain is sound
-    hops: tuple[object, ...]  # pb2 Hop per stage, stage 0 first
+    hops: tuple[wire.Hop, ...]  # per stage, stage 0 first
     boundaries: tuple[np.ndarray, ...]  # per seam, float32, only with keep_boundaries
     wall_seconds: float  # driver: request sent -> delivery received
     draft: tuple[int, ...] = ()  # MTP last stage: the tokens it drafted to follow this pass
@@ -284,8 +297,7 @@ class ChainRoute:
         """The StageFailed of a chain error: a stage whose worker died explains it best; else the
         stage the dgr-failed-stage trailer names (none: stage 0 itself), with the status code kept."""
         code, detail = rpc_status(exc)
-        trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
-        named = str(trailers.get(FAILED_STAGE, ""))
+        named = str(_trailers(exc).get(FAILED_STAGE, ""))
         k = int(named) if named.isdigit() and int(named) < len(self.stages) else 0
         dead = ended_stage(self.stages, code)
         if dead is not None:

@@ -94,7 +94,7 @@ class Forwarded:
     """
 
     boundary: np.ndarray | None
-    boundary_wire: object | None  # the pb2 Tensor
+    boundary_wire: wire.Tensor | None  # as the worker sent it
     boundary_bytes: int  # payload bytes of the boundary on the wire (0 on the last stage)
     logits: np.ndarray | None
     captures: dict[int, np.ndarray] = field(default_factory=dict)
@@ -309,7 +309,7 @@ class StageClient:
         reply = self._call("Detokenize", self._pb2.DetokenizeRequest(tokens=list(tokens)), deadline)
         return str(reply.text)
 
-    def tensor(self, array: np.ndarray, dtype: str = "f32") -> object:
+    def tensor(self, array: np.ndarray, dtype: str = "f32") -> wire.Tensor:
         """Encode a 2-D float array for the wire (row-major, little-endian)."""
         arr = np.ascontiguousarray(np.asarray(array, dtype=DTYPES[dtype]))
         code = self._pb2.DType.Value(dtype.upper())
@@ -322,7 +322,7 @@ class StageClient:
         positions: Sequence[int],
         *,
         tokens: Sequence[int] = (),
-        boundary: np.ndarray | object | None = None,
+        boundary: np.ndarray | wire.Tensor | None = None,
         boundary_dtype: str = "f32",
         all_logits: bool = False,
         capture_layers: Sequence[int] = (),
@@ -392,7 +392,7 @@ class StageClient:
         all_logits: bool = False,
         keep_boundaries: bool = False,
         deadline: float | None = None,
-        ring: object | None = None,
+        ring: wire.Ring | None = None,
         rewind: bool = False,
         draft: int = 0,
         drafted: int = 0,

@@ -1,8 +1,10 @@
-"""The replies of worker/proto/shard.proto that the client reads, as Protocols.
+"""The messages of worker/proto/shard.proto that the client and the driver read, as Protocols.
 
 The generated ``_pb2`` modules exist only at run time (worker.stubs builds them into the workspace), so
-the type checker cannot see their message classes; these Protocols state the fields the client relies
-on, named and typed as the proto declares them (repeated fields are sequences, enums are ints).
+the type checker cannot see their message classes; these Protocols state the fields the client and the
+driver (pipeline/sink.py, ring.py, routes.py) rely on, named and typed as the proto declares them
+(repeated fields are sequences, enums are ints).  ``FailedCall`` is the one part of grpc's own surface
+read here: the trailing metadata of a failed call.
 """
 
 from __future__ import annotations
@@ -86,3 +88,56 @@ class TokenizeReply(Protocol):
 
 class DetokenizeReply(Protocol):
     text: str
+
+
+class Ring(Protocol):
+    """What a ring's first pass carries (the driver builds it, every stage reads it)."""
+
+    budget: int
+    stop_tokens: Sequence[int]
+    stages: Sequence[str]
+    index: int
+    max_position: int
+    pass_timeout_ms: int
+    draft: int
+    stream: bool
+    tokens_only: bool
+    delivery_stream: str
+
+
+class RingToken(Protocol):
+    """A ring delivery's token (or, RING_FAILED, where and why its pass failed)."""
+
+    token: int
+    index: int
+    end: int  # RingEnd: 0 continues, 1 budget, 2 stop_token, 3 context_full, 4 failed
+    failed_stage: int
+    code: str
+    detail: str
+    tokens: Sequence[int]
+    drafted: int
+
+
+class Hop(Protocol):
+    """One stage's record of a chained pass."""
+
+    stage: int
+    layer_begin: int
+    layer_end: int
+    compute_seconds: float
+    received_ns: int
+    sent_ns: int
+    boundary_bytes: int
+    boundary: Tensor
+
+
+class Delivery(Protocol):
+    """What the last stage delivers to the driver's sink (a Deliver call's request, or a frame on the
+    delivery port)."""
+
+    request_id: str
+    reply: ForwardReply
+    trace: Sequence[Hop]
+    ring: RingToken
+
+    def HasField(self, field_name: str) -> bool: ...
