@@ -156,7 +156,7 @@ class AttachedPipelines:
         k: int,
         s: AttachedStage,
         n_stages: int,
-        want_id: str,
+        want_id: Mapping[str, Any],
         first: StageInfo | None,
     ) -> StageInfo:
         """Stage k's Info, held to what the recipe and the placement expect of it (and to stage 0's

@@ -112,7 +112,7 @@ def choose_subnet(used: Iterable[ipaddress.IPv4Network], seed: int) -> ipaddress
     taken = list(used)
     for i in range(1 << 16):
         n = (seed + i) % (1 << 16)
-        cand = ipaddress.ip_network(f"10.{n >> 8}.{n & 255}.0/24")
+        cand = ipaddress.IPv4Network(f"10.{n >> 8}.{n & 255}.0/24")
         if not any(cand.overlaps(u) for u in taken):
             return cand
     raise RuntimeFailure("no free private /24 left in 10.0.0.0/8 for a seam fabric")

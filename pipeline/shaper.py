@@ -188,7 +188,7 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.shaper", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.shaper", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--inner", required=True, help="TAP name on the node's side")
     ap.add_argument("--inner-ns", default="", help="netns path of the node ('' = the current one)")
     ap.add_argument("--outer", required=True, help="TAP name on the hub's side")

@@ -69,14 +69,14 @@ def stable_identity(recipe: Recipe, lane: str, identity: Mapping[str, Any]) -> d
 def model_shape(first_file: Path) -> dict[str, Any]:
     """n_embd and n_vocab from the (provisioned, verified) model's GGUF header: a worker that loaded
     another model is caught by its shape even when it was handed a copy of the right identity file."""
-    from fetch.gguf_header import read_header
+    from fetch.gguf_header import ArrayInfo, read_header
 
     header = read_header(Path(first_file))
     tokens = header.kv.get("tokenizer.ggml.tokens")
     n_embd = header.arch_value("embedding_length")
     return {
         "n_embd": int(n_embd) if isinstance(n_embd, int) else None,
-        "n_vocab": int(tokens.count) if hasattr(tokens, "count") and isinstance(tokens.count, int) else None,
+        "n_vocab": int(tokens.count) if isinstance(tokens, ArrayInfo) else None,
     }
 
 
