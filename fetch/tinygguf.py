@@ -28,10 +28,14 @@ def import_gguf(tree: Path) -> Any:
         raise ConfigurationError(
             f"another gguf package is already imported from {loaded.__file__}", hint="run in a fresh process"
         )
+    # The tree is pristine and verified by its tree id: the import must leave no __pycache__ in it
+    # (Python writes bytecode beside the sources unless told not to; the next check would refuse the tree).
     sys.path.insert(0, str(where))
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         module = importlib.import_module("gguf")
     finally:
+        sys.dont_write_bytecode = writes_bytecode
         sys.path.remove(str(where))
     return module
 
