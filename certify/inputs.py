@@ -18,7 +18,7 @@ from certify import certificate as cert
 from core.canonical import write_json
 from core.context import Context
 from core.errors import ConfigurationError, IntegrityError
-from manifests.recipe_model import Recipe
+from manifests.recipe_model import Mtp, Recipe
 from pipeline.worker_identity import stable_identity
 
 
@@ -90,6 +90,8 @@ def _verified_set(ctx: Context, set_name: str, variant: str | None, *, store: Pa
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
     for entry, path in zip(entries, provisioned.files, strict=True):
+        # provisioning took only a sealed variant, and the schema seals both digests together
+        assert entry.sha256 is not None and entry.blake3 is not None
         # Provisioning checked every file's blake3 against the manifest: no need to hash again.  Its
         # sha256 is the manifest's, never computed here, and the subject says so.
         name = "artifacts/" + Path(os.path.relpath(path, store_root)).as_posix()
@@ -124,8 +126,9 @@ def verified_inputs(ctx: Context, recipe: Recipe, *, store: Path | None) -> Veri
     from patches.stack import ensure_patched
 
     main = _verified_set(ctx, recipe.artifacts, recipe.variant, store=store)
-    mtp_set = recipe.mtp.artifacts if recipe.mtp else None
-    mtp = _verified_set(ctx, mtp_set, recipe.mtp.variant, store=store) if mtp_set else None
+    block = recipe.mtp if isinstance(recipe.mtp, Mtp) else None
+    mtp_set = block.artifacts if block is not None else None  # the nextn block's own file, if any
+    mtp = _verified_set(ctx, mtp_set, block.variant, store=store) if block is not None and mtp_set else None
     patched = ensure_patched(ctx)
     pristine = patched.pristine  # verified by ensure_patched
     identity = {
@@ -262,7 +265,7 @@ def mtp_options(recipe: Recipe, mtp_model: Path | None) -> dict[str, Any]:
     """The WorkerCommand fields MTP sets: with it on, every stage can take back a pass's rejected
     drafts and the last stage drafts (from the main file, or from the block's own)."""
     return {
-        "max_rewind": recipe.mtp.draft_tokens if recipe.mtp else None,
+        "max_rewind": recipe.mtp.draft_tokens if isinstance(recipe.mtp, Mtp) else None,
         "mtp": bool(recipe.mtp),
         "mtp_model": mtp_model,
     }

@@ -25,7 +25,7 @@ import numpy as np
 from certify import gates, metrics, mtp, throughput
 from certify.sealed import Mode, Sealed
 from certify.verdict import Result, Status
-from manifests.recipe_model import BackendAgreement, HardwareClass, Placement, Recipe
+from manifests.recipe_model import BackendAgreement, HardwareClass, Mtp, Placement, Recipe
 from pipeline import drive, physics, routes, transport_floor
 from worker.client import StageClient
 from worker.launcher import WorkerCommand, launch
@@ -437,7 +437,7 @@ def lane_monolithic(
         # very same switch, which is bitwise comparable on one lane.
         route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
         record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
-        if recipe.mtp:
+        if isinstance(recipe.mtp, Mtp):
             record["mtp"] = mtp.mtp_figures(
                 pipe.clients,
                 prompts,
@@ -680,7 +680,7 @@ def _run_staged(plan: Plan, p: Placement, where: Pipelines, ref: Reference, *, f
                 clients, ref.prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
             )
         record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
-        if recipe.mtp:
+        if isinstance(recipe.mtp, Mtp):
             record["mtp"] = mtp.mtp_figures(
                 clients,
                 ref.prompts,

@@ -151,6 +151,7 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
     except ConfigurationError as exc:
         v.add(FAIL, "predicate", exc.message)
         return False
+    assert isinstance(pred, dict)  # the predicate's schema holds it to an object
     subjects = stmt.get("subject")
     if not isinstance(subjects, list) or not subjects:
         v.add(FAIL, "subjects", "the statement names no subject")
