@@ -27,7 +27,7 @@ from __future__ import annotations
 import queue
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -41,7 +41,7 @@ from pipeline.ring_drafts import DraftedPass, DraftedPasses
 from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
 from pipeline.yielding import yielding_to_stages
 from worker import wire
-from worker.client import StageClient, StageFailed, StageInfo, ended_stage
+from worker.client import ChainAck, StageClient, StageFailed, StageInfo, ended_stage
 
 POLL_SECONDS = 0.1  # how often a silent ring's workers are checked for an exit
 SILENCE_SECONDS = 0.5  # no token for this long: every stage is asked for Health (a slow one costs nothing)
@@ -263,7 +263,7 @@ class RingRoute(ChainRoute):
     def _read(
         self,
         deliveries: queue.SimpleQueue[Received],
-        ack: grpc.Future,
+        ack: ChainAck,
         budget: int,
         started: float,
         keep_boundaries: bool,
@@ -321,7 +321,7 @@ class RingRoute(ChainRoute):
             )
         return pick
 
-    def _check_silence(self, ack: grpc.Future, quiet: float) -> None:
+    def _check_silence(self, ack: ChainAck, quiet: float) -> None:
         """Raise when the silence has an explanation: the first pass failed, a worker ended, or it
         lasted past the stages' deadline."""
         if ack.done():
@@ -439,7 +439,7 @@ def ring_route(
     streams: bool = True,
     driver_yields: bool = True,
     delivery_stream: bool = True,
-) -> Iterator[RingRoute]:
+) -> Generator[RingRoute]:
     """A ring sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit.
     ``streams=False``: one Forward call per pass and stage even where every stage offers streams;
     ``driver_yields=False``: the driver's threads keep their policy while it reads, and

@@ -22,7 +22,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from core.errors import ConfigurationError
 from worker import wire
 from worker.client import (
     CHANNEL_OPTIONS,
+    ChainAck,
     StageClient,
     StageFailed,
     StageInfo,
@@ -197,7 +198,7 @@ class ChainRoute:
         self.infos = list(infos)
         self.sink = sink
         self.addresses = list(addresses)
-        self._acks: list[grpc.Future] = []
+        self._acks: list[ChainAck] = []
 
     def run(
         self,
@@ -242,7 +243,7 @@ class ChainRoute:
         return self._check(got, started, keep_boundaries=keep_boundaries)
 
     def _delivery(
-        self, request_id: str, waiting: futures.Future[Received], ack: grpc.Future, wake: threading.Event
+        self, request_id: str, waiting: futures.Future[Received], ack: ChainAck, wake: threading.Event
     ) -> Received:
         """The pass's delivery, once it or the ack (a failure) is in; DEADLINE_EXCEEDED when neither
         came within the first stage's deadline, BAD_REPLY when the chain acknowledged a pass it never
@@ -287,7 +288,7 @@ class ChainRoute:
             except grpc.RpcError as exc:
                 raise self.failure(exc) from None
 
-    def _raise_if_failed(self, ack: grpc.Future) -> None:
+    def _raise_if_failed(self, ack: ChainAck) -> None:
         try:
             ack.result(timeout=0)
         except grpc.RpcError as exc:
@@ -361,7 +362,7 @@ def chain_route(
     *,
     addresses: Sequence[str] | None,
     sink_host: str,
-) -> Iterator[ChainRoute]:
+) -> Generator[ChainRoute]:
     """A sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit."""
     first = stages[0]
     with Sink(first.pb2, first.pb2_grpc, host=sink_host) as sink:

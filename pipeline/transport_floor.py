@@ -155,7 +155,7 @@ def grpc_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
-            call = channel.unary_unary(ECHO)
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(ECHO)
             payload = os.urandom(size)
             times = timed(lambda: call(payload, timeout=10), round_trips, warmup)
             if call(payload, timeout=10) != payload:
@@ -182,7 +182,7 @@ def quartiles(times: np.ndarray) -> dict[str, float]:
 
 def measure(sizes: Iterable[int], *, round_trips: int = 300, warmup: int = 50) -> dict[str, Any]:
     """Every floor for each distinct boundary size, with the load average they were taken under."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in sorted({int(s) for s in sizes if int(s) > 0}):
         tcp = tcp_round_trips(size, round_trips, warmup)
         rpc = grpc_round_trips(size, round_trips, warmup)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Literal, overload
+from typing import Literal, TypeAlias, overload
 
 import grpc
 import numpy as np
@@ -30,6 +30,10 @@ CHANNEL_OPTIONS = (
 )
 
 DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+
+# A chained pass's acknowledgement: the first stage's Forward call, done once every stage has handed on.
+# grpc's Future is generic in its type stubs only, so the alias stays a string at run time.
+ChainAck: TypeAlias = "grpc.Future[wire.ForwardReply]"
 
 
 class StageFailed(RuntimeFailure):
@@ -396,7 +400,7 @@ class StageClient:
         rewind: bool = False,
         draft: int = 0,
         drafted: int = 0,
-    ) -> grpc.Future:
+    ) -> ChainAck:
         """Start a chained pass at this (first) stage without waiting: the returned future is the ack,
         which completes once every stage has handed on and the last one has delivered to
         ``deliver_to``.  Its error carries the ``dgr-failed-stage`` trailer naming the failing stage.
