@@ -23,8 +23,9 @@ n_decode rows (the last prompt position and each decode step).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import overload
 
 import numpy as np
 
@@ -65,7 +66,8 @@ class Trace:
     infos: tuple[StageInfo, ...]
     prompts: tuple[PromptTrace, ...]
     forwarding: str = RELAYED.name
-    route: Mapping[str, str] = field(default_factory=dict)  # the route's record (routes.Route.record)
+    # the route's record (routes.Route.record)
+    route: Mapping[str, str] = field(default_factory=dict[str, str])
 
     def stage_compute_seconds(self) -> tuple[float, ...]:
         """Total worker compute per stage over every prompt, prefill and decode."""
@@ -97,7 +99,8 @@ class SpeedSamples:
     stage_compute_per_token: tuple[tuple[float, ...], ...]  # [rep][stage]: median decode compute
     forwarding: str = RELAYED.name
     crossings_per_token: int = 0  # one-way network messages on one decode token's critical path
-    observed: Mapping[str, str] = field(default_factory=dict)  # what the route saw (routes.Route.observed)
+    # what the route saw (routes.Route.observed)
+    observed: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +125,7 @@ def describe(stages: Sequence[StageClient]) -> tuple[StageInfo, ...]:
     infos = tuple(s.info() for s in stages)
     expect = 0
     for k, (stage, info) in enumerate(zip(stages, infos, strict=True)):
-        problems = []
+        problems: list[str] = []
         if info.layer_begin != expect or info.layer_end <= info.layer_begin:
             problems.append(f"owns {info.layer_begin}:{info.layer_end}, expected to start at {expect}")
         if info.first_stage != (k == 0) or info.last_stage != (k == len(stages) - 1):
@@ -167,9 +170,6 @@ def _merge(parts: Sequence[Pass], *, all_logits: bool) -> Pass:
         return parts[0]
     steps = [p.step for p in parts]
 
-    def total(name: str) -> tuple:
-        return tuple(sum(vals) for vals in zip(*(getattr(s, name) for s in steps), strict=True))
-
     return Pass(
         logits=np.concatenate([p.logits for p in parts]) if all_logits else parts[-1].logits,
         boundaries=[np.concatenate(seam) for seam in zip(*(p.boundaries for p in parts), strict=True)],
@@ -177,10 +177,10 @@ def _merge(parts: Sequence[Pass], *, all_logits: bool) -> Pass:
         step=Step(
             n_tokens=sum(s.n_tokens for s in steps),
             wall_seconds=sum(s.wall_seconds for s in steps),
-            stage_wall=total("stage_wall"),
-            stage_compute=total("stage_compute"),
-            seam_bytes=total("seam_bytes"),
-            seam_seconds=total("seam_seconds"),
+            stage_wall=_summed(s.stage_wall for s in steps),
+            stage_compute=_summed(s.stage_compute for s in steps),
+            seam_bytes=_summed(s.seam_bytes for s in steps),
+            seam_seconds=_summed(s.seam_seconds for s in steps),
             crossings=sum(s.crossings for s in steps),
             forwarding=steps[0].forwarding,
         ),
@@ -244,11 +244,21 @@ def _greedy_passes(
     return chosen, passes
 
 
+@overload
+def _summed(rows: Iterable[tuple[int, ...]]) -> tuple[int, ...]: ...
+@overload
+def _summed(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]: ...
+def _summed(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
+    """Per column, the sum of ``rows`` (the steps' per-stage or per-seam figures: bytes stay ints)."""
+    columns: Iterable[tuple[float, ...]] = zip(*rows, strict=True)
+    return tuple(sum(column) for column in columns)
+
+
 def _prefill(route: Route, prompt: Sequence[int], session: str, epoch: int, options: PassOptions) -> Pass:
     """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass
     (``options.draft``: an MTP last stage drafts after the last chunk only)."""
     batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
-    chunks = []
+    chunks: list[Pass] = []
     for first in range(0, len(prompt), batch):
         part = list(prompt[first : first + batch])
         positions = list(range(first, first + len(part)))
@@ -389,7 +399,8 @@ def measure_speed(
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
     infos = describe(stages)
     _check_fits(infos, len(prompt) + n_decode)
-    runs, chosen = [], set()
+    runs: list[list[Pass]] = []
+    chosen: set[tuple[int, ...]] = set()
     with route.open(stages, infos, reach) as opened:
         for r in range(warmup + repetitions):
             session = _session(f"speed{r}")
@@ -429,7 +440,10 @@ def _samples(
 ) -> SpeedSamples:
     """Each timed repetition's prefill and decode rates, seam times and stage compute (medians over its
     decode steps)."""
-    prefill, decode, seams, compute = [], [], [], []
+    prefill: list[float] = []
+    decode: list[float] = []
+    seams: list[tuple[float, ...]] = []
+    compute: list[tuple[float, ...]] = []
     for passes in runs:
         steps = [p.step for p in passes[1:]]
         prefill.append(passes[0].step.n_tokens / passes[0].step.wall_seconds)
