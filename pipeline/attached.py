@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.canonical import BadJson, parse_json, sha256_bytes
+from core.canonical import BadJson, is_json_object, parse_json, sha256_bytes
 from core.errors import ConfigurationError, RuntimeFailure
 from manifests.placement_file import REFERENCE, AttachedStage, PlacementFile
 from manifests.recipe_model import Placement, Recipe
@@ -97,10 +97,11 @@ class AttachedPipelines:
     identity: Mapping[str, Any]  # the certifier's identity chain (Prepared.identity)
     stubs: Any
     reference_lane: str | None = None  # "cpu" when the class holds the lane to the CPU reference
-    shape: Mapping[str, Any] = field(default_factory=dict)  # model_shape() of the local first file
+    shape: Mapping[str, Any] = field(default_factory=dict[str, Any])  # model_shape() of the local first file
     min_ctx: int = 0
     call_deadline: float = 120.0
-    seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # address -> what it reported
+    # address -> what it reported
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
 
     def _entry(self, cmd: Any, placement: Placement) -> tuple[str, str, tuple[AttachedStage, ...]]:
         lane = getattr(cmd, "lane", None) or self.lane
@@ -195,9 +196,10 @@ class AttachedPipelines:
         row = self.seen.get(s.address)
         if row is None:
             try:
-                build = (parse_json(info.identity_json, source="identity") or {}).get("build")
-            except (BadJson, AttributeError):
-                build = None
+                doc = parse_json(info.identity_json, source="identity")
+            except BadJson:
+                doc = None
+            build = doc.get("build") if is_json_object(doc) else None
             row = self.seen[s.address] = {
                 "address": s.address,
                 "layers": list(s.layers),
@@ -231,7 +233,7 @@ class AttachedPipelines:
             c.close()
 
     @contextmanager
-    def start(self, cmd: Any, placement: Placement, tag: str) -> Iterator[Attached]:
+    def start(self, cmd: Any, placement: Placement, tag: str) -> Generator[Attached]:
         name, lane, stages = self._entry(cmd, placement)
         att = self._connect(name, lane, stages)  # Info again: a worker may have been restarted since
         try:

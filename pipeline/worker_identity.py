@@ -15,9 +15,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from core.canonical import BadJson, parse_json
+from core.canonical import BadJson, is_json_object, parse_json
 from core.errors import ConfigurationError
 from manifests.recipe_model import Recipe
 from worker.client import StageInfo
@@ -50,8 +50,9 @@ def stable_identity(recipe: Recipe, lane: str, identity: Mapping[str, Any]) -> d
     differs between certifier and worker host except the recorded build."""
     from lanes.build import worker_digest
 
-    src = identity.get("source") or {}
-    art = identity.get("artifacts") or {}
+    src: Mapping[str, Any] = identity.get("source") or {}
+    art: Mapping[str, Any] = identity.get("artifacts") or {}
+    patches: Mapping[str, Any] = identity.get("patches") or {}
     build = identity.get("build") or None
     return {
         "kind": IDENTITY_KIND,
@@ -60,7 +61,7 @@ def stable_identity(recipe: Recipe, lane: str, identity: Mapping[str, Any]) -> d
         "lane": lane,
         "artifacts": {k: art.get(k) for k in ("set", "variant", "manifest_digest")},
         "source": {"commit": src.get("commit"), "tree": src.get("tree")},
-        "patches": {"digest": (identity.get("patches") or {}).get("digest")},
+        "patches": {"digest": patches.get("digest")},
         "worker_source": worker_digest(),
         "build": {"lane": build.get("lane"), "key": build.get("key")} if build else None,
     }
@@ -80,9 +81,14 @@ def model_shape(first_file: Path) -> dict[str, Any]:
     }
 
 
-def _get(doc: Any, path: str) -> Any:
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, object]]:
+    """An identity document or one of its sections (parsed JSON, or the certifier's own mapping)."""
+    return isinstance(value, Mapping)
+
+
+def _get(doc: object, path: str) -> object:
     for part in path.split("."):
-        doc = doc.get(part) if isinstance(doc, Mapping) else None
+        doc = doc.get(part) if _is_mapping(doc) else None
     return doc
 
 
@@ -121,7 +127,7 @@ def mismatches(info: StageInfo, want: Expect) -> list[tuple[str, str, str]]:
         doc = parse_json(info.identity_json, source="identity") if info.identity_json.strip() else None
     except BadJson:
         doc = "not JSON"
-    if not isinstance(doc, dict):
+    if not is_json_object(doc):
         out.append(
             (
                 "identity",
