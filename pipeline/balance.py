@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import ConfigurationError
-from fetch.gguf_header import Header
+from fetch.gguf_header import Header, TensorInfo
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
@@ -115,7 +115,7 @@ def held_bytes(
     return StageBytes(layers=tuple(layers), first=first, last=last + tied, every=every, shared=tied)
 
 
-def _layers_and_tensors(headers: Sequence[Header], what: str) -> tuple[int, dict]:
+def _layers_and_tensors(headers: Sequence[Header], what: str) -> tuple[int, dict[str, TensorInfo]]:
     """The model's layer count, as llama counts the layers a stage may own, and every tensor of its
     files by name.  A set that carries its nextn (MTP) blocks counts them in ``block_count``
     (tiny-v4-mtp: 13 blocks, 12 layers); as llama's deepseek4 loader does, they are taken off where
@@ -222,7 +222,8 @@ def _evenest_under(cost: StageBytes, n_stages: int, bottleneck: int, fits: Fits)
                 c = cost.stage(start, end)
                 if c <= bottleneck and fits(start, end) and best[k - 1][start] + c * c < best[k][end]:
                     best[k][end], cut_at[k][end] = best[k - 1][start] + c * c, start
-    stages, end = [], n_layer
+    stages: list[tuple[int, int]] = []
+    end = n_layer
     for k in range(n_stages, 0, -1):
         stages.append((cut_at[k][end], end))
         end = cut_at[k][end]

@@ -110,7 +110,7 @@ def _seam_rows(
 ) -> list[dict[str, Any]]:
     """Per seam: its link, the bound of what the driver measures as that seam, the measurement, the ratio."""
     into = links(p)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in range(p.n_stages - 1):
         link = into.stages[k + 1]
         bound = seam_bound(route, k, parts)

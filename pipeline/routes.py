@@ -19,7 +19,7 @@ A new way of forwarding (TLS seams, pipelined prefill): a spec class here with `
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -199,7 +199,7 @@ class Relayed:
     @contextmanager
     def open(
         self, stages: Sequence[StageClient], infos: Sequence[StageInfo], reach: Reach = LOOPBACK
-    ) -> Iterator[Route]:
+    ) -> Generator[Route]:
         yield RelayedRoute(self, stages, infos)
 
     @property
@@ -346,7 +346,7 @@ class Chained:
     @contextmanager
     def open(
         self, stages: Sequence[StageClient], infos: Sequence[StageInfo], reach: Reach = LOOPBACK
-    ) -> Iterator[Route]:
+    ) -> Generator[Route]:
         with chain_route(stages, infos, addresses=reach.addresses, sink_host=reach.sink_host) as chain:
             yield ChainedRoute(self, chain)
 
@@ -475,7 +475,7 @@ class Ring:
     @contextmanager
     def open(
         self, stages: Sequence[StageClient], infos: Sequence[StageInfo], reach: Reach = LOOPBACK
-    ) -> Iterator[Route]:
+    ) -> Generator[Route]:
         with ring_route(
             stages,
             infos,

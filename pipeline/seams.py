@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,16 +93,18 @@ def used_networks(
     addr_json: Sequence[Mapping[str, Any]], route_json: Sequence[Mapping[str, Any]]
 ) -> list[ipaddress.IPv4Network]:
     """IPv4 networks in use here, from ``ip -j addr`` and ``ip -j route`` (not the default route)."""
-    nets = []
+    nets: list[ipaddress.IPv4Network] = []
     for iface in addr_json:
         for a in iface.get("addr_info", []):
             if a.get("family") == "inet":
-                nets.append(ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False))
+                net = ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False)
+                if isinstance(net, ipaddress.IPv4Network):  # what ip calls inet
+                    nets.append(net)
     for r in route_json:
         dst = r.get("dst", "default")
         if dst != "default":
             net = ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False)
-            if net.version == 4:
+            if isinstance(net, ipaddress.IPv4Network):
                 nets.append(net)
     return nets
 
@@ -150,7 +152,7 @@ def netem_argv(netns: str, dev: str, link: Link) -> list[str]:
 def netem_links(names: Names, links: Profiles) -> list[list[str]]:
     """The netem backend's links: a veth per stage (hub end ``n<k>``, node end ``f0`` in the stage's
     namespace) and one from the root namespace to the hub (``drv``), netem on every hub-side end."""
-    out = []
+    out: list[list[str]] = []
     for k, link in enumerate(links.stages):
         out.append(
             [
@@ -328,7 +330,7 @@ def _kill_shaper(pid: int, tag: str) -> None:
 
 def remove(env: Mapping[str, str], marker: Mapping[str, Any]) -> list[str]:
     """Take down what a marker lists; the problems met (empty when everything went)."""
-    problems = []
+    problems: list[str] = []
     for pid in marker.get("shapers", []):
         _kill_shaper(int(pid), marker["tag"])
     for ns in marker.get("namespaces", []):
@@ -352,7 +354,7 @@ def remove(env: Mapping[str, str], marker: Mapping[str, Any]) -> list[str]:
 
 def sweep_stale(env: Mapping[str, str], markers: Path = MARKERS) -> list[str]:
     """Remove the fabrics of runs whose owner is gone; the tags removed."""
-    removed = []
+    removed: list[str] = []
     for path in sorted(markers.glob("*.json")) if markers.is_dir() else []:
         try:
             marker = read_json(path)
@@ -391,8 +393,8 @@ class Fabric:
     markers: Path = MARKERS
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
     subnet: ipaddress.IPv4Network | None = None
-    shapers: list[Shaper] = field(default_factory=list)
-    _marker: dict[str, Any] = field(default_factory=dict)
+    shapers: list[Shaper] = field(default_factory=list[Shaper])
+    _marker: dict[str, Any] = field(default_factory=dict[str, Any])
 
     @property
     def names(self) -> Names:
@@ -630,7 +632,7 @@ class NetnsPipelines:
     call_deadline: float = 120.0
 
     @contextmanager
-    def start(self, cmd: Any, placement: Placement, tag: str) -> Iterator[NetnsPipeline]:
+    def start(self, cmd: Any, placement: Placement, tag: str) -> Generator[NetnsPipeline]:
         from core.canonical import write_json
         from worker.launcher import Placed, launch
 

@@ -137,7 +137,7 @@ def open_tap(name: str) -> int:
 
 
 def _drain(fd: int) -> list[bytes]:
-    frames = []
+    frames: list[bytes] = []
     while True:
         try:
             frames.append(os.read(fd, FRAME_MAX))

@@ -55,8 +55,9 @@ class NextnDrafter:
     and the next pass verifies them."""
 
     on_last_stage = True
-    pending: list[int] = field(default_factory=list)
-    history: list[tuple[int, ...]] = field(default_factory=list)  # every pass's drafts, in order
+    pending: list[int] = field(default_factory=list[int])
+    # every pass's drafts, in order
+    history: list[tuple[int, ...]] = field(default_factory=list[tuple[int, ...]])
 
     def propose(self, chosen: Sequence[int], k: int) -> list[int]:
         return self.pending[:k]

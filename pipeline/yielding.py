@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 
 _TASKS = "/proc/self/task"
@@ -76,7 +76,7 @@ def _back() -> None:
 
 
 @contextmanager
-def yielding_to_stages(enabled: bool = True) -> Iterator[None]:
+def yielding_to_stages(enabled: bool = True) -> Generator[None]:
     """While inside, this process's threads run ``SCHED_BATCH`` (see the module docstring)."""
     global _depth
     if not (enabled and supported()):
