@@ -18,6 +18,19 @@ nox.options.stop_on_first_error = True
 LANES = ("cpu", "cuda", "rocm", "vulkan", "metal")
 
 
+# One pinned clang-format for worker/'s C++: another version lays out the same code differently, and
+# Debian 12's own (14) cannot read worker/.clang-format's options at all.
+CLANG_FORMAT = "clang-format==23.1.5"
+
+
+def _worker_cpp() -> list[str]:
+    """worker/'s C++ sources and headers (src, tools), relative to the checkout, sorted."""
+    root = Path(__file__).parent
+    return sorted(
+        p.relative_to(root).as_posix() for p in (root / "worker").rglob("*") if p.suffix in (".cpp", ".h")
+    )
+
+
 def _install(session: nox.Session, *extras: str) -> None:
     spec = f".[{','.join(extras)}]" if extras else "."
     session.install("-e", spec)
@@ -161,10 +174,16 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff over the project, then the import contracts (one-way layers, no cycles; pyproject.toml)."""
-    session.install("ruff", "import-linter>=2.1")
+    """Ruff over the project (lint, then format), the import contracts (one-way layers, no cycles),
+    pyright over the product code (pyproject.toml), then clang-format over worker/'s C++
+    (worker/.clang-format; fails on any file it would change)."""
+    _install(session)  # pyright resolves the third-party imports in this session's environment
+    session.install("ruff", "import-linter>=2.1", "pyright>=1.1.414", CLANG_FORMAT)
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
     session.run("lint-imports", env={"PYTHONPATH": str(Path(__file__).parent)})
+    session.run("pyright", "--pythonpath", str(Path(session.bin) / "python"))
+    session.run("clang-format", "--dry-run", "--Werror", *_worker_cpp())
 
 
 @nox.session
