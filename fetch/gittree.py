@@ -70,6 +70,34 @@ def git(args: list[str], *, env: Mapping[str, str], cwd: Path | None = None, **k
     return proc.run(argv + args, env=env, cwd=cwd, **kwargs).output.strip()  # type: ignore[arg-type]
 
 
+# `git fetch --progress` prints steadily once connected: this long a silence means it is stuck.
+FETCH_NO_OUTPUT_S = 30.0
+
+
+def shallow_fetch(url: str, commit: str, *, env: Mapping[str, str], cwd: Path | None = None) -> None:
+    """Fetch one commit, depth 1, no tags, over protocol v2, giving up on a stalled transfer."""
+    git(
+        [
+            "-c",
+            "http.lowSpeedLimit=1000",
+            "-c",
+            "http.lowSpeedTime=30",
+            "-c",
+            "protocol.version=2",
+            "fetch",
+            "--progress",
+            "--no-tags",
+            "--depth",
+            "1",
+            url,
+            commit,
+        ],
+        env=env,
+        cwd=cwd,
+        no_output_timeout=FETCH_NO_OUTPUT_S,
+    )
+
+
 def init_scratch(parent: Path, env: Mapping[str, str], *, prefix: str = ".git-scratch-") -> Path:
     """A fresh bare repository used only as an object store + index, never inside a tree."""
     parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,6 @@ from manifests.loader import build, load_json
 
 PROVENANCE_VERSION = 1
 SOURCES = ("git", "sdist")
-GIT_NO_OUTPUT_S = 30.0  # `git fetch --progress` prints steadily once connected; silence = stuck
 PIP_NO_OUTPUT_S = 300.0
 
 
@@ -255,25 +254,7 @@ def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
     env = gittree.git_env(ctx.env, GIT_DIR=str(scratch))
     try:
         try:
-            gittree.git(
-                [
-                    "-c",
-                    "http.lowSpeedLimit=1000",
-                    "-c",
-                    "http.lowSpeedTime=30",
-                    "-c",
-                    "protocol.version=2",
-                    "fetch",
-                    "--progress",
-                    "--no-tags",
-                    "--depth",
-                    "1",
-                    url,
-                    pin.commit,
-                ],
-                env=env,
-                no_output_timeout=GIT_NO_OUTPUT_S,
-            )
+            gittree.shallow_fetch(url, pin.commit, env=env)
         except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
             raise SourceUnavailable(f"{where}: could not fetch {pin.commit}: {_why(exc)}") from None
         try:

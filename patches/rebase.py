@@ -62,7 +62,6 @@ _APPLY = ["apply", "--whitespace=nowarn", "-p1"]
 _CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
 _ERROR_PATH = re.compile(r"^error: (?:patch failed: )?([^:\s]+)(?::\d+)?: ")
-GIT_NO_OUTPUT_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,26 +332,7 @@ def _fetch(
         url = Path(os.path.abspath(from_git)).as_uri()  # file:// so --depth is honoured
     where = f"git source {redact(url)}"
     try:
-        gittree.git(
-            [
-                "-c",
-                "http.lowSpeedLimit=1000",
-                "-c",
-                "http.lowSpeedTime=30",
-                "-c",
-                "protocol.version=2",
-                "fetch",
-                "--progress",
-                "--no-tags",
-                "--depth",
-                "1",
-                url,
-                commit,
-            ],
-            env=env,
-            cwd=repo,
-            no_output_timeout=GIT_NO_OUTPUT_S,
-        )
+        gittree.shallow_fetch(url, commit, env=env, cwd=repo)
         got = gittree.git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], env=env, cwd=repo)
     except (CommandFailed, CommandTimeout, ToolchainMissing) as exc:
         tail = exc.tail.strip() if isinstance(exc, CommandFailed) else ""
