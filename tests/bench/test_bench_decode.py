@@ -78,7 +78,7 @@ def _llama_bench_tg(binary, model, threads: int, env) -> list[float]:
 
 
 def _worker_decode(
-    clients, prompt, compute: list[float] | None = None, forwarding: str = "relayed"
+    clients, prompt, compute: list[float] | None = None, route: routes.RouteSpec = routes.RELAYED
 ) -> list[float]:
     """End-to-end decode tok/s per repetition; ``compute`` collects the worker-side rate (1 / the
     median llama_decode seconds per token, summed over stages) that excludes the RPC round trip.
@@ -89,7 +89,7 @@ def _worker_decode(
         N_GEN + 1,
         repetitions=REPETITIONS,
         warmup=1,
-        route=routes.Ring(logits=False) if forwarding == "ring" else routes.spec_named(forwarding),
+        route=route,
     )
     if compute is not None:
         compute += [1.0 / sum(rep) for rep in speed.stage_compute_per_token]
@@ -115,7 +115,7 @@ def test_monolithic_decode_vs_llama_bench(
                     floor_tool(cpu_build.dir), tiny_model.first, 1, THREADS, ctx=worker_command.ctx_size
                 )["tok_s"]
             )
-            by_round["ring"].append(_worker_decode(p.clients, prompt, route=routes.Ring()))
+            by_round["ring"].append(_worker_decode(p.clients, prompt, route=routes.Ring(logits=False)))
             if r < rounds - 1:
                 ours += _worker_decode(p.clients, prompt, ours_compute)
         ours += benchmark.pedantic(

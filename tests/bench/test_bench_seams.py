@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 
+from certify import measure
 from manifests.recipe_model import Placement, Seam
 from pipeline import drive, physics, routes, seams
 from tests.integration.test_seams import left_over, seam_support
@@ -43,7 +44,7 @@ def test_chained_beats_relayed_on_the_same_seams(
         prompt = pipe.clients[0].tokenize(PROMPT)[:16]
         n_vocab = pipe.clients[-1].info().n_vocab
 
-        def measure(mode: str) -> drive.SpeedSamples:
+        def decode_speed(mode: str) -> drive.SpeedSamples:
             return drive.measure_speed(
                 pipe.clients,
                 prompt,
@@ -55,8 +56,8 @@ def test_chained_beats_relayed_on_the_same_seams(
             )
 
         runs = {
-            "relayed": measure("relayed"),
-            "chained": benchmark.pedantic(measure, args=("chained",), rounds=1, iterations=1),
+            "relayed": decode_speed("relayed"),
+            "chained": benchmark.pedantic(decode_speed, args=("chained",), rounds=1, iterations=1),
         }
         for mode, s in runs.items():
             compute = [

@@ -402,7 +402,7 @@ def test_real_worker_chained_over_a_shaped_fabric(
     steps = _decode_steps(trace)
     assert all(s.forwarding == "chained" and s.crossings == 5 for s in steps)
     parts = physics.crossings(
-        placement, "chained", boundary_bytes=list(steps[0].seam_bytes), n_vocab=trace.infos[-1].n_vocab
+        placement, routes.Chained(), boundary_bytes=list(steps[0].seam_bytes), n_vocab=trace.infos[-1].n_vocab
     )
     for k in range(placement.n_stages - 1):
         bound = physics.seam_bound(routes.Chained(), k, parts)
