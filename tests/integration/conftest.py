@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from core.context import Context
-from tests.unit.fake_stages import running
+from tests.unit.fake_stages import running as proc_alive  # a live, non-zombie process with this pid
 from worker import stubs as stubs_mod
 from worker.launcher import WorkerCommand
 
@@ -215,9 +215,6 @@ def gemma_live(live_certification, gemma_store: GemmaStore):
     """`dgr certify --recipe gemma3-270m-q4` on the session's gemma store, made once: the certify test
     inspects it and the sealed-reference test compares against it."""
     return live_certification("--recipe", GEMMA_SET, "--lane", "cpu", "--store", os.fspath(gemma_store.path))
-
-
-proc_alive = running  # a live, non-zombie process with this pid (a /proc read)
 
 
 def live_workers(marker: str) -> list[int]:
