@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import http.client
-import logging
 import os
 import re
 import socket
@@ -47,11 +46,12 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import InvalidHeader
 from urllib3.util.retry import Retry
 
+from core import redact
 from core.errors import DgrError, IntegrityError, RuntimeFailure
 from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
 
-log = logging.getLogger("dgr.fetch")
+log = redact.logger("dgr.fetch")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -86,7 +86,7 @@ class Transient(Exception):
     ``exhausted``: urllib3 already retried it as often as the policy allows."""
 
     def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(redact.scrub(message))  # logged while retrying: scrubbed like a DgrError
         self.retry_after = retry_after
         self.exhausted = exhausted
 
@@ -296,10 +296,8 @@ def _redirect_target(
 
 
 def _shown(url: urllib.parse.SplitResult) -> str:
-    """A URL for messages and logs: no user-info, no query (a storage host's redirect carries a
-    signature there)."""
-    netloc = (url.hostname or "") + (f":{url.port}" if url.port else "")
-    return urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
+    """A URL for messages and logs (a storage host's redirect carries a signature in its query)."""
+    return redact.redact_url(urllib.parse.urlunsplit(url))
 
 
 def _why(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 import blake3
 import requests
 
+from core import redact
 from core.errors import ConfigurationError, DgrError, IntegrityError, RuntimeFailure
 from core.hashing import chunk_digest
 from fetch.download import (
@@ -74,6 +75,7 @@ DEFAULT_STORAGE_HOSTS = (
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _API_MAX = 64 << 20  # the most JSON we read from one API answer
+_TOKEN = re.compile(r"[!-~]+")  # what a header value may carry unquoted: printable ASCII, no space
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,15 +113,29 @@ def token_file(env: Mapping[str, str]) -> Path:
 
 
 def token(env: Mapping[str, str]) -> str | None:
-    """HF_TOKEN, else huggingface_hub's token file; None when neither holds one."""
-    value = (env.get("HF_TOKEN") or "").strip()
-    if value:
-        return value
-    try:
-        value = token_file(env).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+    """HF_TOKEN, else huggingface_hub's token file; None when neither holds one.
+
+    The value is remembered as a secret (``core.redact``) before it is looked at, then refused (exit 2,
+    naming where it came from, never what it holds) unless it is printable ASCII without spaces: a line
+    break would end the Authorization header and start another, and requests quotes the whole header
+    in the error it raises for one."""
+    value, where = (env.get("HF_TOKEN") or "").strip(), "HF_TOKEN"
+    if not value:
+        path = token_file(env)
+        try:
+            value, where = path.read_text(encoding="utf-8").strip(), f"the token file {path}"
+        except (OSError, UnicodeDecodeError):
+            return None
+    if not value:
         return None
-    return value or None
+    redact.remember(value)
+    if not _TOKEN.fullmatch(value):
+        raise ConfigurationError(
+            f"{where} holds a line break, a space or a character outside printable ASCII, which no "
+            "hub token holds; refusing to send it",
+            hint=f"put the token alone, on one line, in {where}",
+        )
+    return value
 
 
 def credential(base: str, repo: str, env: Mapping[str, str]) -> Credential:

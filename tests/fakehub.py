@@ -6,7 +6,7 @@
 - ``/api/models/{repo}/revision/{revision}``: ``{"sha": commit, "siblings": [...]}``;
 - ``/api/models/{repo}/tree/{commit}``: the file listing, LFS files with ``lfs.oid`` (sha256) and size;
 - a gated repo answers 401 (``X-Error-Code: GatedRepo``) without ``Authorization: Bearer <token>``;
-- ``rate_limit``: that many 429 answers with ``Retry-After`` before behaving.
+- ``rate_limit``: that many 429 (``busy_status``) answers with ``Retry-After`` before behaving.
 ``Storage`` is the second host (another port on 127.0.0.1): ``/blobs/<sha256>`` with Range support; it
 records every request's headers and can be killed after N body bytes (it stops listening) and
 restarted on the same port.  ``Proxy`` forwards absolute-form GETs and tunnels CONNECT, recording each.
@@ -234,7 +234,8 @@ class FakeHub(_Server):
         self.storage = storage
         self.token = token
         self.repos: dict[str, Repo] = {}
-        self.rate_limit = 0  # answer this many requests with 429 ...
+        self.rate_limit = 0  # answer this many requests with busy_status ...
+        self.busy_status = 429  # (503: the hub is down for a while) ...
         self.retry_after = "1"  # ... asking to come back after this
         super().__init__()
 
@@ -263,7 +264,7 @@ class FakeHub(_Server):
         seen = self.record(h)
         if self.rate_limit > 0:
             self.rate_limit -= 1
-            self.reply(h, seen, 429, {"Retry-After": self.retry_after})
+            self.reply(h, seen, self.busy_status, {"Retry-After": self.retry_after})
             return
         path = urllib.parse.urlsplit(h.path).path
         api = re.match(r"^/api/models/([^/]+/[^/]+)/(revision|tree)/([^/]+)$", path)

@@ -95,6 +95,9 @@ def run_cli(case: HubCase, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     from cli.main import main
 
     monkeypatch.setitem(seal_hub.__kwdefaults__, "root", case.manifests)  # never the shipped manifests
+    monkeypatch.setitem(seal_hub.__kwdefaults__, "policy", FAST)  # a failure gives up in seconds
+    monkeypatch.setitem(provision.__kwdefaults__, "policy", FAST)
+    monkeypatch.setitem(provision.__kwdefaults__, "manifests", case.manifests)
     for key in [k for k in os.environ if k.startswith(("HF_", "DGR_"))]:
         monkeypatch.delenv(key)
     for key, value in case.env.items():
