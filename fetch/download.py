@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -52,6 +52,7 @@ from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
 
 log = redact.logger("dgr.fetch")
+_Answer = TypeVar("_Answer")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -507,11 +508,12 @@ def retry_loop(
     sleep: Callable[[float], None],
     *,
     on_failure: Callable[[], None] = lambda: None,
-    incomplete: Callable[[], str],
+    gave_up: Callable[[int, Transient], DgrError],
     done: Callable[[], bool],
 ) -> None:
     """Call ``attempt`` until ``done``; a Transient is retried with backoff while ``progress`` grows,
-    and ``policy.attempts`` of them in a row (or one urllib3 already retried) give up."""
+    and ``policy.attempts`` of them in a row (or one urllib3 already retried) end in ``gave_up``'s
+    error: a Transient never leaves this loop."""
     failures = 0
     while not done():
         before = progress()
@@ -524,15 +526,60 @@ def retry_loop(
             if exc.exhausted:
                 failures = max(failures, policy.attempts)
             if failures >= policy.attempts:
-                raise RuntimeFailure(
-                    f"{name}: incomplete {incomplete()} after {failures} failed attempts ({exc})",
-                    hint="run the same command again to resume from the last verified chunk",
-                ) from None
+                raise gave_up(failures, exc) from None
             wait = max(policy.delay(failures), min(exc.retry_after or 0.0, policy.max_retry_after_s))
             log.warning("%s: %s; retrying in %.1f s", name, exc, wait)
             sleep(wait)
             continue
         failures = 0
+
+
+def incomplete_after(name: str, have: Callable[[], str]) -> Callable[[int, Transient], DgrError]:
+    """What giving up on a download says: how far it got, and that a re-run resumes from there."""
+
+    def gave_up(failures: int, exc: Transient) -> DgrError:
+        return RuntimeFailure(
+            f"{name}: incomplete {have()} after {failures} failed attempts ({exc})",
+            hint="run the same command again to resume from the last verified chunk",
+        )
+
+    return gave_up
+
+
+def retry_request(
+    what: str,
+    request: Callable[[], _Answer],
+    policy: RetryPolicy,
+    stats: Stats,
+    *,
+    hint: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> _Answer:
+    """A request with nothing to resume (an API call), retried as a download is: a refused connection,
+    a dead proxy, a reset or a 5xx end, once the policy's attempts are spent, in one RuntimeFailure
+    naming ``what`` (exit 6), as provisioning reports a download it gave up on."""
+    answers: list[_Answer] = []
+
+    def gave_up(failures: int, exc: Transient) -> DgrError:
+        return RuntimeFailure(f"{what}: gave up after {failures} failed attempts ({exc})", hint=hint)
+
+    def attempt() -> None:
+        answers.append(request())
+
+    retry_loop(what, attempt, lambda: 0, policy, stats, sleep, gave_up=gave_up, done=lambda: bool(answers))
+    return answers[0]
+
+
+def read_body(resp: requests.Response, limit: int, url: str) -> bytes:
+    """A whole (small) body, at most ``limit`` bytes: a read cut short is a Transient, a longer body
+    a RuntimeFailure."""
+    try:
+        raw = resp.raw.read(limit + 1, decode_content=True)
+    except (*_TRANSIENT_ERRORS, OSError) as exc:
+        raise Transient(f"{_shown(urllib.parse.urlsplit(url))}: reading the answer: {_why(exc)}") from None
+    if len(raw) > limit:
+        raise RuntimeFailure(f"{redact.redact_url(url)}: the answer is larger than {limit} bytes")
+    return raw
 
 
 def _fetch_all(
@@ -558,7 +605,9 @@ def _fetch_all(
         stats,
         sleep,
         on_failure=feed.drain,
-        incomplete=lambda: f"{partial.bytes_verified} of {partial.size} bytes",
+        gave_up=incomplete_after(
+            partial.entry.name, lambda: f"{partial.bytes_verified} of {partial.size} bytes"
+        ),
         done=lambda: not partial.missing(),
     )
 

@@ -52,10 +52,13 @@ from fetch.download import (
     check_whole_length,
     fetch_url,
     finish_response,
+    incomplete_after,
     open_url,
+    read_body,
     read_exact,
     response_body,
     retry_loop,
+    retry_request,
 )
 from fetch.ledger import Partial
 from manifests.artifact_sets import Origin
@@ -98,7 +101,41 @@ def parse_ref(text: str) -> HubRef:
 
 
 def endpoint(origin_endpoint: str | None, env: Mapping[str, str]) -> str:
-    return (env.get("HF_ENDPOINT") or origin_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+    """HF_ENDPOINT, else the origin's endpoint, else the public hub; checked before anything is asked
+    of the network (exit 2, no retries): a malformed one was a ValueError deep inside urllib, and one
+    requests cannot use was retried for half a minute as if the network were down."""
+    given, where = env.get("HF_ENDPOINT"), "HF_ENDPOINT"
+    if not given:
+        given, where = origin_endpoint or DEFAULT_ENDPOINT, "the hub origin's endpoint"
+    url = given.rstrip("/")
+    fault = _endpoint_fault(url)
+    if fault:
+        raise ConfigurationError(
+            f"{where} {redact.redact_url(url)!r} is not the http(s) URL of a hub: {fault}",
+            hint="e.g. https://huggingface.co, or http://HOST:PORT for a mirror",
+        )
+    return url
+
+
+def _endpoint_fault(url: str) -> str | None:
+    """What makes ``url`` unusable as an endpoint, or None; its password is remembered as a secret."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # an unclosed IPv6 bracket, a port out of range or not a number
+        return str(exc)
+    redact.remember(parts.password)
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme is {parts.scheme or 'missing'}, not http or https"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "port 0"
+    if parts.query or parts.fragment:
+        return "it has a query or a fragment"
+    return None
 
 
 def token_file(env: Mapping[str, str]) -> Path:
@@ -210,6 +247,15 @@ class HubFile:
     sha256: str | None  # an LFS file's; None for a file kept in git itself
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Answer:
+    """One API answer: its body (at most ``_API_MAX`` bytes), the URL that gave it, its next page."""
+
+    body: bytes
+    url: str
+    next_url: str | None
+
+
 @dataclass
 class Hub:
     """One repository on one endpoint, over one Session (reused for the API and the downloads)."""
@@ -226,22 +272,18 @@ class Hub:
         assert self.origin.base_url is not None
         return self.origin.base_url
 
-    def _api(self, path: str) -> requests.Response:
-        return self._api_url(f"{self.base}/api/models/{self.repo}/{path}")
+    def _api(self, path: str) -> Any:
+        return self._json(self._answer(f"{self.base}/api/models/{self.repo}/{path}"))
 
-    def _json(self, resp: requests.Response) -> Any:
-        with resp:
-            raw = resp.raw.read(_API_MAX + 1, decode_content=True)
-        if len(raw) > _API_MAX:
-            raise RuntimeFailure(f"{resp.url}: the hub's answer is larger than {_API_MAX} bytes")
+    def _json(self, answer: _Answer) -> Any:
         try:
-            return json.loads(raw)
+            return json.loads(answer.body)
         except ValueError:
-            raise RuntimeFailure(f"{resp.url}: the hub's answer is not JSON") from None
+            raise RuntimeFailure(f"{redact.redact_url(answer.url)}: the hub's answer is not JSON") from None
 
     def commit(self, revision: str) -> str:
         """The 40-hex commit a branch, tag or commit names, asked once."""
-        data = self._json(self._api(f"revision/{urllib.parse.quote(revision, safe='')}"))
+        data = self._api(f"revision/{urllib.parse.quote(revision, safe='')}")
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not COMMIT.match(sha):
             raise RuntimeFailure(f"the hub names no commit for {self.repo}@{revision}")
@@ -252,11 +294,9 @@ class Hub:
     def tree(self, commit: str) -> dict[str, HubFile]:
         """Every file of the repo at ``commit`` (the listing's pages, followed on the same host)."""
         files: dict[str, HubFile] = {}
-        path = f"tree/{commit}?recursive=true"
-        resp = self._api(path)
+        answer = self._answer(f"{self.base}/api/models/{self.repo}/tree/{commit}?recursive=true")
         for _page in range(10_000):
-            nxt = resp.links.get("next", {}).get("url")
-            entries = self._json(resp)
+            entries = self._json(answer)
             if not isinstance(entries, list):
                 raise RuntimeFailure(f"{self.repo}: the hub's tree listing is not a list")
             for e in entries:
@@ -270,15 +310,34 @@ class Hub:
                     size=int(lfs.get("size") or e.get("size") or 0),
                     sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
                 )
-            if not nxt:
+            if not answer.next_url:
                 return files
-            target = urllib.parse.urlsplit(urllib.parse.urljoin(resp.url, nxt))
-            if target.netloc != urllib.parse.urlsplit(self.base).netloc:
-                raise IntegrityError(f"{self.repo}: the tree listing's next page is on another host")
-            resp = self._api_url(urllib.parse.urlunsplit(target))
+            answer = self._answer(self._next_page(answer))
         raise RuntimeFailure(f"{self.repo}: the tree listing does not end")
 
-    def _api_url(self, url: str) -> requests.Response:
+    def _next_page(self, answer: _Answer) -> str:
+        """The listing's next page, only on the endpoint's own host (a Link header is the hub's to
+        write: one too malformed to join is refused like one pointing elsewhere)."""
+        assert answer.next_url is not None
+        try:
+            target = urllib.parse.urlsplit(urllib.parse.urljoin(answer.url, answer.next_url))
+        except ValueError:
+            raise RuntimeFailure(f"{self.repo}: the tree listing's next page is not a URL") from None
+        if target.netloc != urllib.parse.urlsplit(self.base).netloc:
+            raise IntegrityError(f"{self.repo}: the tree listing's next page is on another host")
+        return urllib.parse.urlunsplit(target)
+
+    def _answer(self, url: str) -> _Answer:
+        """One API answer, asked until it comes (retried as a download's chunk is), then one line."""
+        return retry_request(
+            "the hub's API",
+            lambda: self._answer_once(url),
+            self.policy,
+            self.stats,
+            hint="check HF_ENDPOINT, the network and any proxy (HTTPS_PROXY, NO_PROXY), then run again",
+        )
+
+    def _answer_once(self, url: str) -> _Answer:
         resp = open_url(
             url,
             self.origin,
@@ -288,17 +347,15 @@ class Hub:
             session=self.session,
             credential=self.credential,
         )
-        try:
+        with resp:
             if resp.status_code == 404:
                 raise ConfigurationError(
                     f"the hub at {self.base} has no {self.repo} or no such revision ({url})",
                     hint="check OWNER/REPO@REVISION (a gated repo without a token may also answer 404)",
                 )
             check_status(resp, url, self.credential)
-        except BaseException:
-            resp.close()
-            raise
-        return resp
+            next_url = resp.links.get("next", {}).get("url")
+            return _Answer(body=read_body(resp, _API_MAX, url), url=resp.url, next_url=next_url)
 
     def download(
         self,
@@ -323,7 +380,7 @@ class Hub:
                 self.policy,
                 self.stats,
                 sleep,
-                incomplete=lambda: f"{sink.have} of {entry.size} bytes",
+                gave_up=incomplete_after(entry.path, lambda: f"{sink.have} of {entry.size} bytes"),
                 done=lambda: sink.have >= entry.size,
             )
             digests = sink.finish()

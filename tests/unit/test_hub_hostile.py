@@ -8,6 +8,8 @@ test plants the secrets and reads stdout, stderr and every log line for them.
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +59,12 @@ def _argv(case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, command: s
     return ("provision", "--artifacts", "hubset", "--store", str(case.store))
 
 
+def _one_line(rc: int, err: list[str], code: int, kind: str) -> str:
+    assert rc == code and len(err) == 1, (rc, err)
+    assert err[0].startswith(f"dgr: {kind}: ") and "Traceback" not in err[0]
+    return err[0]
+
+
 @pytest.mark.parametrize("command", ["seal", "provision"])
 def test_a_token_with_a_line_break_is_refused_naming_the_variable(
     case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, command: str
@@ -66,8 +74,7 @@ def test_a_token_with_a_line_break_is_refused_naming_the_variable(
     asked = len(case.hub.seen)
     rc = run_cli(case, monkeypatch, *argv)
     err, everything = said.read()
-    assert rc == 2 and len(err) == 1, err
-    assert err[0].startswith("dgr: configuration error: ") and "HF_TOKEN" in err[0]
+    assert "HF_TOKEN" in _one_line(rc, err, 2, "configuration error")
     assert SECRET not in everything and "X-Leak" not in everything
     assert len(case.hub.seen) == asked  # refused before anything is asked of the hub
 
@@ -81,11 +88,11 @@ def test_a_token_file_with_a_line_break_is_refused_naming_the_file(
     case.env["HF_TOKEN_PATH"] = str(token_file)
     rc = run_cli(case, monkeypatch, *SEAL)
     err, everything = said.read()
-    assert rc == 2 and len(err) == 1 and str(token_file) in err[0], err
+    assert str(token_file) in _one_line(rc, err, 2, "configuration error")
     assert SECRET not in everything and "X-Leak" not in everything
 
 
-@pytest.mark.parametrize("command", ["provision"])  # seal: with the API failures, below
+@pytest.mark.parametrize("command", ["seal", "provision"])
 def test_a_password_in_the_endpoint_never_reaches_a_stream(
     case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, command: str
 ) -> None:
@@ -94,7 +101,64 @@ def test_a_password_in_the_endpoint_never_reaches_a_stream(
     case.hub.rate_limit, case.hub.busy_status, case.hub.retry_after = 1000, 503, "0"
     rc = run_cli(case, monkeypatch, *argv)
     err, everything = said.read()
-    assert rc == 6 and len(err) == 1, err
-    assert "503" in everything and PASSWORD not in everything
-    assert "***@" in err[0] or case.hub.netloc in err[0]
+    line = _one_line(rc, err, 6, "runtime failure")
+    assert "503" in line and PASSWORD not in everything
     assert not case.published(PATHS[0]).exists()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["seal", "provision"])
+def test_an_unreachable_endpoint_is_one_line_exit_6(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, command: str
+) -> None:
+    argv = _argv(case, monkeypatch, said, command)
+    case.env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+    line = _one_line(run_cli(case, monkeypatch, *argv), said.read()[0], 6, "runtime failure")
+    assert "ConnectionRefused" in line or "refused" in line
+
+
+def test_a_dead_proxy_is_one_line_exit_6(case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_closed_port()}")
+    line = _one_line(run_cli(case, monkeypatch, *SEAL), said.read()[0], 6, "runtime failure")
+    assert "the hub's API" in line and not case.hub.seen
+
+
+def test_a_503_from_the_api_is_one_line_exit_6(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said
+) -> None:
+    case.hub.rate_limit, case.hub.busy_status, case.hub.retry_after = 1000, 503, "0"
+    line = _one_line(run_cli(case, monkeypatch, *SEAL), said.read()[0], 6, "runtime failure")
+    assert "HTTP 503" in line and "/api/models/" in line
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:port",
+        "ftp://x",
+        "not a url",
+        "http://",
+        "http://h/ x",
+    ],
+)
+@pytest.mark.parametrize("command", ["seal", "provision"])
+def test_a_malformed_endpoint_is_refused_up_front_exit_2(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, command: str, endpoint: str
+) -> None:
+    argv = _argv(case, monkeypatch, said, command)
+    case.env["HF_ENDPOINT"] = endpoint
+    asked, started = len(case.hub.seen), time.monotonic()
+    line = _one_line(run_cli(case, monkeypatch, *argv), said.read()[0], 2, "configuration error")
+    assert "HF_ENDPOINT" in line and len(case.hub.seen) == asked
+    assert time.monotonic() - started < 5  # refused, not retried
