@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import time
@@ -40,6 +39,7 @@ import blake3
 import requests
 
 from core import redact
+from core.canonical import parse_json
 from core.errors import ConfigurationError, DgrError, IntegrityError, RuntimeFailure
 from core.hashing import chunk_digest
 from fetch.download import (
@@ -62,6 +62,7 @@ from fetch.download import (
 )
 from fetch.ledger import Partial
 from manifests.artifact_sets import Origin
+from manifests.loader import validate
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Where the public hub redirects resolve URLs to (LFS and Xet storage); a manifest's
@@ -247,6 +248,75 @@ class HubFile:
     sha256: str | None  # an LFS file's; None for a file kept in git itself
 
 
+_FILE = object()  # index_files: a path part that is a file, not a folder
+_SHOWN_MAX = 300  # of a refusal's detail: the hub wrote it, and may have written megabytes
+
+
+def _checked(raw: bytes, *, source: str, schema: str) -> Any:
+    """An API answer through the bounded JSON reader (size, depth, duplicate keys, NaN), then its
+    schema; anything else is one RuntimeFailure naming the answer (exit 6: the hub's answer is not
+    the operator's configuration, and a bad one fails like one that never came)."""
+    try:
+        data = parse_json(raw, source=source, max_bytes=_API_MAX)
+        validate(data, schema, source=source)
+    except ConfigurationError as exc:  # BadJson is one
+        shown = exc.message if len(exc.message) <= _SHOWN_MAX else exc.message[:_SHOWN_MAX] + "..."
+        raise RuntimeFailure(shown, hint="the hub (or HF_ENDPOINT's mirror) answers out of shape") from None
+    return data
+
+
+def read_commit(raw: bytes, *, source: str, repo: str, revision: str) -> str:
+    """The commit a revision answer names (manifests/schemas/hub-revision.schema.json)."""
+    sha: str = _checked(raw, source=source, schema="hub-revision")["sha"]
+    if COMMIT.match(revision) and sha != revision:
+        raise IntegrityError(f"{repo}: asked for commit {revision}, the hub answers {sha}")
+    return sha
+
+
+def read_tree_page(raw: bytes, *, source: str) -> list[HubFile]:
+    """The files one page of a tree listing states (manifests/schemas/hub-tree.schema.json)."""
+    entries = _checked(raw, source=source, schema="hub-tree")
+    return [_hub_file(e, source) for e in entries if e["type"] == "file"]
+
+
+def _hub_file(entry: dict[str, Any], source: str) -> HubFile:
+    """One file's entry, once its sizes are plain non-negative integers that agree (a JSON 5.0 passes
+    the schema's "integer", and an LFS pointer states the size a second time)."""
+    path: str = entry["path"]
+    lfs: dict[str, Any] = entry.get("lfs") or {}
+    sizes = [entry["size"], *([lfs["size"]] if "size" in lfs else [])]
+    if any(type(n) is not int for n in sizes):
+        raise RuntimeFailure(f"{source}: {ascii(path[:200])}: size {sizes[0]!r} is not an integer")
+    if len(set(sizes)) > 1:
+        raise RuntimeFailure(f"{source}: {ascii(path[:200])}: the listing states two sizes, {sizes}")
+    sha = lfs.get("oid") or lfs.get("sha256")
+    return HubFile(
+        path=path,
+        size=sizes[0],
+        sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
+    )
+
+
+def index_files(listed: list[HubFile], *, source: str) -> dict[str, HubFile]:
+    """The listing's files by path, refusing a path listed twice or one that is both a file and a
+    folder (``a.gguf`` and ``a.gguf/x.gguf``: staging could not hold both).  A tree of path parts
+    keeps it linear in the listing's size."""
+    files: dict[str, HubFile] = {}
+    root: dict[str, Any] = {}
+    for entry in listed:
+        parts = entry.path.split("/")
+        node = root
+        for depth, part in enumerate(parts, 1):
+            here = node.get(part)
+            if here is _FILE or (depth == len(parts) and here is not None):
+                what = "twice" if entry.path in files else "both as a file and as a folder"
+                shown = ascii("/".join(parts[:depth])[:200])[1:-1]
+                raise RuntimeFailure(f"{source} lists {shown} {what}; refusing the listing")
+            node = node.setdefault(part, _FILE if depth == len(parts) else {})
+        files[entry.path] = entry
+    return files
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Answer:
     """One API answer: its body (at most ``_API_MAX`` bytes), the URL that gave it, its next page."""
@@ -272,46 +342,22 @@ class Hub:
         assert self.origin.base_url is not None
         return self.origin.base_url
 
-    def _api(self, path: str) -> Any:
-        return self._json(self._answer(f"{self.base}/api/models/{self.repo}/{path}"))
-
-    def _json(self, answer: _Answer) -> Any:
-        try:
-            return json.loads(answer.body)
-        except ValueError:
-            raise RuntimeFailure(f"{redact.redact_url(answer.url)}: the hub's answer is not JSON") from None
-
     def commit(self, revision: str) -> str:
         """The 40-hex commit a branch, tag or commit names, asked once."""
-        data = self._api(f"revision/{urllib.parse.quote(revision, safe='')}")
-        sha = data.get("sha") if isinstance(data, dict) else None
-        if not isinstance(sha, str) or not COMMIT.match(sha):
-            raise RuntimeFailure(f"the hub names no commit for {self.repo}@{revision}")
-        if COMMIT.match(revision) and sha != revision:
-            raise IntegrityError(f"{self.repo}: asked for commit {revision}, the hub answers {sha}")
-        return sha
+        quoted = urllib.parse.quote(revision, safe="")
+        answer = self._answer(f"{self.base}/api/models/{self.repo}/revision/{quoted}")
+        source = f"the hub's answer for {self.repo}@{revision} ({redact.redact_url(answer.url)})"
+        return read_commit(answer.body, source=source, repo=self.repo, revision=revision)
 
     def tree(self, commit: str) -> dict[str, HubFile]:
         """Every file of the repo at ``commit`` (the listing's pages, followed on the same host)."""
-        files: dict[str, HubFile] = {}
+        listed: list[HubFile] = []
         answer = self._answer(f"{self.base}/api/models/{self.repo}/tree/{commit}?recursive=true")
         for _page in range(10_000):
-            entries = self._json(answer)
-            if not isinstance(entries, list):
-                raise RuntimeFailure(f"{self.repo}: the hub's tree listing is not a list")
-            for e in entries:
-                if not isinstance(e, dict) or e.get("type") != "file":
-                    continue
-                pointer = e.get("lfs")
-                lfs = pointer if isinstance(pointer, dict) else {}
-                sha = lfs.get("oid") or lfs.get("sha256")
-                files[str(e.get("path"))] = HubFile(
-                    path=str(e.get("path")),
-                    size=int(lfs.get("size") or e.get("size") or 0),
-                    sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
-                )
+            source = f"the hub's tree listing of {self.repo} ({redact.redact_url(answer.url)})"
+            listed += read_tree_page(answer.body, source=source)
             if not answer.next_url:
-                return files
+                return index_files(listed, source=f"the hub's tree listing of {self.repo}@{commit}")
             answer = self._answer(self._next_page(answer))
         raise RuntimeFailure(f"{self.repo}: the tree listing does not end")
 

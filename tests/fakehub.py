@@ -4,7 +4,8 @@
 - ``/{repo}/resolve/{revision}/{path}``: 302 to the storage host, with ``X-Linked-Etag`` (the file's
   sha256, quoted), ``X-Linked-Size``, ``X-Repo-Commit``;
 - ``/api/models/{repo}/revision/{revision}``: ``{"sha": commit, "siblings": [...]}``;
-- ``/api/models/{repo}/tree/{commit}``: the file listing, LFS files with ``lfs.oid`` (sha256) and size;
+- ``/api/models/{repo}/tree/{commit}``: the file listing, LFS files with ``lfs.oid`` (sha256) and size
+  (``Repo.answers`` replaces an API answer with raw bytes: a hostile hub);
 - a gated repo answers 401 (``X-Error-Code: GatedRepo``) without ``Authorization: Bearer <token>``;
 - ``rate_limit``: that many 429 (``busy_status``) answers with ``Retry-After`` before behaving.
 ``Storage`` is the second host (another port on 127.0.0.1): ``/blobs/<sha256>`` with Range support; it
@@ -225,6 +226,7 @@ class Repo:
     branches: dict[str, str] = field(default_factory=dict)
     gated: bool = False
     lfs: bool = True  # False: files kept in git itself (no sha256 stated)
+    answers: dict[str, bytes] = field(default_factory=dict)  # "tree" / "revision": a raw body instead
 
 
 class FakeHub(_Server):
@@ -282,17 +284,20 @@ class FakeHub(_Server):
         if commit is None:
             self.reply(h, seen, 404, {"X-Error-Code": "RevisionNotFound"})
             return
-        if api and api[2] == "revision":
+        if api and api[2] in repo.answers:
+            self.reply(h, seen, 200, {"Content-Type": "application/json"}, repo.answers[api[2]])
+        elif api and api[2] == "revision":
             body = {"id": name, "sha": commit, "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
             self.reply(h, seen, 200, {"Content-Type": "application/json"}, json.dumps(body).encode())
         elif api:
-            tree = json.dumps(self._tree(repo)).encode()
+            tree = json.dumps(self.tree(repo)).encode()
             self.reply(h, seen, 200, {"Content-Type": "application/json"}, tree)
         else:
             assert resolve is not None
             self._resolve(h, seen, repo, commit, urllib.parse.unquote(resolve[3]))
 
-    def _tree(self, repo: Repo) -> list[dict[str, Any]]:
+    def tree(self, repo: Repo) -> list[dict[str, Any]]:
+        """The tree listing of ``repo`` as the hub writes it (a test edits it into a hostile one)."""
         out = []
         for p, data in sorted(repo.files.items()):
             entry: dict[str, Any] = {

@@ -7,6 +7,7 @@ test plants the secrets and reads stdout, stderr and every log line for them.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from core.context import Context
+from tests.fuzz.seeds import HOSTILE_HUB_ANSWERS
 from tests.unit.hubcase import PATHS, REPO, HubCase, hub_case, run_cli
 
 SECRET = "hf_planted_Secret_9f3"  # what a token holds, before a line break an attacker adds
@@ -162,3 +164,29 @@ def test_a_malformed_endpoint_is_refused_up_front_exit_2(
     line = _one_line(run_cli(case, monkeypatch, *argv), said.read()[0], 2, "configuration error")
     assert "HF_ENDPOINT" in line and len(case.hub.seen) == asked
     assert time.monotonic() - started < 5  # refused, not retried
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_HUB_ANSWERS))
+def test_a_hostile_api_answer_is_refused_in_one_line(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, shape: str
+) -> None:
+    """Each answer goes through the bounded JSON reader and its schema before anything uses it."""
+    kind, body, says = HOSTILE_HUB_ANSWERS[shape]
+    case.hub.repos[REPO].answers[kind] = body
+    before = (case.manifests / "hubset.json").read_text()
+    line = _one_line(run_cli(case, monkeypatch, *SEAL), said.read()[0], 6, "runtime failure")
+    assert says in line and len(line) < 1000
+    assert (case.manifests / "hubset.json").read_text() == before and not case.storage.seen
+
+
+def test_a_file_listed_inside_a_selected_file_refuses_the_listing(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said
+) -> None:
+    """Both paths selected: the second one used to need a folder where the first was staged as a file."""
+    repo = case.hub.repos[REPO]
+    tree = case.hub.tree(repo)
+    tree.append({**tree[0], "path": f"{PATHS[0]}/x.gguf"})
+    repo.answers["tree"] = json.dumps(tree).encode()
+    argv = [*SEAL[:-1], "Q4/*"]
+    line = _one_line(run_cli(case, monkeypatch, *argv), said.read()[0], 6, "runtime failure")
+    assert f"{PATHS[0]} both as a file and as a folder" in line and not case.storage.seen
