@@ -60,7 +60,7 @@ from fetch.download import (
     retry_loop,
     retry_request,
 )
-from fetch.ledger import Partial
+from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
 from manifests.loader import validate
 
@@ -505,8 +505,7 @@ class _Sink:
 
     def __init__(self, dest: Path, size: int, chunk_size: int, on_bytes: Callable[[int], None]) -> None:
         self.dest, self.size, self.chunk_size, self.on_bytes = dest, size, chunk_size, on_bytes
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self.fd = open_nofollow(dest, os.O_RDWR | os.O_CREAT)  # its folder: the caller's, link-free
         self.buffer = memoryview(bytearray(chunk_size))
         self._reset()
         have = min(os.fstat(self.fd).st_size, size)

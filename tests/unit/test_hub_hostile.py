@@ -190,3 +190,20 @@ def test_a_file_listed_inside_a_selected_file_refuses_the_listing(
     argv = [*SEAL[:-1], "Q4/*"]
     line = _one_line(run_cli(case, monkeypatch, *argv), said.read()[0], 6, "runtime failure")
     assert f"{PATHS[0]} both as a file and as a folder" in line and not case.storage.seen
+
+
+@pytest.mark.parametrize("planted", ["folder", "subfolder", "file"])
+def test_a_link_planted_in_the_seals_staging_is_refused(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said, planted: str
+) -> None:
+    """RELIABILITY 14/25: staging obeys the store's no-links rule; nothing lands where a link points."""
+    staging = Path(case.env["DGR_WORK"]) / "staging" / f"hub-hubset-q4-{case.hub.repos[REPO].commit[:12]}"
+    elsewhere = case.tmp / "elsewhere"
+    elsewhere.mkdir()
+    link = {"folder": staging, "subfolder": staging / "Q4", "file": staging / PATHS[0]}[planted]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(elsewhere / "victim" if planted == "file" else elsewhere)
+    line = _one_line(run_cli(case, monkeypatch, *SEAL), said.read()[0], 3, "integrity error")
+    assert "symbolic link" in line and str(link) in line
+    assert list(elsewhere.iterdir()) == []
+    assert "revision" not in case.manifest()["origins"][0]
