@@ -60,7 +60,8 @@ from fetch.download import (
     retry_loop,
     retry_request,
 )
-from fetch.ledger import Partial, open_nofollow
+from fetch.ledger import DiskFull, Partial, open_nofollow, pwrite_all
+from fetch.store import free_bytes
 from manifests.artifact_sets import Origin
 from manifests.loader import validate
 
@@ -430,6 +431,8 @@ class Hub:
                 done=lambda: sink.have >= entry.size,
             )
             digests = sink.finish()
+        except DiskFull:
+            raise _disk_full(entry, sink) from None
         finally:
             sink.close()
         try:
@@ -471,6 +474,16 @@ class Hub:
                 check_no_more(body, url, sink.size)
         finally:
             finish_response(resp)
+
+
+def _disk_full(entry: HubFile, sink: _Sink) -> RuntimeFailure:
+    """A full disk stops the seal at once; the whole chunks staged stay for the re-run to resume from,
+    and the line says how much more this file needs (as provisioning's does)."""
+    return RuntimeFailure(
+        f"disk full staging {entry.path}: {sink.have} of {entry.size} bytes staged and kept; need "
+        f"{entry.size - sink.have} more bytes for this file (free {free_bytes(sink.dest.parent)})",
+        hint="free space in the workspace (DGR_WORK) and run the seal again to resume",
+    )
 
 
 def _hold(entry: HubFile, digests: dict[str, Any], linked: list[dict[str, str]], url: str) -> None:
@@ -535,9 +548,7 @@ class _Sink:
         return self.buffer[: min(self.chunk_size, self.size - self.have)]
 
     def land(self, view: memoryview) -> None:
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], self.have + done)
+        pwrite_all(self.fd, view, self.have, self.dest)  # ENOSPC: a DiskFull, as provisioning's
         self._feed(view)
         self.on_bytes(len(view))
 
