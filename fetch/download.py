@@ -54,7 +54,8 @@ from manifests.artifact_sets import Origin
 log = redact.logger("dgr.fetch")
 _Answer = TypeVar("_Answer")
 
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_CONTENT_RANGE = re.compile(r"^bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)$")  # ASCII digits: int() takes them
+_DIGITS = re.compile(r"[0-9]+")
 _REDIRECTS = (301, 302, 303, 307, 308)
 _REDIRECT_BODY_MAX = 1 << 16  # a redirect's body this small is read, so its connection is reused
 
@@ -97,13 +98,20 @@ _TRANSIENT_STATUS = frozenset({408, 429, *range(500, 600)})
 _ACCESS_STATUS = (401, 403)
 
 
+def header_int(value: str | None) -> int | None:
+    """A header's number: ASCII digits only, else None ('²'.isdigit() is True, and int('²') raises)."""
+    text = (value or "").strip()
+    return int(text) if _DIGITS.fullmatch(text) else None
+
+
 def retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    seconds = header_int(value)
+    if seconds is not None:
+        return float(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -311,9 +319,9 @@ def _why(exc: BaseException) -> str:
 
 def _discard(resp: requests.Response) -> None:
     """Close a response we do not read; a small body is read first so its connection can be reused."""
-    length = resp.headers.get("Content-Length", "")
+    length = header_int(resp.headers.get("Content-Length"))
     try:
-        if length.isdigit() and int(length) <= _REDIRECT_BODY_MAX:
+        if length is not None and length <= _REDIRECT_BODY_MAX:
             resp.content  # noqa: B018 - reading it lets requests hand the connection back to the pool
     except (*_TRANSIENT_ERRORS, OSError):
         pass
@@ -689,8 +697,8 @@ def check_content_range(
             f"{url}: rejected 206 response: Content-Range {raw!r} does not match the "
             f"requested bytes {start}-{end - 1} of {size}"
         )
-    length = resp.headers.get("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) != got_last - got_start + 1:
+    length = header_int(resp.headers.get("Content-Length"))
+    if length is not None and length != got_last - got_start + 1:
         raise IntegrityError(f"{url}: rejected 206 response: Content-Length {length} disagrees with {raw!r}")
     return got_start, got_last + 1
 
@@ -709,8 +717,8 @@ def check_no_more(body: Any, url: str, size: int) -> None:
 
 
 def check_whole_length(resp: requests.Response, url: str, size: int) -> None:
-    length = resp.headers.get("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) < size:
+    length = header_int(resp.headers.get("Content-Length"))
+    if length is not None and length < size:
         raise IntegrityError(
             f"{url}: unexpected size: the origin sends {length} bytes, the manifest says {size}"
         )

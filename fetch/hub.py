@@ -52,6 +52,7 @@ from fetch.download import (
     check_whole_length,
     fetch_url,
     finish_response,
+    header_int,
     incomplete_after,
     open_url,
     read_body,
@@ -498,8 +499,8 @@ def _hold(entry: HubFile, digests: dict[str, Any], linked: list[dict[str, str]],
         etag = lower.get("x-linked-etag", "").strip().removeprefix("W/").strip('"')
         if re.fullmatch(r"[0-9a-f]{64}", etag):
             stated.add(etag)
-        size = lower.get("x-linked-size", "").strip()
-        if size.isdigit() and int(size) != entry.size:
+        size = header_int(lower.get("x-linked-size"))
+        if size is not None and size != entry.size:
             raise IntegrityError(f"{url}: X-Linked-Size {size}, the hub's tree says {entry.size}")
     if not stated:
         raise IntegrityError(

@@ -239,6 +239,7 @@ class FakeHub(_Server):
         self.rate_limit = 0  # answer this many requests with busy_status ...
         self.busy_status = 429  # (503: the hub is down for a while) ...
         self.retry_after = "1"  # ... asking to come back after this
+        self.resolve_headers: dict[str, str] = {}  # added to (or replacing) each resolve answer's
         super().__init__()
 
     @property
@@ -322,7 +323,7 @@ class FakeHub(_Server):
         if repo.lfs:
             headers.update({"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))})
         headers["Location"] = f"http://{self.storage.netloc}/blobs/{sha}?X-Amz-Signature=fake"
-        self.reply(h, seen, 302, headers, b"Found. Redirecting")
+        self.reply(h, seen, 302, {**headers, **self.resolve_headers}, b"Found. Redirecting")
 
 
 class Proxy(_Server):

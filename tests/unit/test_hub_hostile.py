@@ -248,3 +248,18 @@ def test_disk_full_while_staging_a_seal_is_one_line_and_keeps_what_landed(case: 
     staged = int(line.split("staging ", 1)[1].split(": ", 1)[1].split(" of ", 1)[0])
     assert staged > 0 and staged % CHUNK == 0  # whole chunks, where a re-run resumes
     assert "revision" not in case.manifest()["origins"][0]
+
+
+def test_a_retry_after_in_other_digits_is_read_as_no_wait(
+    case: HubCase, monkeypatch: pytest.MonkeyPatch, said: Said
+) -> None:
+    """'²'.isdigit() is True and float('²') a ValueError: a header's number is ASCII digits or absent."""
+    case.hub.rate_limit, case.hub.busy_status, case.hub.retry_after = 1000, 503, "²"
+    line = _one_line(run_cli(case, monkeypatch, *SEAL), said.read()[0], 6, "runtime failure")
+    assert "HTTP 503" in line
+
+
+def test_a_linked_size_in_other_digits_is_not_a_size(case: HubCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    case.hub.resolve_headers = {"X-Linked-Size": "³²"}
+    assert run_cli(case, monkeypatch, *SEAL) == 0  # the tree's size and sha256 still decide
+    assert [f["name"] for f in case.manifest()["variants"]["q4"]["files"]] == PATHS
