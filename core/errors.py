@@ -1,10 +1,13 @@
 """One error hierarchy for the whole pipeline; each class owns an exit code.
 
 The top-level handler in ``cli.main`` turns any ``DgrError`` into one clear line on stderr and its
-exit code.  Messages say what failed and what to do next.
+exit code.  Messages say what failed and what to do next.  A message is scrubbed as the error is made
+(``core.redact``): whatever a caller or a library put into it, no secret reaches a stream or a traceback.
 """
 
 from __future__ import annotations
+
+from core.redact import scrub
 
 
 class DgrError(Exception):
@@ -12,9 +15,10 @@ class DgrError(Exception):
     kind = "error"
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        message = scrub(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = scrub(hint) if hint else hint
 
     def one_line(self) -> str:
         text = f"dgr: {self.kind}: {self.message}"
@@ -66,7 +70,7 @@ class CommandFailed(RuntimeFailure):
 
         self.argv = list(argv)
         self.returncode = returncode
-        self.tail = tail
+        self.tail = scrub(tail)
         last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
         super().__init__(f"`{shlex.join(argv)}` exited {returncode}: {last}", hint=hint)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import selectors
 import shlex
@@ -15,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import redact
 from core.errors import CommandFailed, CommandTimeout, ToolchainMissing
 
-log = logging.getLogger("dgr.proc")
+log = redact.logger("dgr.proc")
 
 TAIL_LINES = 40
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import http.client
-import logging
 import os
 import re
 import socket
@@ -38,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -47,13 +46,16 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import InvalidHeader
 from urllib3.util.retry import Retry
 
+from core import redact
 from core.errors import DgrError, IntegrityError, RuntimeFailure
 from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
 
-log = logging.getLogger("dgr.fetch")
+log = redact.logger("dgr.fetch")
+_Answer = TypeVar("_Answer")
 
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_CONTENT_RANGE = re.compile(r"^bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)$")  # ASCII digits: int() takes them
+_DIGITS = re.compile(r"[0-9]+")
 _REDIRECTS = (301, 302, 303, 307, 308)
 _REDIRECT_BODY_MAX = 1 << 16  # a redirect's body this small is read, so its connection is reused
 
@@ -86,7 +88,7 @@ class Transient(Exception):
     ``exhausted``: urllib3 already retried it as often as the policy allows."""
 
     def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(redact.scrub(message))  # logged while retrying: scrubbed like a DgrError
         self.retry_after = retry_after
         self.exhausted = exhausted
 
@@ -96,13 +98,20 @@ _TRANSIENT_STATUS = frozenset({408, 429, *range(500, 600)})
 _ACCESS_STATUS = (401, 403)
 
 
+def header_int(value: str | None) -> int | None:
+    """A header's number: ASCII digits only, else None ('²'.isdigit() is True, and int('²') raises)."""
+    text = (value or "").strip()
+    return int(text) if _DIGITS.fullmatch(text) else None
+
+
 def retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    seconds = header_int(value)
+    if seconds is not None:
+        return float(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -296,10 +305,8 @@ def _redirect_target(
 
 
 def _shown(url: urllib.parse.SplitResult) -> str:
-    """A URL for messages and logs: no user-info, no query (a storage host's redirect carries a
-    signature there)."""
-    netloc = (url.hostname or "") + (f":{url.port}" if url.port else "")
-    return urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
+    """A URL for messages and logs (a storage host's redirect carries a signature in its query)."""
+    return redact.redact_url(urllib.parse.urlunsplit(url))
 
 
 def _why(exc: BaseException) -> str:
@@ -312,9 +319,9 @@ def _why(exc: BaseException) -> str:
 
 def _discard(resp: requests.Response) -> None:
     """Close a response we do not read; a small body is read first so its connection can be reused."""
-    length = resp.headers.get("Content-Length", "")
+    length = header_int(resp.headers.get("Content-Length"))
     try:
-        if length.isdigit() and int(length) <= _REDIRECT_BODY_MAX:
+        if length is not None and length <= _REDIRECT_BODY_MAX:
             resp.content  # noqa: B018 - reading it lets requests hand the connection back to the pool
     except (*_TRANSIENT_ERRORS, OSError):
         pass
@@ -509,11 +516,12 @@ def retry_loop(
     sleep: Callable[[float], None],
     *,
     on_failure: Callable[[], None] = lambda: None,
-    incomplete: Callable[[], str],
+    gave_up: Callable[[int, Transient], DgrError],
     done: Callable[[], bool],
 ) -> None:
     """Call ``attempt`` until ``done``; a Transient is retried with backoff while ``progress`` grows,
-    and ``policy.attempts`` of them in a row (or one urllib3 already retried) give up."""
+    and ``policy.attempts`` of them in a row (or one urllib3 already retried) end in ``gave_up``'s
+    error: a Transient never leaves this loop."""
     failures = 0
     while not done():
         before = progress()
@@ -526,15 +534,60 @@ def retry_loop(
             if exc.exhausted:
                 failures = max(failures, policy.attempts)
             if failures >= policy.attempts:
-                raise RuntimeFailure(
-                    f"{name}: incomplete {incomplete()} after {failures} failed attempts ({exc})",
-                    hint="run the same command again to resume from the last verified chunk",
-                ) from None
+                raise gave_up(failures, exc) from None
             wait = max(policy.delay(failures), min(exc.retry_after or 0.0, policy.max_retry_after_s))
             log.warning("%s: %s; retrying in %.1f s", name, exc, wait)
             sleep(wait)
             continue
         failures = 0
+
+
+def incomplete_after(name: str, have: Callable[[], str]) -> Callable[[int, Transient], DgrError]:
+    """What giving up on a download says: how far it got, and that a re-run resumes from there."""
+
+    def gave_up(failures: int, exc: Transient) -> DgrError:
+        return RuntimeFailure(
+            f"{name}: incomplete {have()} after {failures} failed attempts ({exc})",
+            hint="run the same command again to resume from the last verified chunk",
+        )
+
+    return gave_up
+
+
+def retry_request(
+    what: str,
+    request: Callable[[], _Answer],
+    policy: RetryPolicy,
+    stats: Stats,
+    *,
+    hint: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> _Answer:
+    """A request with nothing to resume (an API call), retried as a download is: a refused connection,
+    a dead proxy, a reset or a 5xx end, once the policy's attempts are spent, in one RuntimeFailure
+    naming ``what`` (exit 6), as provisioning reports a download it gave up on."""
+    answers: list[_Answer] = []
+
+    def gave_up(failures: int, exc: Transient) -> DgrError:
+        return RuntimeFailure(f"{what}: gave up after {failures} failed attempts ({exc})", hint=hint)
+
+    def attempt() -> None:
+        answers.append(request())
+
+    retry_loop(what, attempt, lambda: 0, policy, stats, sleep, gave_up=gave_up, done=lambda: bool(answers))
+    return answers[0]
+
+
+def read_body(resp: requests.Response, limit: int, url: str) -> bytes:
+    """A whole (small) body, at most ``limit`` bytes: a read cut short is a Transient, a longer body
+    a RuntimeFailure."""
+    try:
+        raw = resp.raw.read(limit + 1, decode_content=True)
+    except (*_TRANSIENT_ERRORS, OSError) as exc:
+        raise Transient(f"{_shown(urllib.parse.urlsplit(url))}: reading the answer: {_why(exc)}") from None
+    if len(raw) > limit:
+        raise RuntimeFailure(f"{redact.redact_url(url)}: the answer is larger than {limit} bytes")
+    return raw
 
 
 def _fetch_all(
@@ -560,7 +613,9 @@ def _fetch_all(
         stats,
         sleep,
         on_failure=feed.drain,
-        incomplete=lambda: f"{partial.bytes_verified} of {partial.size} bytes",
+        gave_up=incomplete_after(
+            partial.entry.name, lambda: f"{partial.bytes_verified} of {partial.size} bytes"
+        ),
         done=lambda: not partial.missing(),
     )
 
@@ -642,8 +697,8 @@ def check_content_range(
             f"{url}: rejected 206 response: Content-Range {raw!r} does not match the "
             f"requested bytes {start}-{end - 1} of {size}"
         )
-    length = resp.headers.get("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) != got_last - got_start + 1:
+    length = header_int(resp.headers.get("Content-Length"))
+    if length is not None and length != got_last - got_start + 1:
         raise IntegrityError(f"{url}: rejected 206 response: Content-Length {length} disagrees with {raw!r}")
     return got_start, got_last + 1
 
@@ -662,8 +717,8 @@ def check_no_more(body: Any, url: str, size: int) -> None:
 
 
 def check_whole_length(resp: requests.Response, url: str, size: int) -> None:
-    length = resp.headers.get("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) < size:
+    length = header_int(resp.headers.get("Content-Length"))
+    if length is not None and length < size:
         raise IntegrityError(
             f"{url}: unexpected size: the origin sends {length} bytes, the manifest says {size}"
         )

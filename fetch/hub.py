@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import time
@@ -39,6 +38,8 @@ from typing import Any
 import blake3
 import requests
 
+from core import redact
+from core.canonical import parse_json
 from core.errors import ConfigurationError, DgrError, IntegrityError, RuntimeFailure
 from core.hashing import chunk_digest
 from fetch.download import (
@@ -51,13 +52,19 @@ from fetch.download import (
     check_whole_length,
     fetch_url,
     finish_response,
+    header_int,
+    incomplete_after,
     open_url,
+    read_body,
     read_exact,
     response_body,
     retry_loop,
+    retry_request,
 )
-from fetch.ledger import Partial
+from fetch.ledger import DiskFull, Partial, open_nofollow, pwrite_all
+from fetch.store import free_bytes
 from manifests.artifact_sets import Origin
+from manifests.loader import validate
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Where the public hub redirects resolve URLs to (LFS and Xet storage); a manifest's
@@ -74,6 +81,7 @@ DEFAULT_STORAGE_HOSTS = (
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _API_MAX = 64 << 20  # the most JSON we read from one API answer
+_TOKEN = re.compile(r"[!-~]+")  # what a header value may carry unquoted: printable ASCII, no space
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +104,41 @@ def parse_ref(text: str) -> HubRef:
 
 
 def endpoint(origin_endpoint: str | None, env: Mapping[str, str]) -> str:
-    return (env.get("HF_ENDPOINT") or origin_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+    """HF_ENDPOINT, else the origin's endpoint, else the public hub; checked before anything is asked
+    of the network (exit 2, no retries): a malformed one was a ValueError deep inside urllib, and one
+    requests cannot use was retried for half a minute as if the network were down."""
+    given, where = env.get("HF_ENDPOINT"), "HF_ENDPOINT"
+    if not given:
+        given, where = origin_endpoint or DEFAULT_ENDPOINT, "the hub origin's endpoint"
+    url = given.rstrip("/")
+    fault = _endpoint_fault(url)
+    if fault:
+        raise ConfigurationError(
+            f"{where} {redact.redact_url(url)!r} is not the http(s) URL of a hub: {fault}",
+            hint="e.g. https://huggingface.co, or http://HOST:PORT for a mirror",
+        )
+    return url
+
+
+def _endpoint_fault(url: str) -> str | None:
+    """What makes ``url`` unusable as an endpoint, or None; its password is remembered as a secret."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # an unclosed IPv6 bracket, a port out of range or not a number
+        return str(exc)
+    redact.remember(parts.password)
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme is {parts.scheme or 'missing'}, not http or https"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "port 0"
+    if parts.query or parts.fragment:
+        return "it has a query or a fragment"
+    return None
 
 
 def token_file(env: Mapping[str, str]) -> Path:
@@ -111,15 +153,29 @@ def token_file(env: Mapping[str, str]) -> Path:
 
 
 def token(env: Mapping[str, str]) -> str | None:
-    """HF_TOKEN, else huggingface_hub's token file; None when neither holds one."""
-    value = (env.get("HF_TOKEN") or "").strip()
-    if value:
-        return value
-    try:
-        value = token_file(env).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+    """HF_TOKEN, else huggingface_hub's token file; None when neither holds one.
+
+    The value is remembered as a secret (``core.redact``) before it is looked at, then refused (exit 2,
+    naming where it came from, never what it holds) unless it is printable ASCII without spaces: a line
+    break would end the Authorization header and start another, and requests quotes the whole header
+    in the error it raises for one."""
+    value, where = (env.get("HF_TOKEN") or "").strip(), "HF_TOKEN"
+    if not value:
+        path = token_file(env)
+        try:
+            value, where = path.read_text(encoding="utf-8").strip(), f"the token file {path}"
+        except (OSError, UnicodeDecodeError):
+            return None
+    if not value:
         return None
-    return value or None
+    redact.remember(value)
+    if not _TOKEN.fullmatch(value):
+        raise ConfigurationError(
+            f"{where} holds a line break, a space or a character outside printable ASCII, which no "
+            "hub token holds; refusing to send it",
+            hint=f"put the token alone, on one line, in {where}",
+        )
+    return value
 
 
 def credential(base: str, repo: str, env: Mapping[str, str]) -> Credential:
@@ -194,6 +250,84 @@ class HubFile:
     sha256: str | None  # an LFS file's; None for a file kept in git itself
 
 
+_FILE = object()  # index_files: a path part that is a file, not a folder
+_SHOWN_MAX = 300  # of a refusal's detail: the hub wrote it, and may have written megabytes
+
+
+def _checked(raw: bytes, *, source: str, schema: str) -> Any:
+    """An API answer through the bounded JSON reader (size, depth, duplicate keys, NaN), then its
+    schema; anything else is one RuntimeFailure naming the answer (exit 6: the hub's answer is not
+    the operator's configuration, and a bad one fails like one that never came)."""
+    try:
+        data = parse_json(raw, source=source, max_bytes=_API_MAX)
+        validate(data, schema, source=source)
+    except ConfigurationError as exc:  # BadJson is one
+        shown = exc.message if len(exc.message) <= _SHOWN_MAX else exc.message[:_SHOWN_MAX] + "..."
+        raise RuntimeFailure(shown, hint="the hub (or HF_ENDPOINT's mirror) answers out of shape") from None
+    return data
+
+
+def read_commit(raw: bytes, *, source: str, repo: str, revision: str) -> str:
+    """The commit a revision answer names (manifests/schemas/hub-revision.schema.json)."""
+    sha: str = _checked(raw, source=source, schema="hub-revision")["sha"]
+    if COMMIT.match(revision) and sha != revision:
+        raise IntegrityError(f"{repo}: asked for commit {revision}, the hub answers {sha}")
+    return sha
+
+
+def read_tree_page(raw: bytes, *, source: str) -> list[HubFile]:
+    """The files one page of a tree listing states (manifests/schemas/hub-tree.schema.json)."""
+    entries = _checked(raw, source=source, schema="hub-tree")
+    return [_hub_file(e, source) for e in entries if e["type"] == "file"]
+
+
+def _hub_file(entry: dict[str, Any], source: str) -> HubFile:
+    """One file's entry, once its sizes are plain non-negative integers that agree (a JSON 5.0 passes
+    the schema's "integer", and an LFS pointer states the size a second time)."""
+    path: str = entry["path"]
+    lfs: dict[str, Any] = entry.get("lfs") or {}
+    sizes = [entry["size"], *([lfs["size"]] if "size" in lfs else [])]
+    if any(type(n) is not int for n in sizes):
+        raise RuntimeFailure(f"{source}: {ascii(path[:200])}: size {sizes[0]!r} is not an integer")
+    if len(set(sizes)) > 1:
+        raise RuntimeFailure(f"{source}: {ascii(path[:200])}: the listing states two sizes, {sizes}")
+    sha = lfs.get("oid") or lfs.get("sha256")
+    return HubFile(
+        path=path,
+        size=sizes[0],
+        sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
+    )
+
+
+def index_files(listed: list[HubFile], *, source: str) -> dict[str, HubFile]:
+    """The listing's files by path, refusing a path listed twice or one that is both a file and a
+    folder (``a.gguf`` and ``a.gguf/x.gguf``: staging could not hold both).  A tree of path parts
+    keeps it linear in the listing's size."""
+    files: dict[str, HubFile] = {}
+    root: dict[str, Any] = {}
+    for entry in listed:
+        parts = entry.path.split("/")
+        node = root
+        for depth, part in enumerate(parts, 1):
+            here = node.get(part)
+            if here is _FILE or (depth == len(parts) and here is not None):
+                what = "twice" if entry.path in files else "both as a file and as a folder"
+                shown = ascii("/".join(parts[:depth])[:200])[1:-1]
+                raise RuntimeFailure(f"{source} lists {shown} {what}; refusing the listing")
+            node = node.setdefault(part, _FILE if depth == len(parts) else {})
+        files[entry.path] = entry
+    return files
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Answer:
+    """One API answer: its body (at most ``_API_MAX`` bytes), the URL that gave it, its next page."""
+
+    body: bytes
+    url: str
+    next_url: str | None
+
+
 @dataclass
 class Hub:
     """One repository on one endpoint, over one Session (reused for the API and the downloads)."""
@@ -210,59 +344,48 @@ class Hub:
         assert self.origin.base_url is not None
         return self.origin.base_url
 
-    def _api(self, path: str) -> requests.Response:
-        return self._api_url(f"{self.base}/api/models/{self.repo}/{path}")
-
-    def _json(self, resp: requests.Response) -> Any:
-        with resp:
-            raw = resp.raw.read(_API_MAX + 1, decode_content=True)
-        if len(raw) > _API_MAX:
-            raise RuntimeFailure(f"{resp.url}: the hub's answer is larger than {_API_MAX} bytes")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise RuntimeFailure(f"{resp.url}: the hub's answer is not JSON") from None
-
     def commit(self, revision: str) -> str:
         """The 40-hex commit a branch, tag or commit names, asked once."""
-        data = self._json(self._api(f"revision/{urllib.parse.quote(revision, safe='')}"))
-        sha = data.get("sha") if isinstance(data, dict) else None
-        if not isinstance(sha, str) or not COMMIT.match(sha):
-            raise RuntimeFailure(f"the hub names no commit for {self.repo}@{revision}")
-        if COMMIT.match(revision) and sha != revision:
-            raise IntegrityError(f"{self.repo}: asked for commit {revision}, the hub answers {sha}")
-        return sha
+        quoted = urllib.parse.quote(revision, safe="")
+        answer = self._answer(f"{self.base}/api/models/{self.repo}/revision/{quoted}")
+        source = f"the hub's answer for {self.repo}@{revision} ({redact.redact_url(answer.url)})"
+        return read_commit(answer.body, source=source, repo=self.repo, revision=revision)
 
     def tree(self, commit: str) -> dict[str, HubFile]:
         """Every file of the repo at ``commit`` (the listing's pages, followed on the same host)."""
-        files: dict[str, HubFile] = {}
-        path = f"tree/{commit}?recursive=true"
-        resp = self._api(path)
+        listed: list[HubFile] = []
+        answer = self._answer(f"{self.base}/api/models/{self.repo}/tree/{commit}?recursive=true")
         for _page in range(10_000):
-            nxt = resp.links.get("next", {}).get("url")
-            entries = self._json(resp)
-            if not isinstance(entries, list):
-                raise RuntimeFailure(f"{self.repo}: the hub's tree listing is not a list")
-            for e in entries:
-                if not isinstance(e, dict) or e.get("type") != "file":
-                    continue
-                pointer = e.get("lfs")
-                lfs = pointer if isinstance(pointer, dict) else {}
-                sha = lfs.get("oid") or lfs.get("sha256")
-                files[str(e.get("path"))] = HubFile(
-                    path=str(e.get("path")),
-                    size=int(lfs.get("size") or e.get("size") or 0),
-                    sha256=sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None,
-                )
-            if not nxt:
-                return files
-            target = urllib.parse.urlsplit(urllib.parse.urljoin(resp.url, nxt))
-            if target.netloc != urllib.parse.urlsplit(self.base).netloc:
-                raise IntegrityError(f"{self.repo}: the tree listing's next page is on another host")
-            resp = self._api_url(urllib.parse.urlunsplit(target))
+            source = f"the hub's tree listing of {self.repo} ({redact.redact_url(answer.url)})"
+            listed += read_tree_page(answer.body, source=source)
+            if not answer.next_url:
+                return index_files(listed, source=f"the hub's tree listing of {self.repo}@{commit}")
+            answer = self._answer(self._next_page(answer))
         raise RuntimeFailure(f"{self.repo}: the tree listing does not end")
 
-    def _api_url(self, url: str) -> requests.Response:
+    def _next_page(self, answer: _Answer) -> str:
+        """The listing's next page, only on the endpoint's own host (a Link header is the hub's to
+        write: one too malformed to join is refused like one pointing elsewhere)."""
+        assert answer.next_url is not None
+        try:
+            target = urllib.parse.urlsplit(urllib.parse.urljoin(answer.url, answer.next_url))
+        except ValueError:
+            raise RuntimeFailure(f"{self.repo}: the tree listing's next page is not a URL") from None
+        if target.netloc != urllib.parse.urlsplit(self.base).netloc:
+            raise IntegrityError(f"{self.repo}: the tree listing's next page is on another host")
+        return urllib.parse.urlunsplit(target)
+
+    def _answer(self, url: str) -> _Answer:
+        """One API answer, asked until it comes (retried as a download's chunk is), then one line."""
+        return retry_request(
+            "the hub's API",
+            lambda: self._answer_once(url),
+            self.policy,
+            self.stats,
+            hint="check HF_ENDPOINT, the network and any proxy (HTTPS_PROXY, NO_PROXY), then run again",
+        )
+
+    def _answer_once(self, url: str) -> _Answer:
         resp = open_url(
             url,
             self.origin,
@@ -272,17 +395,15 @@ class Hub:
             session=self.session,
             credential=self.credential,
         )
-        try:
+        with resp:
             if resp.status_code == 404:
                 raise ConfigurationError(
                     f"the hub at {self.base} has no {self.repo} or no such revision ({url})",
                     hint="check OWNER/REPO@REVISION (a gated repo without a token may also answer 404)",
                 )
             check_status(resp, url, self.credential)
-        except BaseException:
-            resp.close()
-            raise
-        return resp
+            next_url = resp.links.get("next", {}).get("url")
+            return _Answer(body=read_body(resp, _API_MAX, url), url=resp.url, next_url=next_url)
 
     def download(
         self,
@@ -307,10 +428,12 @@ class Hub:
                 self.policy,
                 self.stats,
                 sleep,
-                incomplete=lambda: f"{sink.have} of {entry.size} bytes",
+                gave_up=incomplete_after(entry.path, lambda: f"{sink.have} of {entry.size} bytes"),
                 done=lambda: sink.have >= entry.size,
             )
             digests = sink.finish()
+        except DiskFull:
+            raise _disk_full(entry, sink) from None
         finally:
             sink.close()
         try:
@@ -354,6 +477,16 @@ class Hub:
             finish_response(resp)
 
 
+def _disk_full(entry: HubFile, sink: _Sink) -> RuntimeFailure:
+    """A full disk stops the seal at once; the whole chunks staged stay for the re-run to resume from,
+    and the line says how much more this file needs (as provisioning's does)."""
+    return RuntimeFailure(
+        f"disk full staging {entry.path}: {sink.have} of {entry.size} bytes staged and kept; need "
+        f"{entry.size - sink.have} more bytes for this file (free {free_bytes(sink.dest.parent)})",
+        hint="free space in the workspace (DGR_WORK) and run the seal again to resume",
+    )
+
+
 def _hold(entry: HubFile, digests: dict[str, Any], linked: list[dict[str, str]], url: str) -> None:
     """The bytes must be what the hub says this commit holds: size and sha256 (tree, linked headers)."""
     if digests["size"] != entry.size:
@@ -366,8 +499,8 @@ def _hold(entry: HubFile, digests: dict[str, Any], linked: list[dict[str, str]],
         etag = lower.get("x-linked-etag", "").strip().removeprefix("W/").strip('"')
         if re.fullmatch(r"[0-9a-f]{64}", etag):
             stated.add(etag)
-        size = lower.get("x-linked-size", "").strip()
-        if size.isdigit() and int(size) != entry.size:
+        size = header_int(lower.get("x-linked-size"))
+        if size is not None and size != entry.size:
             raise IntegrityError(f"{url}: X-Linked-Size {size}, the hub's tree says {entry.size}")
     if not stated:
         raise IntegrityError(
@@ -386,8 +519,7 @@ class _Sink:
 
     def __init__(self, dest: Path, size: int, chunk_size: int, on_bytes: Callable[[int], None]) -> None:
         self.dest, self.size, self.chunk_size, self.on_bytes = dest, size, chunk_size, on_bytes
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self.fd = open_nofollow(dest, os.O_RDWR | os.O_CREAT)  # its folder: the caller's, link-free
         self.buffer = memoryview(bytearray(chunk_size))
         self._reset()
         have = min(os.fstat(self.fd).st_size, size)
@@ -417,9 +549,7 @@ class _Sink:
         return self.buffer[: min(self.chunk_size, self.size - self.have)]
 
     def land(self, view: memoryview) -> None:
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], self.have + done)
+        pwrite_all(self.fd, view, self.have, self.dest)  # ENOSPC: a DiskFull, as provisioning's
         self._feed(view)
         self.on_bytes(len(view))
 

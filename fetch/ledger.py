@@ -128,7 +128,7 @@ class Partial:
         if index in self.verified:
             return
         assert self.entry.chunks is not None
-        _pwrite_all(self.fd, data, self.span(index)[0], self.path)
+        pwrite_all(self.fd, data, self.span(index)[0], self.path)
         _append(self.ledger_fd, f"{index} {self.entry.chunks[index]}\n".encode())
         self.verified.add(index)
         self.maybe_sync()
@@ -173,7 +173,9 @@ class Partial:
         self.ledger_path.unlink(missing_ok=True)
 
 
-def _pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: Path) -> None:
+def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: Path) -> None:
+    """All of ``data`` at ``offset``; a full disk (ENOSPC, EDQUOT) is a DiskFull, for every writer of
+    downloaded bytes (a partial here, a hub seal's staged file)."""
     view = memoryview(data)
     done = 0
     try:

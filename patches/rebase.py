@@ -41,6 +41,7 @@ from core.context import Context
 from core.errors import CommandFailed, CommandTimeout, ConfigurationError, IntegrityError, ToolchainMissing
 from core.hashing import digest_fd
 from core.locks import lock_file
+from core.redact import redact_url
 from core.workspace import PATCHES, refuse_links_below, sweep_leftovers
 from fetch import archive, gittree
 from fetch.source import (
@@ -50,7 +51,6 @@ from fetch.source import (
     git_url,
     load_pin,
     pip_download,
-    redact,
 )
 from patches.dev import DIFF, describe, make_dev_tree
 from patches.stack import PatchEntry, load_stack, read_series, touched_paths, write_series
@@ -330,7 +330,7 @@ def _fetch(
     url = from_git or git_url(pin, user_env)
     if from_git is not None and Path(from_git).is_dir():
         url = Path(os.path.abspath(from_git)).as_uri()  # file:// so --depth is honoured
-    where = f"git source {redact(url)}"
+    where = f"git source {redact_url(url)}"
     try:
         gittree.shallow_fetch(url, commit, env=env, cwd=repo)
         got = gittree.git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], env=env, cwd=repo)
@@ -344,7 +344,7 @@ def _fetch(
         ) from None
     if got != commit:
         raise IntegrityError(f"{where}: asked for {commit}, got {got}")
-    return gittree.git(["rev-parse", f"{commit}^{{tree}}"], env=env, cwd=repo), redact(url)
+    return gittree.git(["rev-parse", f"{commit}^{{tree}}"], env=env, cwd=repo), redact_url(url)
 
 
 # --- one patch -----------------------------------------------------------------------------------

@@ -15,13 +15,13 @@ opened, and never stops a worker.
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from core import redact
 from core.canonical import BadJson, is_json_object, parse_json, sha256_bytes
 from core.errors import ConfigurationError, RuntimeFailure
 from manifests.placement_file import REFERENCE, AttachedStage, PlacementFile
@@ -29,7 +29,7 @@ from manifests.recipe_model import Placement, Recipe
 from pipeline.worker_identity import COMPARED, Expect, check_worker, stable_identity
 from worker.client import StageClient, StageFailed, StageInfo
 
-log = logging.getLogger("dgr.placement")
+log = redact.logger("dgr.placement")
 
 INFO_DEADLINE = 10.0  # Info is cheap; a worker that cannot answer it in 10 s is not usable
 

@@ -21,7 +21,6 @@ frame is the worker's own pass-port wire, and no library speaks it.
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -30,12 +29,13 @@ from types import ModuleType
 
 from google.protobuf.message import DecodeError
 
+from core import redact
 from core.errors import ConfigurationError
 from pipeline.socket_io import HEAD_BYTES, frame, recv_exact
 from worker import wire
 from worker.client import MAX_MESSAGE_BYTES
 
-log = logging.getLogger("dgr.delivery")
+log = redact.logger("dgr.delivery")
 
 JOIN_SECONDS = 5.0
 

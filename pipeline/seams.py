@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import logging
 import os
 import secrets
 import select
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core import proc
+from core import proc, redact
 from core.canonical import parse_json, read_json
 from core.errors import RuntimeFailure, ToolchainMissing
 from pipeline.seam_model import Profiles, profiles
@@ -48,7 +47,7 @@ from pipeline.shaper import READY, Link
 if TYPE_CHECKING:  # the probe runs in minimal environments (a test runs it as nobody): no recipe loader
     from manifests.recipe_model import Placement
 
-log = logging.getLogger("dgr.seams")
+log = redact.logger("dgr.seams")
 
 MARKERS = Path("/run/dgr-seams")
 NETNS_DIR = Path("/run/netns")

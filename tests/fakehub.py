@@ -4,9 +4,10 @@
 - ``/{repo}/resolve/{revision}/{path}``: 302 to the storage host, with ``X-Linked-Etag`` (the file's
   sha256, quoted), ``X-Linked-Size``, ``X-Repo-Commit``;
 - ``/api/models/{repo}/revision/{revision}``: ``{"sha": commit, "siblings": [...]}``;
-- ``/api/models/{repo}/tree/{commit}``: the file listing, LFS files with ``lfs.oid`` (sha256) and size;
+- ``/api/models/{repo}/tree/{commit}``: the file listing, LFS files with ``lfs.oid`` (sha256) and size
+  (``Repo.answers`` replaces an API answer with raw bytes: a hostile hub);
 - a gated repo answers 401 (``X-Error-Code: GatedRepo``) without ``Authorization: Bearer <token>``;
-- ``rate_limit``: that many 429 answers with ``Retry-After`` before behaving.
+- ``rate_limit``: that many 429 (``busy_status``) answers with ``Retry-After`` before behaving.
 ``Storage`` is the second host (another port on 127.0.0.1): ``/blobs/<sha256>`` with Range support; it
 records every request's headers and can be killed after N body bytes (it stops listening) and
 restarted on the same port.  ``Proxy`` forwards absolute-form GETs and tunnels CONNECT, recording each.
@@ -225,6 +226,7 @@ class Repo:
     branches: dict[str, str] = field(default_factory=dict)
     gated: bool = False
     lfs: bool = True  # False: files kept in git itself (no sha256 stated)
+    answers: dict[str, bytes] = field(default_factory=dict)  # "tree" / "revision": a raw body instead
 
 
 class FakeHub(_Server):
@@ -234,8 +236,10 @@ class FakeHub(_Server):
         self.storage = storage
         self.token = token
         self.repos: dict[str, Repo] = {}
-        self.rate_limit = 0  # answer this many requests with 429 ...
+        self.rate_limit = 0  # answer this many requests with busy_status ...
+        self.busy_status = 429  # (503: the hub is down for a while) ...
         self.retry_after = "1"  # ... asking to come back after this
+        self.resolve_headers: dict[str, str] = {}  # added to (or replacing) each resolve answer's
         super().__init__()
 
     @property
@@ -263,7 +267,7 @@ class FakeHub(_Server):
         seen = self.record(h)
         if self.rate_limit > 0:
             self.rate_limit -= 1
-            self.reply(h, seen, 429, {"Retry-After": self.retry_after})
+            self.reply(h, seen, self.busy_status, {"Retry-After": self.retry_after})
             return
         path = urllib.parse.urlsplit(h.path).path
         api = re.match(r"^/api/models/([^/]+/[^/]+)/(revision|tree)/([^/]+)$", path)
@@ -281,17 +285,20 @@ class FakeHub(_Server):
         if commit is None:
             self.reply(h, seen, 404, {"X-Error-Code": "RevisionNotFound"})
             return
-        if api and api[2] == "revision":
+        if api and api[2] in repo.answers:
+            self.reply(h, seen, 200, {"Content-Type": "application/json"}, repo.answers[api[2]])
+        elif api and api[2] == "revision":
             body = {"id": name, "sha": commit, "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
             self.reply(h, seen, 200, {"Content-Type": "application/json"}, json.dumps(body).encode())
         elif api:
-            tree = json.dumps(self._tree(repo)).encode()
+            tree = json.dumps(self.tree(repo)).encode()
             self.reply(h, seen, 200, {"Content-Type": "application/json"}, tree)
         else:
             assert resolve is not None
             self._resolve(h, seen, repo, commit, urllib.parse.unquote(resolve[3]))
 
-    def _tree(self, repo: Repo) -> list[dict[str, Any]]:
+    def tree(self, repo: Repo) -> list[dict[str, Any]]:
+        """The tree listing of ``repo`` as the hub writes it (a test edits it into a hostile one)."""
         out = []
         for p, data in sorted(repo.files.items()):
             entry: dict[str, Any] = {
@@ -316,7 +323,7 @@ class FakeHub(_Server):
         if repo.lfs:
             headers.update({"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))})
         headers["Location"] = f"http://{self.storage.netloc}/blobs/{sha}?X-Amz-Signature=fake"
-        self.reply(h, seen, 302, headers, b"Found. Redirecting")
+        self.reply(h, seen, 302, {**headers, **self.resolve_headers}, b"Found. Redirecting")
 
 
 class Proxy(_Server):

@@ -19,7 +19,6 @@ to completion); the program is still resolved through ``proc.resolve`` so a miss
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import re
 import shlex
@@ -31,13 +30,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import proc
+from core import proc, redact
 from core.canonical import write_json
 from core.errors import ConfigurationError
 from worker.client import StageClient, StageFailed
 from worker.stubs import Stubs
 
-log = logging.getLogger("dgr.launcher")
+log = redact.logger("dgr.launcher")
 
 LISTENING = re.compile(r"^DGR-WORKER-LISTENING (\S+):(\d+)\s*$", re.MULTILINE)
 POLL_SECONDS = 0.02

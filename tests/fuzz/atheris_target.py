@@ -12,8 +12,9 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["core", "manifests", "fetch", "patches", "pipeline", "certify"]):
-    from certify import canonical, recipes  # noqa: F401
-    from fetch import archive, artifacts, gguf_header  # noqa: F401
+    from core import canonical  # noqa: F401
+    from fetch import archive, gguf_header, hub  # noqa: F401
+    from manifests import artifact_sets, recipe_model  # noqa: F401
     from patches import stack  # noqa: F401
 
 from tests.fuzz import targets  # noqa: E402

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.canonical import parse_json
-from core.errors import DgrError  # noqa: F401  (re-exported for the fuzz drivers)
+from core.errors import DgrError  # also what the fuzz drivers catch
 
 _SCRATCH: Path | None = None
 
@@ -109,6 +109,19 @@ def artifact_set(data: bytes) -> None:
     artifacts.parse_set(parse_json(data, source="fuzz-set.json"), source="fuzz-set.json")
 
 
+def hub_api(data: bytes) -> None:
+    """fetch.hub's readers of the hub's API answers over the same bytes: a revision answer (the commit
+    it names), then a tree listing page (its files, and the index that refuses a path listed twice or
+    as a file and a folder)."""
+    from fetch import hub
+
+    try:
+        hub.read_commit(data, source="fuzz-revision.json", repo="org/fuzz", revision="main")
+    except DgrError:
+        pass  # refused as a revision answer: the tree reader still gets its turn
+    hub.index_files(hub.read_tree_page(data, source="fuzz-tree.json"), source="fuzz-tree.json")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "gguf_header": gguf_header,
     "archive": archive,
@@ -116,6 +129,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "json": json_reader,
     "recipe": recipe,
     "artifact_set": artifact_set,
+    "hub_api": hub_api,
 }
 
 

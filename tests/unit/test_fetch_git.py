@@ -164,13 +164,13 @@ def test_git_dir_planted_in_the_tree_is_an_integrity_error(ctx: Context, upstrea
 
 
 def test_credentials_in_a_mirror_url_are_not_recorded(tmp_path: Path, upstream_pin) -> None:
-    from fetch.source import redact
+    from core.redact import redact_url
 
     assert (
-        redact("https://user:s3cret@mirror.example:8443/llama.cpp.git")
+        redact_url("https://user:s3cret@mirror.example:8443/llama.cpp.git")
         == "https://***@mirror.example:8443/llama.cpp.git"
     )
-    assert redact("file:///srv/llama.cpp.git") == "file:///srv/llama.cpp.git"
+    assert redact_url("file:///srv/llama.cpp.git") == "file:///srv/llama.cpp.git"
 
 
 def test_leftovers_of_a_killed_run_are_swept(ctx: Context, upstream_pin) -> None:

@@ -127,7 +127,7 @@ def test_mutated_valid_inputs_parse_or_raise_a_typed_error(name: str, pick: int,
     _feed(name, _apply(pool[pick % len(pool)], edits))
 
 
-@pytest.mark.parametrize("name", ["json", "recipe", "artifact_set"])
+@pytest.mark.parametrize("name", ["json", "recipe", "artifact_set", "hub_api"])
 @BUDGET
 @given(data=st.data(), value=JSON_VALUES, delete=st.booleans())
 def test_documents_with_one_value_changed_parse_or_raise_a_typed_error(
@@ -137,6 +137,18 @@ def test_documents_with_one_value_changed_parse_or_raise_a_typed_error(
     paths = _paths(doc)
     path = data.draw(st.sampled_from(paths))
     _feed(name, json.dumps(_replace(doc, path, value, delete and bool(path))).encode())
+
+
+@pytest.mark.parametrize("shape", sorted(seed_inputs.HOSTILE_HUB_ANSWERS))
+def test_each_hostile_hub_answer_is_refused_with_a_typed_error(shape: str) -> None:
+    """Round three's shapes (a size that is not a plain integer, a path both a file and a folder,
+    100,000-deep nesting, ...): refused by both readers, never parsed and never another exception."""
+    assert targets.run_one("hub_api", seed_inputs.HOSTILE_HUB_ANSWERS[shape][1]) is False
+
+
+def test_the_hub_api_target_parses_what_the_hub_writes() -> None:
+    valid_tree = seed_inputs.seeds("hub_api")[0]
+    assert targets.run_one("hub_api", valid_tree) is True
 
 
 def test_inputs_tried_per_target(capsys: pytest.CaptureFixture[str]) -> None:

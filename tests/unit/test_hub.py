@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,81 +19,16 @@ import pytest
 from core.context import Context
 from core.errors import ConfigurationError, IntegrityError, RuntimeFailure
 from fetch import hub
-from fetch.download import RetryPolicy
-from fetch.provision import Provisioned, provision
 from fetch.seal import seal_hub
 from manifests.artifact_sets import load_set
-from tests.fakehub import FakeHub, Proxy, Storage
-from tests.unit.ggufmaker import split_set
-
-CHUNK = 64 << 10
-FAST = RetryPolicy(attempts=2, backoff_s=0.0, timeout_s=5.0)
-REPO = "org/model-GGUF"
-PATHS = ["Q4/model-00001-of-00002.gguf", "Q4/model-00002-of-00002.gguf"]
-TOKEN = "hf_test_token"
-
-
-@dataclass
-class HubCase:
-    hub: FakeHub
-    storage: Storage
-    tmp: Path
-    env: dict[str, str]
-    files: dict[str, bytes]
-
-    @property
-    def manifests(self) -> Path:
-        return self.tmp / "m"
-
-    @property
-    def store(self) -> Path:
-        return self.tmp / "store"
-
-    def ctx(self, **env: str) -> Context:
-        return Context.from_env({**self.env, **env})
-
-    def seal(self, ref: str = f"{REPO}@main", **kw: object) -> tuple[Path, str]:
-        kw.setdefault("policy", FAST)
-        return seal_hub("hubset", ref, ctx=self.ctx(), root=self.manifests, progress=None, **kw)  # type: ignore[arg-type]
-
-    def provision(self, **kw: object) -> Provisioned:
-        kw.setdefault("progress", None)
-        return provision(self.ctx(), "hubset", store=self.store, manifests=self.manifests, policy=FAST, **kw)  # type: ignore[arg-type]
-
-    def manifest(self) -> dict:
-        return json.loads((self.manifests / "hubset.json").read_text())
-
-    def published(self, name: str) -> Path:
-        return self.store / "hubset" / "q4" / name
+from tests.fakehub import Proxy
+from tests.unit.hubcase import CHUNK, FAST, PATHS, REPO, TOKEN, HubCase, hub_case, run_cli
 
 
 @pytest.fixture
 def case(tmp_path: Path, ctx: Context) -> Iterator[HubCase]:
-    blobs = split_set(2, [(5 * CHUNK + 1000) // 4 - 40, (3 * CHUNK + 10) // 4 - 40])
-    files = {PATHS[0]: blobs[0], PATHS[1]: blobs[1], "other/model-f16.gguf": split_set(1, [100])[0]}
-    with Storage() as storage, FakeHub(storage, token=TOKEN) as fake:
-        fake.add_repo(REPO, files)
-        env = {k: v for k, v in ctx.env.items() if not k.startswith(("HF_", "HUGGING"))}
-        env.update(HOME=str(tmp_path / "home"), HF_ENDPOINT=fake.endpoint, HF_TOKEN=TOKEN)
-        (tmp_path / "m").mkdir()
-        template = {
-            "schema_version": 1,
-            "name": "hubset",
-            "description": "a split GGUF set from the fake hub",
-            "storage": "any",
-            "origins": [{"kind": "hub", "repo": REPO, "allowed_redirect_hosts": [storage.netloc]}],
-            "default_variant": "q4",
-            "variants": {
-                "q4": {
-                    "chunk_size": CHUNK,
-                    "chunk_digest": "blake3",
-                    "gguf": {"architecture": "llama", "block_count": 1},
-                    "files": [],
-                }
-            },
-        }
-        (tmp_path / "m" / "hubset.json").write_text(json.dumps(template))
-        yield HubCase(hub=fake, storage=storage, tmp=tmp_path, env=env, files=files)
+    with hub_case(tmp_path, ctx) as made:
+        yield made
 
 
 def _sealed(case: HubCase) -> str:
@@ -397,22 +330,10 @@ def test_progress_counts_resumed_bytes_as_done(case: HubCase) -> None:
     ]
 
 
-def _cli(case: HubCase, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
-    from cli.main import main
-
-    monkeypatch.setitem(seal_hub.__kwdefaults__, "root", case.manifests)  # never the shipped manifests
-    for key in [k for k in os.environ if k.startswith(("HF_", "DGR_"))]:
-        monkeypatch.delenv(key)
-    for key, value in case.env.items():
-        if key.startswith(("HF_", "DGR_")) or key == "HOME":
-            monkeypatch.setenv(key, value)
-    return main(list(argv))
-
-
 def test_cli_seal_from_the_hub(
     case: HubCase, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = _cli(
+    rc = run_cli(
         case,
         monkeypatch,
         "seal",
@@ -434,7 +355,7 @@ def test_cli_gated_repo_without_a_token_is_one_line_exit_2(
     case.hub.repos[REPO].gated = True
     del case.env["HF_TOKEN"]
     before = (case.manifests / "hubset.json").read_text()
-    rc = _cli(case, monkeypatch, "seal", "--artifacts", "hubset", "--from", f"hub:{REPO}@main")
+    rc = run_cli(case, monkeypatch, "seal", "--artifacts", "hubset", "--from", f"hub:{REPO}@main")
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith("dgr: configuration error: ") and "set HF_TOKEN" in err[0]
