@@ -78,6 +78,8 @@ CRAFTED_ENVELOPES = {
     "deep payload": lambda e: e.update(payload=base64.b64encode(b"[" * 1000 + b"]" * 1000).decode()),
     "list payload": lambda e: e.update(payload=base64.b64encode(b"[1, 2]").decode()),
     "nan payload": lambda e: e.update(payload=base64.b64encode(b'{"a": NaN}').decode()),
+    "lone surrogate payloadType": lambda e: e.update(payloadType="\udc80"),
+    "lone surrogate keyid": lambda e: e["signatures"][0].update(keyid="\udc80"),
 }
 
 
@@ -108,6 +110,26 @@ def test_crafted_envelope_fails_verify_with_one_line(ctx: Context, tmp_path: Pat
     done = _dgr(ctx, "verify", str(path))
     assert done.returncode == 3, done.stdout + done.stderr
     assert _only_error_line(done).startswith("dgr: integrity error:")
+
+
+def test_a_lone_surrogate_in_the_signed_payload_exits_3(ctx: Context, tmp_path: Path) -> None:
+    """A payload signed by a trusted key whose JSON holds a \\udc80 escape: once exit 0 with the raw
+    surrogate printed (or a UnicodeEncodeError traceback, by locale); now the statement is refused."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    payload = base64.b64decode(envelope["payload"])
+    assert b'"recipe":{"' in payload
+    payload = payload.replace(b'"recipe":{"', b'"recipe":{"\\udc80":1,"', 1)
+    key = keys.dev_key(ctx.workspace)
+    envelope["payload"] = base64.b64encode(payload).decode()
+    envelope["signatures"] = [
+        {"keyid": key.keyid, "sig": base64.b64encode(key.sign(cert.pae(cert.PAYLOAD_TYPE, payload))).decode()}
+    ]
+    path.write_text(json.dumps(envelope))
+    done = _dgr(ctx, "verify", str(path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _only_error_line(done)
+    assert line.startswith("dgr: integrity error:") and "statement" in line and "lone surrogate" in line, line
 
 
 def _signed_statement_edit(ctx: Context, run_dir: Path, stmt: dict[str, Any]) -> Path:

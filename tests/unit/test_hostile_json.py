@@ -29,6 +29,9 @@ HOSTILE = {
     "overflow": '{"x": 1e999}',
     "long-int": '{"x": ' + "9" * 5000 + "}",
     "not-utf8": b'{"x": "\xff"}',
+    "encoded-surrogate": b'{"x": "\xed\xb2\x80"}',  # UTF-8 forbids surrogates even when encoded
+    "lone-surrogate": '{"x": "\\udc80"}',  # a \u escape naming half a character
+    "lone-surrogate-key": '{"a": [{"\\ud800": 1}]}',
     "truncated": '{"x": [1, 2',
 }
 
@@ -86,10 +89,12 @@ def test_reader_names_the_duplicate_key_and_the_limits(tmp_path: Path) -> None:
     big.write_text(json.dumps(["x" * 1000] * 10))
     with pytest.raises(BadJson, match="larger than"):
         read_json(big, max_bytes=5000)
-    # what we write ourselves still reads back
-    assert parse_json('{"a": [1, 2.5, {"b": null, "c": "[{"}]}', source="ok") == {
-        "a": [1, 2.5, {"b": None, "c": "[{"}]
+    # what we write ourselves still reads back, a surrogate pair (one character) included
+    assert parse_json('{"a": [1, 2.5, {"b": null, "c": "[{\\ud83d\\ude00"}]}', source="ok") == {
+        "a": [1, 2.5, {"b": None, "c": "[{\U0001f600"}]
     }
+    with pytest.raises(BadJson, match=r"lone surrogate '\\udc80' at /a/0/b"):
+        parse_json('{"a": [{"b": "x\\udc80"}]}', source="r.json")
 
 
 @pytest.mark.parametrize("case", ["deep", "duplicate", "nan"])
@@ -128,6 +133,40 @@ def test_unbounded_measure_numbers_are_refused_at_load(tmp_path: Path, field: st
         recipes.load_file(path)
 
 
+def _tiny_llama_with(tmp_path: Path, old: str, new: str) -> Path:
+    text = (PROJECT_ROOT / "manifests" / "recipes" / "tiny-llama.json").read_text()
+    assert old in text
+    path = tmp_path / "tiny-llama.json"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ('"description": "Embedded', '"description": "\\udc80 Embedded'),
+        ('"mono": {', '"mono\\udc80": {'),
+    ],
+    ids=["in a string", "in a key"],
+)
+def test_a_lone_surrogate_in_a_recipe_exits_2_with_one_line(
+    env: dict[str, str], tmp_path: Path, old: str, new: str
+) -> None:
+    """Once a UnicodeEncodeError traceback (exit 1) when the recipe's digest was taken."""
+    path = _tiny_llama_with(tmp_path, old, new)
+    _one_line(_dgr(env, "certify", "--recipe-file", str(path)), 2, str(path), "lone surrogate '\\udc80'")
+    assert not (tmp_path / "work" / "build").exists()
+
+
+def test_a_lone_surrogate_in_an_artifact_manifest_is_refused(tmp_path: Path) -> None:
+    from manifests.artifact_sets import load_set
+
+    text = (PROJECT_ROOT / "manifests" / "artifacts" / "tiny-llama.json").read_text()
+    (tmp_path / "tiny-llama.json").write_text(text.replace('"description": "', '"description": "\\udc80', 1))
+    with pytest.raises(ConfigurationError, match="lone surrogate '\\\\udc80' at /description"):
+        load_set("tiny-llama", root=tmp_path)
+
+
 def test_placement_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     placement = tmp_path / "p.json"
     placement.write_text(DEEP)
@@ -150,7 +189,7 @@ def test_artifact_manifest_is_refused(tmp_path: Path) -> None:
         load_set("dup", root=tmp_path)
 
 
-@pytest.mark.parametrize("case", ["deep", "duplicate", "not-utf8"])
+@pytest.mark.parametrize("case", ["deep", "duplicate", "not-utf8", "lone-surrogate"])
 def test_verify_on_a_hostile_file_exits_3_with_one_line(
     env: dict[str, str], tmp_path: Path, case: str
 ) -> None:
@@ -179,7 +218,7 @@ def test_a_workers_identity_json_is_read_bounded(case: str) -> None:
     assert found.get("identity") == "not a JSON object", found
 
 
-@pytest.mark.parametrize("case", ["deep", "duplicate", "nan"])
+@pytest.mark.parametrize("case", ["deep", "duplicate", "nan", "not-utf8", "lone-surrogate"])
 def test_the_probe_report_is_read_bounded(case: str) -> None:
     """dgr-topk-probe's report goes through the bounded reader: refused as RuntimeFailure (exit 6)."""
     from core.errors import RuntimeFailure
