@@ -167,6 +167,46 @@ def test_a_lone_surrogate_in_an_artifact_manifest_is_refused(tmp_path: Path) -> 
         load_set("tiny-llama", root=tmp_path)
 
 
+@pytest.mark.parametrize(
+    "old, new, pointer",
+    [
+        ('"n_decode": 32', '"n_decode": 32.0', "/n_decode"),
+        ('"repetitions": 7', '"repetitions": 7.0', "/measure/repetitions"),
+        ('"stages": [[0, 12]]', '"stages": [[0, 12.0]]', "/placements/mono/stages/0/1"),
+    ],
+)
+def test_a_whole_number_float_where_a_recipe_says_integer_exits_2(
+    env: dict[str, str], tmp_path: Path, old: str, new: str, pointer: str
+) -> None:
+    """jsonschema's "integer" takes 32.0, so the recipe loaded with floats: `dgr certify` built the lane
+    and ran workers before a TypeError traceback.  `dgr matrix` loads the recipe and stops, so this
+    test costs no build even when it fails."""
+    path = _tiny_llama_with(tmp_path, old, new)
+    done = _dgr(dict(env, DGR_RECIPES_DIR=str(path.parent)), "matrix", "--recipe", "tiny-llama")
+    _one_line(done, 2, str(path), f"at {pointer}: ", "is not of type 'integer'")
+
+
+@pytest.mark.parametrize(
+    "old, new, pointer",
+    [
+        ('"chunk_size": 4194304', '"chunk_size": 4194304.0', "/variants/f32/chunk_size"),
+        ('"size": 46085280', '"size": 46085280.0', "/variants/f32/files/0/size"),
+        ('"block_count": 12', '"block_count": 12.0', "/variants/f32/gguf/block_count"),
+    ],
+)
+def test_a_whole_number_float_where_an_artifact_manifest_says_integer_is_refused(
+    tmp_path: Path, old: str, new: str, pointer: str
+) -> None:
+    from manifests.artifact_sets import load_set
+
+    text = (PROJECT_ROOT / "manifests" / "artifacts" / "tiny-llama.json").read_text()
+    assert old in text
+    (tmp_path / "tiny-llama.json").write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigurationError, match=f"at {pointer}: .* is not of type 'integer'") as caught:
+        load_set("tiny-llama", root=tmp_path)
+    assert caught.value.exit_code == 2
+
+
 def test_placement_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     placement = tmp_path / "p.json"
     placement.write_text(DEEP)
