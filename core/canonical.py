@@ -1,5 +1,8 @@
 """Canonical JSON (sorted keys, no insignificant whitespace, UTF-8), digests and atomic writes, and the
-readers every file the tool reads goes through: ``read_json`` (bounded JSON) and ``read_text``.
+readers every file the tool reads goes through: ``read_json`` (bounded JSON), ``read_text`` and
+``read_bounded`` (bytes).
+
+Every file read is a regular file, read bounded: a FIFO or a device is refused before it is read.
 
 One encoding policy for every file read (RELIABILITY 26): strict UTF-8 and no lone surrogate, else one
 line naming the file (exit 2; 3 for a certificate).  Python's ``utf-8`` codec already refuses invalid
@@ -20,6 +23,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -30,6 +34,13 @@ from core.hashing import digest_file
 MAX_JSON_BYTES = 32 << 20  # the largest file we write is a certificate of a few hundred KiB
 MAX_JSON_DEPTH = 64  # ours nest 8 deep at most
 MAX_TEXT_BYTES = 1 << 20  # the text files we read (patches/series, commit messages) are a few KiB
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str from strict UTF-8 holds none; a \\u escape can
 
 
@@ -203,20 +214,32 @@ def parse_json(
     return value
 
 
-def _read_bounded(path: Path, max_bytes: int) -> bytes:
-    """At most ``max_bytes + 1`` bytes of ``path`` (one more than allowed, so the caller can say so)."""
-    with open(path, "rb") as fh:
-        return fh.read(max_bytes + 1)
+def read_bounded(path: Path, *, max_bytes: int, error: type[DgrError] = BadText) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``; anything else is refused with ``error``.
+
+    Opened without blocking and checked before any read: a FIFO with no writer once held `dgr verify`
+    in open() forever, and a device (``--key /dev/zero``) never ends.  OSError is the caller's."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _NOT_REGULAR.get(stat.S_IFMT(mode), "not a plain file")
+            raise error(f"{path} is not a regular file ({kind}); refusing to read it")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{path} is larger than {max_bytes} bytes; refusing to read it")
+    return data
 
 
 def read_json(path: Path, *, signed: bool = False, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """Read a JSON file through the bounded reader.  OSError (missing, unreadable) is the caller's."""
-    return parse_json(_read_bounded(path, max_bytes), source=str(path), signed=signed, max_bytes=max_bytes)
+    data = read_bounded(path, max_bytes=max_bytes, error=BadSignedJson if signed else BadJson)
+    return parse_json(data, source=str(path), signed=signed, max_bytes=max_bytes)
 
 
 def read_text(path: Path, *, max_bytes: int = MAX_TEXT_BYTES) -> str:
     """Read a text file under the encoding policy, bounded; raises BadText.  OSError is the caller's."""
-    data = _read_bounded(path, max_bytes)
-    if len(data) > max_bytes:
-        raise BadText(f"{path} is larger than {max_bytes} bytes; refusing to read it as text")
-    return decode_text(data, source=str(path))
+    return decode_text(read_bounded(path, max_bytes=max_bytes), source=str(path))

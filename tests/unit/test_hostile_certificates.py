@@ -21,6 +21,7 @@ from certify import keys
 from certify.verify import verify
 from core.canonical import sha256_file
 from core.context import Context
+from core.errors import IntegrityError
 from core.workspace import PROJECT_ROOT
 from reports.index import render_index, scan
 
@@ -130,6 +131,43 @@ def test_a_lone_surrogate_in_the_signed_payload_exits_3(ctx: Context, tmp_path: 
     assert done.returncode == 3, done.stdout + done.stderr
     line = _only_error_line(done)
     assert line.startswith("dgr: integrity error:") and "statement" in line and "lone surrogate" in line, line
+
+
+def test_too_many_signatures_are_refused_before_any_is_checked(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bogus signature was tried against every trusted key (250,000 of them: minutes of CPU)."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    envelope["signatures"] += [{"keyid": "x", "sig": BAD_SIG}] * cert.MAX_SIGNATURES
+    path.write_text(json.dumps(envelope))
+    checked: list[bytes] = []
+    monkeypatch.setattr(keys.TrustedKey, "verifies", lambda self, sig, message: checked.append(sig) or False)
+    with pytest.raises(IntegrityError, match=f"carries {cert.MAX_SIGNATURES + 1} signatures"):
+        verify(path, keys.trusted_keys(ws=ctx.workspace))
+    assert checked == []
+
+
+def test_an_envelope_of_250000_signatures_exits_3_with_one_line(ctx: Context, tmp_path: Path) -> None:
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    envelope["signatures"] = [{"keyid": "x", "sig": BAD_SIG}] * 250_000
+    path.write_text(json.dumps(envelope))
+    done = _dgr(ctx, "verify", str(path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _only_error_line(done)
+    assert "carries 250000 signatures" in line and "before any is checked" in line, line
+
+
+def test_a_key_that_is_not_a_regular_file_exits_2(ctx: Context, tmp_path: Path) -> None:
+    """--key /dev/zero read until memory ran out; a FIFO blocked."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    fifo = tmp_path / "key.pem"
+    os.mkfifo(fifo)
+    for key in (fifo, Path("/dev/zero")):
+        done = _dgr(ctx, "verify", str(path), "--key", str(key))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "is not a regular file" in _only_error_line(done)
 
 
 def _signed_statement_edit(ctx: Context, run_dir: Path, stmt: dict[str, Any]) -> Path:

@@ -7,13 +7,14 @@ refused with one line (exit 2 for configuration, 3 for certificates), through th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from core.canonical import BadJson, BadSignedJson, parse_json, read_json
+from core.canonical import BadJson, BadSignedJson, BadText, parse_json, read_json, read_text
 from core.errors import ConfigurationError, IntegrityError
 from core.workspace import PROJECT_ROOT
 
@@ -237,6 +238,27 @@ def test_verify_on_a_hostile_file_exits_3_with_one_line(
     data = HOSTILE[case]
     path.write_bytes(data if isinstance(data, bytes) else data.encode())
     _one_line(_dgr(env, "verify", str(path)), 3, str(path))
+
+
+def test_verify_on_a_fifo_exits_3_with_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """A FIFO with no writer: open() once waited forever (the subprocess timeout is only a guard)."""
+    fifo = tmp_path / "certificate.json"
+    os.mkfifo(fifo)
+    _one_line(_dgr(env, "verify", str(fifo)), 3, str(fifo), "is not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_the_readers_refuse_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    """Every file the tool reads is a regular file: a FIFO blocks, a device never ends (/dev/zero)."""
+    path = {"fifo": tmp_path / "f", "directory": tmp_path, "device": Path("/dev/zero")}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(BadJson, match="is not a regular file"):
+        read_json(path)
+    with pytest.raises(BadSignedJson, match="is not a regular file"):
+        read_json(path, signed=True)
+    with pytest.raises(BadText, match="is not a regular file"):
+        read_text(path)
 
 
 def test_workspace_records_that_do_not_read_are_treated_as_absent(tmp_path: Path) -> None:
