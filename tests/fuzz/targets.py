@@ -109,6 +109,14 @@ def artifact_set(data: bytes) -> None:
     artifacts.parse_set(parse_json(data, source="fuzz-set.json"), source="fuzz-set.json")
 
 
+def series(data: bytes) -> None:
+    """patches.stack.read_series over a patches folder whose ``series`` file holds ``data``."""
+    from patches import stack
+
+    (scratch() / "series").write_bytes(data)
+    stack.read_series(scratch())
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "gguf_header": gguf_header,
     "archive": archive,
@@ -116,6 +124,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "json": json_reader,
     "recipe": recipe,
     "artifact_set": artifact_set,
+    "series": series,
 }
 
 
