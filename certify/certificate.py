@@ -23,6 +23,9 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://dgr-certify/certification/v1"
 PREDICATE_SCHEMA_VERSION = 2  # 2: the parity claim split into the staging-parity and backend-agreement gates
 READABLE_PREDICATE_VERSIONS = (1, 2)  # verify still reads the certificates made before the split
+# We sign with one key; DSSE allows several (a key rotation signs with both), not thousands: each one is
+# tried against every trusted key, so 250,000 bogus ones once cost minutes of CPU before exit 3.
+MAX_SIGNATURES = 16
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -109,6 +112,11 @@ def read_envelope(path: Path) -> dict[str, Any]:
         raise IntegrityError(f"{path}: payload and payloadType must be strings")
     if not isinstance(data["signatures"], list) or not data["signatures"]:
         raise IntegrityError(f"{path}: the envelope carries no signature")
+    if len(data["signatures"]) > MAX_SIGNATURES:
+        raise IntegrityError(
+            f"{path}: the envelope carries {len(data['signatures'])} signatures; more than "
+            f"{MAX_SIGNATURES} are refused before any is checked"
+        )
     for s in data["signatures"]:
         if not isinstance(s, dict) or not isinstance(s.get("sig"), str):
             raise IntegrityError(f"{path}: a signature entry is malformed")

@@ -19,13 +19,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from core.canonical import atomic_write_bytes
+from core.canonical import atomic_write_bytes, read_bounded
 from core.errors import ConfigurationError, IntegrityError
 from core.workspace import MANIFESTS, Workspace, refuse_links_below
 
 TRUSTED_KEYS = MANIFESTS / "keys"
 DEV_KEY_NAME = "dev-ed25519.pem"
 DEV_PUBLIC_NAME = "dev-ed25519.pub.pem"  # what `verify` trusts on this machine (as a dev key)
+MAX_PEM_BYTES = 64 << 10  # an Ed25519 PEM key is under 200 bytes; a key file is read bounded
 
 
 def keyid(public: Ed25519PublicKey) -> str:
@@ -67,7 +68,7 @@ class TrustedKey:
 
 def _load_private(path: Path) -> Ed25519PrivateKey:
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, max_bytes=MAX_PEM_BYTES, error=ConfigurationError)
     except OSError as exc:
         raise ConfigurationError(
             f"signing key {path} is not readable: {exc.strerror}",
@@ -84,7 +85,7 @@ def _load_private(path: Path) -> Ed25519PrivateKey:
 
 def load_public(path: Path) -> Ed25519PublicKey:
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, max_bytes=MAX_PEM_BYTES, error=ConfigurationError)
     except OSError as exc:
         raise ConfigurationError(f"public key {path} is not readable: {exc.strerror}") from None
     try:

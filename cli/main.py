@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from core.context import Context
-from core.errors import DgrError, Terminated
+from core.errors import DISK_FULL_ERRNOS, DgrError, DiskFull, Terminated
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,6 +55,18 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _run_stage(args: argparse.Namespace) -> int:
+    """The stage's exit code.  A full disk is an answer, not a bug: whatever was being written, the
+    OSError becomes DiskFull here, the one place, instead of a handler at every call site that writes."""
+    ctx = Context.from_env()
+    try:
+        return int(importlib.import_module(args._module).run(args, ctx) or 0)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        raise DiskFull.from_os_error(exc, during=f"`dgr {args.command}`") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
@@ -62,8 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
     try:
-        ctx = Context.from_env()
-        return int(importlib.import_module(args._module).run(args, ctx) or 0)
+        return _run_stage(args)
     except DgrError as exc:
         print(exc.one_line(), file=sys.stderr)
         return exc.exit_code

@@ -1,10 +1,19 @@
 """Canonical JSON (sorted keys, no insignificant whitespace, UTF-8), digests and atomic writes, and the
-one bounded JSON reader every file the tool reads goes through.
+readers every file the tool reads goes through: ``read_json`` (bounded JSON), ``read_text`` and
+``read_bounded`` (bytes).
 
-The reader refuses, with one line naming the file and the reason, what ``json.load`` would accept or
-crash on: more than ``MAX_JSON_BYTES``, nesting deeper than ``MAX_JSON_DEPTH`` (``json`` recurses:
-1000 nested arrays are a RecursionError), a duplicate key (``json`` keeps the last one silently),
-``NaN`` / ``Infinity`` / a number that overflows to infinity, and text that is not UTF-8.
+Every file read is a regular file, read bounded: a FIFO or a device is refused before it is read.
+
+One encoding policy for every file read (RELIABILITY 26): strict UTF-8 and no lone surrogate, else one
+line naming the file (exit 2; 3 for a certificate).  Python's ``utf-8`` codec already refuses invalid
+bytes and encoded surrogates; a JSON ``\\udc80`` escape gets past it and ``json`` turns it into a str
+that no encoder accepts, so a digest, a signature or a print far from the file crashed on it.  Refusing
+it where the file is read keeps every later encode total.
+
+The JSON reader also refuses, with one line naming the file and the reason, what ``json.load`` would
+accept or crash on: more than ``MAX_JSON_BYTES``, nesting deeper than ``MAX_JSON_DEPTH`` (``json``
+recurses: 1000 nested arrays are a RecursionError), a duplicate key (``json`` keeps the last one
+silently), ``NaN`` / ``Infinity`` / a number that overflows to infinity.
 """
 
 from __future__ import annotations
@@ -13,15 +22,26 @@ import hashlib
 import json
 import math
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from core.errors import ConfigurationError, IntegrityError
+from core.errors import ConfigurationError, DgrError, IntegrityError
 from core.hashing import digest_file
 
 MAX_JSON_BYTES = 32 << 20  # the largest file we write is a certificate of a few hundred KiB
 MAX_JSON_DEPTH = 64  # ours nest 8 deep at most
+MAX_TEXT_BYTES = 1 << 20  # the text files we read (patches/series, commit messages) are a few KiB
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str from strict UTF-8 holds none; a \\u escape can
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -82,6 +102,28 @@ class BadSignedJson(IntegrityError, ValueError):
     """A certificate or signed payload the bounded reader refused (exit 3)."""
 
 
+class BadText(ConfigurationError, ValueError):
+    """A text file (not JSON) that breaks the encoding policy or its size bound (exit 2)."""
+
+
+def decode_text(data: bytes | str, *, source: str, error: type[DgrError] = BadText) -> str:
+    """``data`` as text under the one encoding policy: strict UTF-8, no lone surrogate."""
+    if isinstance(data, str):
+        bad = _LONE_SURROGATE.search(data)
+        if bad:
+            raise error(
+                f"{source} is not UTF-8 text: lone surrogate {ascii(bad[0])} at character {bad.start()}"
+            )
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{source} is not UTF-8 text: {exc.reason} at byte {exc.start}",
+            hint="files are read as strict UTF-8",
+        ) from None
+
+
 def is_json_object(value: object) -> TypeGuard[dict[str, Any]]:
     """A JSON object as the reader parses one: a dict whose keys are strings."""
     return isinstance(value, dict)
@@ -92,15 +134,37 @@ def is_json_array(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list)
 
 
-def _depth(value: Any) -> int:
-    """Deepest nesting of arrays and objects, walked without recursing."""
-    deepest, stack = 0, [(value, 1)]
+def _pointer(where: tuple[Any, ...]) -> str:
+    """The JSON pointer of a place ``_tree_problem`` walked to (a linked (parent, key) tuple)."""
+    parts: list[str] = []
+    while where:
+        where, key = where
+        parts.append(str(key))
+    return "/" + "/".join(reversed(parts))
+
+
+def _surrogate_in(text: str, where: tuple[Any, ...], what: str) -> str | None:
+    bad = _LONE_SURROGATE.search(text)
+    return f"lone surrogate {ascii(bad[0])} at {_pointer(where)} ({what})" if bad else None
+
+
+def _tree_problem(value: Any, max_depth: int) -> str | None:
+    """What a parsed document breaks, found in one walk without recursing: nesting deeper than
+    ``max_depth``, or a lone surrogate in a key or string (the encoding policy), named by its pointer."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]
     while stack:
-        item, level = stack.pop()
-        if is_json_object(item) or is_json_array(item):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in (item.values() if is_json_object(item) else item))
-    return deepest
+        item, level, where = stack.pop()
+        if isinstance(item, str):
+            if problem := _surrogate_in(item, where, "a \\u escape naming half a character; not UTF-8"):
+                return problem
+        elif is_json_object(item) or is_json_array(item):
+            if level > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            for key, child in item.items() if is_json_object(item) else enumerate(item):
+                if isinstance(key, str) and (problem := _surrogate_in(key, where, "in a key")):
+                    return problem
+                stack.append((child, level + 1, (where, key)))
+    return None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -135,22 +199,47 @@ def parse_json(
     error = BadSignedJson if signed else BadJson
     if len(data) > max_bytes:
         raise error(f"{source} is larger than {max_bytes} bytes; refusing to read it as JSON")
+    text = decode_text(data, source=source, error=error)
     try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
         value = json.loads(
             text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite
         )
     except RecursionError:
         raise error(f"{source} is not valid JSON: nested deeper than {max_depth} levels") from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except ValueError as exc:  # JSONDecodeError is a ValueError
         raise error(f"{source} is not valid JSON: {exc}") from None
-    if _depth(value) > max_depth:
-        raise error(f"{source} is not valid JSON: nested deeper than {max_depth} levels")
+    problem = _tree_problem(value, max_depth)
+    if problem:
+        raise error(f"{source} is not valid JSON: {problem}")
     return value
+
+
+def read_bounded(path: Path, *, max_bytes: int, error: type[DgrError] = BadText) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``; anything else is refused with ``error``.
+
+    Opened without blocking and checked before any read: a FIFO with no writer once held `dgr verify`
+    in open() forever, and a device (``--key /dev/zero``) never ends.  OSError is the caller's."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _NOT_REGULAR.get(stat.S_IFMT(mode), "not a plain file")
+            raise error(f"{path} is not a regular file ({kind}); refusing to read it")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{path} is larger than {max_bytes} bytes; refusing to read it")
+    return data
 
 
 def read_json(path: Path, *, signed: bool = False, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """Read a JSON file through the bounded reader.  OSError (missing, unreadable) is the caller's."""
-    with open(path, "rb") as fh:
-        data = fh.read(max_bytes + 1)
+    data = read_bounded(path, max_bytes=max_bytes, error=BadSignedJson if signed else BadJson)
     return parse_json(data, source=str(path), signed=signed, max_bytes=max_bytes)
+
+
+def read_text(path: Path, *, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """Read a text file under the encoding policy, bounded; raises BadText.  OSError is the caller's."""
+    return decode_text(read_bounded(path, max_bytes=max_bytes), source=str(path))

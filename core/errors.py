@@ -7,7 +7,12 @@ exit code.  Messages say what failed and what to do next.  A message is scrubbed
 
 from __future__ import annotations
 
+import errno
+
 from core.redact import scrub
+
+# What a write answers when the disk (or the user's quota) is full.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class DgrError(Exception):
@@ -60,6 +65,20 @@ class RuntimeFailure(DgrError):
 
     exit_code = 6
     kind = "runtime failure"
+
+
+class DiskFull(RuntimeFailure):
+    """A write stopped on a full disk (RELIABILITY 11, 25): exit 6, the code provisioning has always
+    given it.  Provisioning says itself how many bytes the set still needs; every other writer lets the
+    OSError rise, and ``cli.main`` turns it into this one line, so no folder needs its own handler."""
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, *, during: str) -> DiskFull:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return cls(
+            f"disk full{where} during {during}: {exc.strerror or 'no space left on device'}",
+            hint="free space on the disk that holds the workspace, the store or the cache, and run again",
+        )
 
 
 class CommandFailed(RuntimeFailure):

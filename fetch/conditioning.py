@@ -89,11 +89,12 @@ def measure_conditioning(
             ],
             no_output_timeout=NO_OUTPUT_TIMEOUT_S,
         )
-        return parse_report(out.read_text())
+        return parse_report(out.read_bytes())
 
 
-def parse_report(text: str) -> dict[str, Any]:
-    """The probe's JSON, checked for its kind and schema version."""
+def parse_report(text: bytes | str) -> dict[str, Any]:
+    """The probe's JSON (bytes as it wrote them: the reader owns the decoding), checked for its kind
+    and schema version."""
     try:
         doc = parse_json(text, source=f"{PROBE}'s report")
     except BadJson as e:

@@ -33,8 +33,9 @@ from typing import Any
 
 import blake3
 
+from core import errors
 from core.canonical import atomic_write_bytes, canonical_bytes, parse_json
-from core.errors import IntegrityError, RuntimeFailure
+from core.errors import DISK_FULL_ERRNOS, IntegrityError
 from core.hashing import chunk_digest, digest_fd
 from manifests.artifact_sets import ArtifactFile
 
@@ -182,12 +183,12 @@ def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: Path) -> No
         while done < len(view):
             done += os.pwrite(fd, view[done:], offset + done)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in DISK_FULL_ERRNOS:
             raise DiskFull(path, offset + done) from None
         raise
 
 
-class DiskFull(RuntimeFailure):
+class DiskFull(errors.DiskFull):
     """ENOSPC mid-write: stop at once; the partial and its ledger are kept for a later resume."""
 
     def __init__(self, path: Path, offset: int) -> None:

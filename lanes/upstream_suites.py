@@ -17,7 +17,6 @@ Writes ``<workspace>/upstream/suites.json`` and ``suites.md``; each run's output
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import time
@@ -27,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from core.canonical import write_json
+from core.canonical import read_json, write_json
 from core.clock import utc_now
 from core.context import Context
 
@@ -668,7 +667,8 @@ def _run_all(
 
 
 def load(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {data.get('schema_version')}, expected {SCHEMA_VERSION}")
+    data = read_json(path)  # the one reader and encoding policy; BadJson is a ValueError
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {version}, expected {SCHEMA_VERSION}")
     return data

@@ -13,10 +13,11 @@ import typing
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import jsonschema
 from jsonschema.protocols import Validator
+from jsonschema.validators import extend  # pyright: ignore[reportUnknownVariableType] (unannotated upstream)
 
 from core.canonical import is_json_array, is_json_object, read_json
 from core.errors import ConfigurationError
@@ -56,9 +57,27 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"at {where}: {error.message}"
 
 
+def _json_integer(checker: object, instance: object) -> bool:
+    """A JSON integer as the reader parses one: an int, never a bool or a float.  Draft 2020-12 calls
+    4194304.0 an integer, but a float that passed as one reached ``range()`` and slicing as a float (a
+    TypeError far from the manifest) or was signed into a certificate as 4194304.0."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with "integer" meaning what our manifests mean by it: one validator class for every
+# schema, so no manifest can load a float where its schema says integer.
+_StrictValidator = cast(
+    "type[Validator]",
+    extend(
+        jsonschema.Draft202012Validator,
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _json_integer),
+    ),
+)
+
+
 def _validator(schema_name: str) -> Validator:
     """jsonschema's Validator protocol: its concrete classes' stubs leave ``iter_errors`` untyped."""
-    return jsonschema.Draft202012Validator(schema(schema_name))
+    return _StrictValidator(schema(schema_name))
 
 
 def validate(data: Any, schema_name: str, *, source: str) -> None:

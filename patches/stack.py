@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.canonical import atomic_write_bytes, canonical_digest, read_json, sha256_bytes, write_json
+from core.canonical import (
+    atomic_write_bytes,
+    canonical_digest,
+    read_json,
+    read_text,
+    sha256_bytes,
+    write_json,
+)
 from core.clock import utc_now
 from core.context import Context
 from core.errors import CommandFailed, ConfigurationError, IntegrityError
@@ -68,7 +75,7 @@ class Patched:
 def read_series(patches_dir: Path = PATCHES) -> tuple[PatchEntry, ...]:
     series = patches_dir / "series"
     try:
-        text = series.read_text(encoding="utf-8")
+        text = read_text(series)  # the one encoding policy: strict UTF-8, one line otherwise
     except FileNotFoundError:
         raise ConfigurationError(f"{series} does not exist", hint="an empty stack is an empty file") from None
     entries: list[PatchEntry] = []

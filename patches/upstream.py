@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core.canonical import write_json
+from core.canonical import read_text, write_json
 from core.context import Context
 from core.errors import CommandFailed, ConfigurationError, IntegrityError, RuntimeFailure
 from core.workspace import PATCHES
@@ -66,7 +66,7 @@ def messages(entries: Sequence[PatchEntry], messages_dir: Path = MESSAGES) -> di
                 f"patch {entry.name} has no upstream commit message at {path}",
                 hint="a subject 'area : what', a blank line, then why, how, tested",
             )
-        text = path.read_text(encoding="utf-8").strip() + "\n"
+        text = read_text(path).strip() + "\n"
         subject = text.splitlines()[0]
         if not SUBJECT.match(subject):
             raise ConfigurationError(

@@ -1,16 +1,21 @@
-"""Valid inputs per target, for the property tests to mutate and the fuzzer to start from."""
+"""Inputs per target, for the property tests to mutate and the fuzzer to start from: the valid ones,
+then the hostile shapes that were tracebacks once (issue 42: a lone surrogate as a JSON escape, a
+whole-number float where a schema says integer, a series that is not UTF-8), each of which a target
+must refuse with a DgrError."""
 
 from __future__ import annotations
 
 import io
 import json
 import tarfile
+from pathlib import Path
 from typing import Any
 
 from core.workspace import PROJECT_ROOT
 from tests.fuzz.targets import ARCHIVE_PREFIX
 
 MANIFESTS = PROJECT_ROOT / "manifests"
+SERIES = PROJECT_ROOT / "patches" / "series"
 
 
 def _tar() -> bytes:
@@ -90,7 +95,44 @@ HOSTILE_HUB_ANSWERS: dict[str, tuple[str, bytes, str]] = {
 }
 
 
+def _edited(path: Path, *edits: tuple[bytes, bytes]) -> list[bytes]:
+    """One copy of ``path``'s bytes per edit (old -> new, first occurrence, which must be there)."""
+    data = path.read_bytes()
+    out = []
+    for old, new in edits:
+        assert old in data, (path, old)
+        out.append(data.replace(old, new, 1))
+    return out
+
+
+def hostile(target: str) -> list[bytes]:
+    """The shapes each target must refuse with a DgrError (an empty list for the others)."""
+    if target in ("json", "recipe"):
+        return _edited(
+            MANIFESTS / "recipes" / "tiny-llama.json",
+            (b'"description": "', b'"description": "\\udc80'),
+            (b'"mono": {', b'"mono\\ud800": {'),
+            *([(b'"n_decode": 32', b'"n_decode": 32.0')] if target == "recipe" else []),
+        )
+    if target == "artifact_set":
+        return _edited(
+            MANIFESTS / "artifacts" / "tiny-llama.json",
+            (b'"description": "', b'"description": "\\udc80'),
+            (b'"chunk_size": 4194304', b'"chunk_size": 4194304.0'),
+            (b'"size": 46085280', b'"size": 46085280.0'),
+        )
+    if target == "series":
+        return _edited(
+            SERIES, (b"# dgr patch stack", b"# dgr \xff stack"), (b"-range-", b"-range\xed\xb2\x80-")
+        )
+    return []
+
+
 def seeds(target: str) -> list[bytes]:
+    return _valid(target) + hostile(target)
+
+
+def _valid(target: str) -> list[bytes]:
     if target == "gguf_header":
         return [_gguf()]
     if target == "archive":
@@ -104,6 +146,8 @@ def seeds(target: str) -> list[bytes]:
         return [(MANIFESTS / "artifacts" / "tiny-llama.json").read_bytes()]
     if target == "hub_api":
         revision = {"id": "org/model", "sha": "5" * 40, "siblings": [{"rfilename": "Q4/a.gguf"}]}
-        hostile = [body for _kind, body, _says in HOSTILE_HUB_ANSWERS.values()]
-        return [json.dumps(hub_tree()).encode(), json.dumps(revision).encode(), *hostile]
+        refused = [body for _kind, body, _says in HOSTILE_HUB_ANSWERS.values()]
+        return [json.dumps(hub_tree()).encode(), json.dumps(revision).encode(), *refused]
+    if target == "series":
+        return [SERIES.read_bytes()]
     raise KeyError(target)

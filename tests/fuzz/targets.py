@@ -122,6 +122,14 @@ def hub_api(data: bytes) -> None:
     hub.index_files(hub.read_tree_page(data, source="fuzz-tree.json"), source="fuzz-tree.json")
 
 
+def series(data: bytes) -> None:
+    """patches.stack.read_series over a patches folder whose ``series`` file holds ``data``."""
+    from patches import stack
+
+    (scratch() / "series").write_bytes(data)
+    stack.read_series(scratch())
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "gguf_header": gguf_header,
     "archive": archive,
@@ -130,6 +138,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "recipe": recipe,
     "artifact_set": artifact_set,
     "hub_api": hub_api,
+    "series": series,
 }
 
 

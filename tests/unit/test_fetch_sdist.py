@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import pytest
 from core.canonical import sha256_file
 from core.context import Context
 from core.errors import IntegrityError, RuntimeFailure
+from core.workspace import PROJECT_ROOT
 from fetch import gittree
-from fetch.source import SdistPin, archive_path, ensure_pristine, fetch_sdist, obtain_archive, tree_dir
+from fetch.source import Pin, SdistPin, archive_path, ensure_pristine, fetch_sdist, obtain_archive, tree_dir
 
 
 def _build_sdist(tmp_path: Path, upstream_work: Path, *, extra: tarfile.TarInfo | None = None) -> Path:
@@ -165,22 +169,28 @@ def test_sdist_with_a_different_tree_is_refused(ctx: Context, tmp_path: Path, up
     assert not tree_dir(ctx, wrong).exists()
 
 
-def test_hostile_sdist_is_refused_before_extraction(
-    ctx: Context, tmp_path: Path, upstream, upstream_pin
-) -> None:
-    evil = tarfile.TarInfo("tiny-1.0/vendor/tiny/../../../../evil.txt")
-    evil.size = 4
-    archive = _build_sdist(tmp_path, upstream.work, extra=evil)
+def _sdist_only(upstream_pin, archive: Path, *, max_bytes: int = 1 << 30) -> Pin:
+    """``upstream_pin`` with the sdist (``archive``, by its digest) as its only source."""
     sd = SdistPin(
         package="tiny",
         version="1.0",
         filename="tiny-1.0.tar.gz",
         sha256=sha256_file(archive),
         subtree="vendor/tiny",
+        max_bytes=max_bytes,
     )
-    pin = dataclasses.replace(
+    return dataclasses.replace(
         upstream_pin, sources=dataclasses.replace(upstream_pin.sources, order=("sdist",), sdist=sd)
     )
+
+
+def test_hostile_sdist_is_refused_before_extraction(
+    ctx: Context, tmp_path: Path, upstream, upstream_pin
+) -> None:
+    evil = tarfile.TarInfo("tiny-1.0/vendor/tiny/../../../../evil.txt")
+    evil.size = 4
+    archive = _build_sdist(tmp_path, upstream.work, extra=evil)
+    pin = _sdist_only(upstream_pin, archive)
     shutil.copy(archive, ctx.workspace.ensure(archive_path(ctx, pin).parent) / archive.name)
     with pytest.raises(IntegrityError, match="'..' component"):
         ensure_pristine(ctx, pin=pin)
@@ -198,3 +208,66 @@ def test_download_failure_is_unavailable_not_integrity(ctx: Context, sdist) -> N
 
     with pytest.raises(RuntimeFailure, match="download failed"):
         obtain_archive(ctx, pin, download=offline)
+
+
+# `dgr fetch` in a child whose pin and package index are the fixture's: the real command line, so the
+# test sees what a user sees (stderr, exit code), with DGR_WORK on a small tmpfs.
+FETCH_CHILD = """
+import json, shutil, sys
+from pathlib import Path
+from cli.main import main
+from fetch import source
+from manifests.loader import build
+pin = build(source.Pin, json.loads(sys.argv[2]))
+archive = Path(sys.argv[3])
+source.load_pin = lambda path=None: pin
+def index(ctx, pin, into):
+    shutil.copy(archive, into / pin.sources.sdist.filename)
+source.FETCHERS["sdist"] = lambda ctx, pin, dest: source.fetch_sdist(ctx, pin, dest, download=index)
+code = main(["fetch", "--source", "sdist"])
+left = sorted(p.name for p in Path(sys.argv[1], "src").iterdir() if not p.name.endswith(".lock"))
+print(json.dumps({"code": code, "left": left}))
+"""
+
+
+def test_disk_full_while_extracting_is_one_line_and_leaves_nothing(
+    ctx: Context, tmp_path: Path, upstream, upstream_pin
+) -> None:
+    """A real ENOSPC (DGR_WORK on a 256 KiB tmpfs in a private mount namespace, as provisioning's
+    RELIABILITY 11 test does) while the sdist's 1 MiB file is extracted: one line, provisioning's
+    exit code for a full disk (6), and no tree or temp dir left in the workspace."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not available")
+    big = tarfile.TarInfo("tiny-1.0/vendor/tiny/weights.bin")
+    big.size = 1 << 20
+    archive = _build_sdist(tmp_path, upstream.work, extra=big)
+    pin = _sdist_only(upstream_pin, archive, max_bytes=4 << 20)
+    work = ctx.workspace.root
+    work.mkdir(parents=True)
+    script = f'mount -t tmpfs -o size=256k tmpfs "{work}" && exec "{sys.executable}" -c "$0" "$@"'
+    done = subprocess.run(
+        [
+            "unshare",
+            "-Urm",
+            "sh",
+            "-c",
+            script,
+            FETCH_CHILD,
+            str(work),
+            json.dumps(dataclasses.asdict(pin)),
+            str(archive),
+        ],
+        cwd=PROJECT_ROOT,
+        env={**ctx.env, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0 and "mount" in done.stderr:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["code"] == 6, out
+    assert lines[0].startswith("dgr: runtime failure: disk full during `dgr fetch`"), lines
+    assert out["left"] == []  # the temp tree went with the failure; no final tree, no record

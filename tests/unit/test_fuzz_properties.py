@@ -113,6 +113,20 @@ def _replace(doc: Any, path: tuple, value: Any, delete: bool) -> Any:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_seed_parses_or_raises_a_typed_error(name: str) -> None:
+    """The seeds as they are, before any mutation: the valid ones parse, the hostile shapes (each a
+    traceback once: lone surrogates, whole-number floats, invalid UTF-8) are refused with a DgrError."""
+    for data in seed_inputs.seeds(name):
+        _feed(name, data)
+    for data in seed_inputs.hostile(name):
+        assert targets.run_one(name, data) is False, data[:80]
+
+
+def test_the_manifest_and_series_targets_carry_round_three_shapes() -> None:
+    assert {"json", "recipe", "artifact_set", "series"} <= {n for n in NAMES if seed_inputs.hostile(n)}
+
+
+@pytest.mark.parametrize("name", NAMES)
 @BUDGET
 @given(data=st.binary(max_size=2048))
 def test_random_bytes_parse_or_raise_a_typed_error(name: str, data: bytes) -> None:

@@ -21,6 +21,7 @@ from certify import keys
 from certify.verify import verify
 from core.canonical import sha256_file
 from core.context import Context
+from core.errors import IntegrityError
 from core.workspace import PROJECT_ROOT
 from reports.index import render_index, scan
 
@@ -78,6 +79,8 @@ CRAFTED_ENVELOPES = {
     "deep payload": lambda e: e.update(payload=base64.b64encode(b"[" * 1000 + b"]" * 1000).decode()),
     "list payload": lambda e: e.update(payload=base64.b64encode(b"[1, 2]").decode()),
     "nan payload": lambda e: e.update(payload=base64.b64encode(b'{"a": NaN}').decode()),
+    "lone surrogate payloadType": lambda e: e.update(payloadType="\udc80"),
+    "lone surrogate keyid": lambda e: e["signatures"][0].update(keyid="\udc80"),
 }
 
 
@@ -108,6 +111,63 @@ def test_crafted_envelope_fails_verify_with_one_line(ctx: Context, tmp_path: Pat
     done = _dgr(ctx, "verify", str(path))
     assert done.returncode == 3, done.stdout + done.stderr
     assert _only_error_line(done).startswith("dgr: integrity error:")
+
+
+def test_a_lone_surrogate_in_the_signed_payload_exits_3(ctx: Context, tmp_path: Path) -> None:
+    """A payload signed by a trusted key whose JSON holds a \\udc80 escape: once exit 0 with the raw
+    surrogate printed (or a UnicodeEncodeError traceback, by locale); now the statement is refused."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    payload = base64.b64decode(envelope["payload"])
+    assert b'"recipe":{"' in payload
+    payload = payload.replace(b'"recipe":{"', b'"recipe":{"\\udc80":1,"', 1)
+    key = keys.dev_key(ctx.workspace)
+    envelope["payload"] = base64.b64encode(payload).decode()
+    envelope["signatures"] = [
+        {"keyid": key.keyid, "sig": base64.b64encode(key.sign(cert.pae(cert.PAYLOAD_TYPE, payload))).decode()}
+    ]
+    path.write_text(json.dumps(envelope))
+    done = _dgr(ctx, "verify", str(path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _only_error_line(done)
+    assert line.startswith("dgr: integrity error:") and "statement" in line and "lone surrogate" in line, line
+
+
+def test_too_many_signatures_are_refused_before_any_is_checked(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bogus signature was tried against every trusted key (250,000 of them: minutes of CPU)."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    envelope["signatures"] += [{"keyid": "x", "sig": BAD_SIG}] * cert.MAX_SIGNATURES
+    path.write_text(json.dumps(envelope))
+    checked: list[bytes] = []
+    monkeypatch.setattr(keys.TrustedKey, "verifies", lambda self, sig, message: checked.append(sig) or False)
+    with pytest.raises(IntegrityError, match=f"carries {cert.MAX_SIGNATURES + 1} signatures"):
+        verify(path, keys.trusted_keys(ws=ctx.workspace))
+    assert checked == []
+
+
+def test_an_envelope_of_250000_signatures_exits_3_with_one_line(ctx: Context, tmp_path: Path) -> None:
+    path = _signed(ctx, tmp_path / "r", _statement())
+    envelope = json.loads(path.read_text())
+    envelope["signatures"] = [{"keyid": "x", "sig": BAD_SIG}] * 250_000
+    path.write_text(json.dumps(envelope))
+    done = _dgr(ctx, "verify", str(path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _only_error_line(done)
+    assert "carries 250000 signatures" in line and "before any is checked" in line, line
+
+
+def test_a_key_that_is_not_a_regular_file_exits_2(ctx: Context, tmp_path: Path) -> None:
+    """--key /dev/zero read until memory ran out; a FIFO blocked."""
+    path = _signed(ctx, tmp_path / "r", _statement())
+    fifo = tmp_path / "key.pem"
+    os.mkfifo(fifo)
+    for key in (fifo, Path("/dev/zero")):
+        done = _dgr(ctx, "verify", str(path), "--key", str(key))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "is not a regular file" in _only_error_line(done)
 
 
 def _signed_statement_edit(ctx: Context, run_dir: Path, stmt: dict[str, Any]) -> Path:

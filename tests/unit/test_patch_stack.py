@@ -180,6 +180,16 @@ def test_malformed_series_lines(patches_dir: Path, line: str, error: type) -> No
         read_series(patches_dir)
 
 
+@pytest.mark.parametrize("bad", [b"\xff", b"\xed\xb2\x80"], ids=["invalid byte", "encoded surrogate"])
+def test_a_series_that_is_not_utf8_is_refused_with_one_line(patches_dir: Path, bad: bytes) -> None:
+    """Once a UnicodeDecodeError traceback; now the one encoding policy's refusal (exit 2)."""
+    with open(patches_dir / "series", "ab") as fh:
+        fh.write(b"# a comment " + bad + b"\n")
+    with pytest.raises(ConfigurationError, match="is not UTF-8 text") as caught:
+        read_series(patches_dir)
+    assert caught.value.exit_code == 2 and str(patches_dir / "series") in caught.value.message
+
+
 def test_refresh_round_trip(ctx: Context, tmp_path: Path, upstream_pin, patches_dir: Path) -> None:
     dev = tmp_path / "dev"
     make_dev_tree(ctx, dev, pin=upstream_pin, patches_dir=patches_dir)

@@ -42,6 +42,12 @@ def test_a_subject_not_in_upstream_style_is_refused(tmp_path, subject) -> None:
         upstream.messages([_entry(tmp_path)], tmp_path)
 
 
+def test_a_message_that_is_not_utf8_is_refused(tmp_path) -> None:
+    (tmp_path / "0001-x.msg").write_bytes(b"llama : caf\xe9 support\n\nbody\n")  # Latin-1, not UTF-8
+    with pytest.raises(ConfigurationError, match="0001-x.msg is not UTF-8 text"):
+        upstream.messages([_entry(tmp_path)], tmp_path)
+
+
 def test_author_is_name_and_email() -> None:
     who = upstream.identity("Ada Lovelace <ada@example.org>", "@0 +0000")
     assert (who["GIT_AUTHOR_NAME"], who["GIT_AUTHOR_EMAIL"], who["GIT_COMMITTER_DATE"]) == (
