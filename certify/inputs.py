@@ -17,6 +17,7 @@ from typing import Any
 from certify import certificate as cert
 from core.canonical import write_json
 from core.context import Context
+from core.digits import ascii_int
 from core.errors import ConfigurationError, IntegrityError
 from manifests.recipe_model import Mtp, Recipe
 from pipeline.worker_identity import stable_identity
@@ -219,9 +220,10 @@ def worker_threads(env: Mapping[str, str], cores: int, stages: int = 1) -> int:
     raw = env.get("DGR_WORKER_THREADS", "").strip()
     if not raw:
         return max(1, cores // max(1, stages))
-    if not raw.isdigit() or int(raw) < 1:
+    threads = ascii_int(raw)
+    if threads is None or threads < 1:
         raise ConfigurationError(f"DGR_WORKER_THREADS={raw!r} is not a positive integer")
-    return int(raw)
+    return threads
 
 
 def prepare_attached(ctx: Context, recipe: Recipe, lane: str, *, store: Path | None) -> Prepared:

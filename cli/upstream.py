@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from core.context import Context
+from core.digits import ascii_int
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +77,7 @@ def _source_date(ctx: Context) -> str | None:
     raw = ctx.env.get("SOURCE_DATE_EPOCH", "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
+    if ascii_int(raw) is None:
         from core.errors import ConfigurationError
 
         raise ConfigurationError(f"SOURCE_DATE_EPOCH={raw!r} is not a number of seconds")

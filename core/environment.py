@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.digits import ascii_int
 from core.errors import ConfigurationError
 
 _CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -33,7 +34,7 @@ def check(env: Mapping[str, str]) -> None:
     for name in CHOICES:
         _choice(env, name)
     threads = env.get("DGR_WORKER_THREADS", "").strip()
-    if threads and not (threads.isdigit() and int(threads) >= 1):
+    if threads and not (ascii_int(threads) or 0) >= 1:
         raise ConfigurationError(
             f"DGR_WORKER_THREADS={threads!r} is not a positive integer", hint="unset it to use every core"
         )

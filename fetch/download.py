@@ -47,6 +47,7 @@ from urllib3.exceptions import InvalidHeader
 from urllib3.util.retry import Retry
 
 from core import redact
+from core.digits import ascii_int
 from core.errors import DgrError, IntegrityError, RuntimeFailure
 from fetch.ledger import Partial, open_nofollow
 from manifests.artifact_sets import Origin
@@ -55,7 +56,6 @@ log = redact.logger("dgr.fetch")
 _Answer = TypeVar("_Answer")
 
 _CONTENT_RANGE = re.compile(r"^bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)$")  # ASCII digits: int() takes them
-_DIGITS = re.compile(r"[0-9]+")
 _REDIRECTS = (301, 302, 303, 307, 308)
 _REDIRECT_BODY_MAX = 1 << 16  # a redirect's body this small is read, so its connection is reused
 
@@ -99,9 +99,8 @@ _ACCESS_STATUS = (401, 403)
 
 
 def header_int(value: str | None) -> int | None:
-    """A header's number: ASCII digits only, else None ('²'.isdigit() is True, and int('²') raises)."""
-    text = (value or "").strip()
-    return int(text) if _DIGITS.fullmatch(text) else None
+    """A header's number: ASCII digits only, else None (core.digits)."""
+    return ascii_int(value)
 
 
 def retry_after(value: str | None, *, now: float | None = None) -> float | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.canonical import sha256_file
+from core.digits import ascii_int
 from core.errors import ConfigurationError
 from manifests.loader import load_json
 
@@ -59,15 +60,16 @@ def check_host(host: str, where: str) -> str:
 
 def check_address(address: str, where: str) -> str:
     """``host:port`` (``[v6]:port`` for IPv6), port 1-65535; returns the normalised address."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    host, sep, port_text = address.rpartition(":")
+    port = ascii_int(port_text) if sep else None
+    if not host or port is None or not 0 < port < 65536:
         raise ConfigurationError(
             f"{where}: {address!r} is not host:port with a port in 1-65535",
             hint="e.g. 10.0.0.7:7001 or [fd00::7]:7001",
         )
     if ":" in host and not host.startswith("["):
         raise ConfigurationError(f"{where}: {address!r}: write an IPv6 host in brackets, [addr]:port")
-    return f"{check_host(host, where)}:{int(port)}"
+    return f"{check_host(host, where)}:{port}"
 
 
 def _stages(raw: Sequence[Mapping[str, Any]], where: str) -> tuple[AttachedStage, ...]:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import proc, redact
 from core.canonical import parse_json, read_json
+from core.digits import ascii_int
 from core.errors import RuntimeFailure, ToolchainMissing
 from pipeline.seam_model import Profiles, profiles
 from pipeline.shaper import READY, Link
@@ -312,7 +313,8 @@ def _owner_alive(marker: Mapping[str, Any]) -> bool:
 
 def _netns_pids(env: Mapping[str, str], ns: str) -> list[int]:
     done = _ip(env, "netns", "pids", ns, check=False)
-    return [int(x) for x in done.output.split() if x.isdigit()] if done.returncode == 0 else []
+    pids = [ascii_int(x) for x in done.output.split()] if done.returncode == 0 else []
+    return [pid for pid in pids if pid is not None]
 
 
 def _kill_shaper(pid: int, tag: str) -> None:

@@ -32,6 +32,7 @@ from typing import cast
 import grpc
 import numpy as np
 
+from core.digits import ascii_int
 from core.errors import ConfigurationError
 from worker import wire
 from worker.client import (
@@ -299,7 +300,8 @@ class ChainRoute:
         stage the dgr-failed-stage trailer names (none: stage 0 itself), with the status code kept."""
         code, detail = rpc_status(exc)
         named = str(_trailers(exc).get(FAILED_STAGE, ""))
-        k = int(named) if named.isdigit() and int(named) < len(self.stages) else 0
+        named_stage = ascii_int(named)
+        k = named_stage if named_stage is not None and named_stage < len(self.stages) else 0
         dead = ended_stage(self.stages, code)
         if dead is not None:
             return dead.explain("chained Forward", code, detail, settle=False)
