@@ -80,9 +80,9 @@ def decode_together(
                 ended = time.perf_counter()
             except BaseException:
                 barrier.abort()  # the other threads stop waiting for this one
+                drive.abandon_session(stages, session)
                 raise
-            finally:
-                drive.reset_session(stages, session)
+            drive.reset_session(stages, session)
         return Session(tokens=tuple(tokens), logits=logits, started=started, ended=ended)
 
     with ThreadPoolExecutor(max_workers=n_sessions, thread_name_prefix="dgr-session") as pool:

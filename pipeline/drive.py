@@ -146,13 +146,24 @@ def _session(tag: str) -> str:
 
 
 # Passes ------------------------------------------------------------------------------------------
-def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool) -> None:
+# A reset made while a pass unwinds (a stage failed, SIGTERM, Ctrl-C) is best effort: a stage that does
+# not answer within this is hung, or busy with the very pass that failed, and waiting out the call's
+# deadline (30 s a stage) held a cancelled certification that long before it stopped its workers.
+UNWIND_RESET_S = 2.0
+
+
+def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool, deadline: float = 30.0) -> None:
     for stage in stages:
         try:
-            stage.reset(session)
+            stage.reset(session, deadline=deadline)
         except StageFailed:
             if not quiet:
                 raise
+
+
+def _abandon(stages: Sequence[StageClient], session: str) -> None:
+    """Free ``session`` on every stage that answers soon, as a failed or cancelled pass unwinds."""
+    _reset_all(stages, session, quiet=True, deadline=UNWIND_RESET_S)
 
 
 def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
@@ -360,7 +371,7 @@ def _prompt_trace(
             route, prompt, n_decode, options, session=session, epoch=epoch, forced=forced
         )
     except BaseException:
-        _reset_all(route.stages, session, quiet=True)
+        _abandon(route.stages, session)
         raise
     _reset_all(route.stages, session, quiet=False)
     first = list(range(len(prompt))) if options.all_logits else [len(prompt) - 1]
@@ -413,8 +424,10 @@ def measure_speed(
                     session=session,
                     epoch=1,
                 )
-            finally:
-                _reset_all(stages, session, quiet=True)
+            except BaseException:
+                _abandon(stages, session)
+                raise
+            _reset_all(stages, session, quiet=True)
             chosen.add(tuple(tokens))
             if r >= warmup:
                 runs.append(passes)
@@ -491,10 +504,14 @@ def route_change(
             miss = _old_kv_refused(after[0], session, len(prompt) + switch_at - 1, before[-1], boundary_dtype)
             history = list(prompt) + before
             rest, _ = _greedy(after_route, history, n_decode - switch_at, options, session=session, epoch=2)
-        finally:
+        except BaseException:
             for group in {id(stages): stages, id(after): after}.values():
-                _reset_all(group, ref_session, quiet=True)
-                _reset_all(group, session, quiet=True)
+                _abandon(group, ref_session)
+                _abandon(group, session)
+            raise
+        for group in {id(stages): stages, id(after): after}.values():
+            _reset_all(group, ref_session, quiet=True)
+            _reset_all(group, session, quiet=True)
     return RouteChange(
         reference=tuple(reference),
         switched=tuple(before + rest),
@@ -585,3 +602,9 @@ def new_session(tag: str) -> str:
 
 def reset_session(stages: Sequence[StageClient], session: str) -> None:
     _reset_all(stages, session, quiet=True)
+
+
+def abandon_session(stages: Sequence[StageClient], session: str) -> None:
+    """``reset_session`` for a session whose pass failed or was cancelled: stages that do not answer
+    within UNWIND_RESET_S are left to the launcher, which stops the workers it started."""
+    _abandon(stages, session)

@@ -332,9 +332,9 @@ def run(
             opened.drain()  # every pass's ack in before the session goes
         except BaseException:
             opened.drain(quiet=True)
+            drive.abandon_session(stages, session)
             raise
-        finally:
-            drive.reset_session(stages, session)
+        drive.reset_session(stages, session)
     return done
 
 

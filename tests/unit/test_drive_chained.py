@@ -212,7 +212,7 @@ def test_hung_stage_ends_at_the_deadline(stubs, tmp_path: Path) -> None:
         infos = drive.describe(p.clients)
         started = time.monotonic()
         # the route directly: run_placement would go on to Reset the session, which the hung stage's
-        # fake holds its lock against until Reset's own deadline
+        # fake holds its lock against for drive.UNWIND_RESET_S (test_drive_unwind.py)
         with (
             pytest.raises(StageFailed, match="DEADLINE_EXCEEDED") as caught,
             chain_route(p.clients, infos, addresses=None, sink_host="127.0.0.1") as route,
