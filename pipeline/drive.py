@@ -414,20 +414,7 @@ def measure_speed(
     chosen: set[tuple[int, ...]] = set()
     with route.open(stages, infos, reach) as opened:
         for r in range(warmup + repetitions):
-            session = _session(f"speed{r}")
-            try:
-                tokens, passes = _greedy(
-                    opened,
-                    prompt,
-                    n_decode,
-                    PassOptions(boundary_dtype=boundary_dtype),
-                    session=session,
-                    epoch=1,
-                )
-            except BaseException:
-                _abandon(stages, session)
-                raise
-            _reset_all(stages, session, quiet=True)
+            tokens, passes = _speed_repetition(opened, prompt, n_decode, boundary_dtype, tag=f"speed{r}")
             chosen.add(tuple(tokens))
             if r >= warmup:
                 runs.append(passes)
@@ -441,6 +428,22 @@ def measure_speed(
             "repetitions",
         )
     return _samples(runs, len(prompt), n_decode, len(stages), route.name, observed)
+
+
+def _speed_repetition(
+    route: Route, prompt: Sequence[int], n_decode: int, boundary_dtype: str, *, tag: str
+) -> tuple[list[int], list[Pass]]:
+    """One fresh session of prefill + decode, its session freed after (best effort when it failed)."""
+    session = _session(tag)
+    try:
+        got = _greedy(
+            route, prompt, n_decode, PassOptions(boundary_dtype=boundary_dtype), session=session, epoch=1
+        )
+    except BaseException:
+        _abandon(route.stages, session)
+        raise
+    _reset_all(route.stages, session, quiet=True)
+    return got
 
 
 def _samples(
