@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,11 +16,11 @@ import pytest
 from core import locks
 from core.context import Context
 from core.errors import ConfigurationError, IntegrityError, RuntimeFailure
-from core.workspace import PROJECT_ROOT
 from fetch.download import RetryPolicy
 from fetch.ledger import SIDECAR
 from fetch.provision import Provisioned, provision
 from fetch.store import check_policy, file_lock
+from tests.unit.full_disk import run_on_full_disk
 from tests.unit.ggufmaker import split_set, write_set
 from tests.unit.httpfault import FaultServer
 
@@ -160,25 +158,8 @@ print(json.dumps(out))
 
 def test_case11_disk_full_mid_write_stops_keeps_partial_and_reports_bytes_needed(local: LocalSet) -> None:
     """A real ENOSPC: the store is a 256 KiB tmpfs mounted in a private mount namespace."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not available")
     store = local.store
-    store.mkdir()
-    script = (
-        f'mount -t tmpfs -o size=256k tmpfs "{store}" && exec "{sys.executable}" -c "$0" '
-        f'"{store}" "{local.manifests}"'
-    )
-    env = {**local.ctx.env, "PYTHONPATH": str(PROJECT_ROOT)}
-    done = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", script, DISK_FULL_CHILD],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0 and "mount" in done.stderr:
-        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
+    done = run_on_full_disk(store, DISK_FULL_CHILD, [str(store), str(local.manifests)], local.ctx.env)
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["kind"] == "RuntimeFailure" and out["code"] == 6
     assert "disk full writing" in out["message"] and "verified and kept; need" in out["message"]

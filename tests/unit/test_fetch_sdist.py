@@ -6,8 +6,6 @@ import dataclasses
 import io
 import json
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -16,9 +14,9 @@ import pytest
 from core.canonical import sha256_file
 from core.context import Context
 from core.errors import IntegrityError, RuntimeFailure
-from core.workspace import PROJECT_ROOT
 from fetch import gittree
 from fetch.source import Pin, SdistPin, archive_path, ensure_pristine, fetch_sdist, obtain_archive, tree_dir
+from tests.unit.full_disk import run_on_full_disk
 
 
 def _build_sdist(tmp_path: Path, upstream_work: Path, *, extra: tarfile.TarInfo | None = None) -> Path:
@@ -236,35 +234,16 @@ def test_disk_full_while_extracting_is_one_line_and_leaves_nothing(
     """A real ENOSPC (DGR_WORK on a 256 KiB tmpfs in a private mount namespace, as provisioning's
     RELIABILITY 11 test does) while the sdist's 1 MiB file is extracted: one line, provisioning's
     exit code for a full disk (6), and no tree or temp dir left in the workspace."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not available")
     big = tarfile.TarInfo("tiny-1.0/vendor/tiny/weights.bin")
     big.size = 1 << 20
     archive = _build_sdist(tmp_path, upstream.work, extra=big)
     pin = _sdist_only(upstream_pin, archive, max_bytes=4 << 20)
-    work = ctx.workspace.root
-    work.mkdir(parents=True)
-    script = f'mount -t tmpfs -o size=256k tmpfs "{work}" && exec "{sys.executable}" -c "$0" "$@"'
-    done = subprocess.run(
-        [
-            "unshare",
-            "-Urm",
-            "sh",
-            "-c",
-            script,
-            FETCH_CHILD,
-            str(work),
-            json.dumps(dataclasses.asdict(pin)),
-            str(archive),
-        ],
-        cwd=PROJECT_ROOT,
-        env={**ctx.env, "PYTHONPATH": str(PROJECT_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_on_full_disk(
+        ctx.workspace.root,
+        FETCH_CHILD,
+        [str(ctx.workspace.root), json.dumps(dataclasses.asdict(pin)), str(archive)],
+        ctx.env,
     )
-    if done.returncode != 0 and "mount" in done.stderr:
-        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from core.context import Context
-from core.workspace import PROJECT_ROOT
 from tests.fuzz.seeds import HOSTILE_HUB_ANSWERS
+from tests.unit.full_disk import run_on_full_disk
 from tests.unit.hubcase import CHUNK, PATHS, REPO, HubCase, hub_case, run_cli
 
 SECRET = "hf_planted_Secret_9f3"  # what a token holds, before a line break an attacker adds
@@ -227,21 +224,8 @@ sys.exit(main(sys.argv[2:]))
 def test_disk_full_while_staging_a_seal_is_one_line_and_keeps_what_landed(case: HubCase) -> None:
     """A real ENOSPC, as provisioning's test makes one: the workspace is a 256 KiB tmpfs mounted in a
     private mount namespace (the fake hub stays reachable: the network namespace is shared)."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not available")
     work = Path(case.env["DGR_WORK"])
-    work.mkdir(parents=True)
-    script = f'mount -t tmpfs -o size=256k tmpfs "{work}" && exec "{sys.executable}" -c "$0" "$@"'
-    done = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", script, SEAL_DISK_FULL_CHILD, str(case.manifests), *SEAL],
-        cwd=PROJECT_ROOT,
-        env={**case.env, "PYTHONPATH": str(PROJECT_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0 and "mount" in done.stderr:
-        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {done.stderr.strip()}")
+    done = run_on_full_disk(work, SEAL_DISK_FULL_CHILD, [str(case.manifests), *SEAL], case.env)
     said = [line for line in done.stderr.splitlines() if not line.startswith("seal ")]  # progress
     line = _one_line(done.returncode, said, 6, "runtime failure")
     assert "disk full staging" in line and "staged and kept" in line and "more bytes" in line
