@@ -193,13 +193,9 @@ def _replay(
     make_dev_tree(ctx, repo, pin=pin, patches_dir=patches_dir)
     entries = read_series(patches_dir)
     originals = load_stack(entries, ensure_pristine(ctx, pin=pin).path)
-    if tree is not None:
-        candidate_tree = _import_tree(repo, tree, env)
-        source = where or str(Path(os.path.abspath(tree)))
-        if where is not None:
-            shutil.rmtree(tree)  # the extracted sdist: its objects are in the repository now
-    else:
-        candidate_tree, source = _fetch(repo, commit, from_git, pin, ctx.env, env)
+    candidate_tree, source = _candidate(
+        ctx, repo, commit, pin, env, from_git=from_git, tree=tree, where=where
+    )
     # The candidate as `dgr patch --dev` would have made it once the pin names it: one root commit
     # "pristine <commit>" (the pin's commits stay in the object store for the 3-way merges), so the
     # kept repository becomes a dev tree that `dgr patch --refresh` reads after the pin moves.
@@ -237,6 +233,28 @@ def _replay(
     )
     write_json(work / "rebase.json", dict(result.record(), created_at=utc_now()))
     return result
+
+
+def _candidate(
+    ctx: Context,
+    repo: Path,
+    commit: str,
+    pin: Pin,
+    env: Mapping[str, str],
+    *,
+    from_git: str | None,
+    tree: Path | None,
+    where: str | None,
+) -> tuple[str, str]:
+    """The candidate's git tree id in ``repo`` and where it came from: an extracted tree imported (and
+    removed when it was the sdist's), or the commit fetched from git."""
+    if tree is None:
+        return _fetch(repo, commit, from_git, pin, ctx.env, env)
+    candidate_tree = _import_tree(repo, tree, env)
+    source = where or str(Path(os.path.abspath(tree)))
+    if where is not None:
+        shutil.rmtree(tree)  # the extracted sdist: its objects are in the repository now
+    return candidate_tree, source
 
 
 def _leave_at_conflict(
