@@ -161,11 +161,6 @@ def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool, dead
                 raise
 
 
-def _abandon(stages: Sequence[StageClient], session: str) -> None:
-    """Free ``session`` on every stage that answers soon, as a failed or cancelled pass unwinds."""
-    _reset_all(stages, session, quiet=True, deadline=UNWIND_RESET_S)
-
-
 def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
     small = min(i.n_ctx for i in infos)
     if small and n_positions > small:
@@ -371,7 +366,7 @@ def _prompt_trace(
             route, prompt, n_decode, options, session=session, epoch=epoch, forced=forced
         )
     except BaseException:
-        _abandon(route.stages, session)
+        abandon_session(route.stages, session)
         raise
     _reset_all(route.stages, session, quiet=False)
     first = list(range(len(prompt))) if options.all_logits else [len(prompt) - 1]
@@ -440,7 +435,7 @@ def _speed_repetition(
             route, prompt, n_decode, PassOptions(boundary_dtype=boundary_dtype), session=session, epoch=1
         )
     except BaseException:
-        _abandon(route.stages, session)
+        abandon_session(route.stages, session)
         raise
     _reset_all(route.stages, session, quiet=True)
     return got
@@ -509,8 +504,8 @@ def route_change(
             rest, _ = _greedy(after_route, history, n_decode - switch_at, options, session=session, epoch=2)
         except BaseException:
             for group in {id(stages): stages, id(after): after}.values():
-                _abandon(group, ref_session)
-                _abandon(group, session)
+                abandon_session(group, ref_session)
+                abandon_session(group, session)
             raise
         for group in {id(stages): stages, id(after): after}.values():
             _reset_all(group, ref_session, quiet=True)
@@ -610,4 +605,4 @@ def reset_session(stages: Sequence[StageClient], session: str) -> None:
 def abandon_session(stages: Sequence[StageClient], session: str) -> None:
     """``reset_session`` for a session whose pass failed or was cancelled: stages that do not answer
     within UNWIND_RESET_S are left to the launcher, which stops the workers it started."""
-    _abandon(stages, session)
+    _reset_all(stages, session, quiet=True, deadline=UNWIND_RESET_S)
