@@ -167,7 +167,9 @@ def tests(session: nox.Session) -> None:
         stale.unlink(missing_ok=True)
     try:
         session.run("pytest", "-m", "not slow", "-n", "auto", f"--junitxml={fast}", *args)
-        session.run("pytest", "-m", "slow", f"--junitxml={slow}", *args)
+        # two at a time as well: a certification spends much of its time waiting (worker starts, gRPC
+        # round trips, seams), and the tests that read one shared run stay in one worker (loadgroup)
+        session.run("pytest", "-m", "slow", "-n", "auto", "--dist", "loadgroup", f"--junitxml={slow}", *args)
     finally:
         session.run("python", "-m", "tests.durations", str(fast), str(slow), success_codes=[0, 1])
 

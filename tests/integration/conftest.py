@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,15 +67,67 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     started = time.monotonic()
     try:
-        built = importlib.import_module("lanes.build").ensure_build(Context.from_env(), "cpu")
+        with one_worker_at_a_time(session.config):
+            built = importlib.import_module("lanes.build").ensure_build(Context.from_env(), "cpu")
+            if under_xdist(session.config):
+                _provision_shared_sets()
     except Exception as exc:  # reported by the first test that asks for the lane, not by collection
         built = exc
     session.config.stash[PREBUILT_CPU] = built
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
-    if not isinstance(built, Exception):
-        _start_in_background(session)
+    if not isinstance(built, Exception) and not under_xdist(session.config):
+        _start_in_background(session)  # under xdist the WAN test runs beside the others anyway
+
+
+# The generated sets the slow suite's certifications provision into the shared store.  Serially each
+# test's `dgr certify` provisions its set on first use; two pytest-xdist workers doing so at once would
+# meet on a file's lock (provisioning refuses a second writer at once), so the first worker makes them.
+SHARED_SETS = (TINY_SET, "tiny-v4", "tiny-v4-mtp", "tiny-v4-mtp-only")
+
+
+def _provision_shared_sets() -> None:
+    provision = importlib.import_module("fetch.provision").provision
+    for name in SHARED_SETS:
+        provision(Context.from_env(), name)
+
+
+def under_xdist(config: pytest.Config) -> bool:
+    """True in a pytest-xdist worker: each one collects every test and makes its own session fixtures."""
+    return hasattr(config, "workerinput")
+
+
+def one_worker_at_a_time(config: pytest.Config) -> AbstractContextManager[object]:
+    """Under pytest-xdist every worker prepares what the suite needs (fetch, patch, build, the tiny
+    model): the first does it, the others wait on this lock and then find it made (each step's reuse
+    is lock-free), instead of failing on the step's own lock, which refuses a second maker at once."""
+    if not under_xdist(config):
+        return nullcontext()
+    from core.locks import hold
+
+    root = Context.from_env().workspace.root
+    root.mkdir(parents=True, exist_ok=True)
+    return hold(root / "slow-suite-prepare.lock", what="the slow suite's preparation", wait_s=None)
+
+
+# Session fixtures whose one run several tests read -> the pytest-xdist group of every test that uses
+# them (`--dist loadgroup` runs a group's tests in one worker, so each run is still made once).
+SHARED_RUNS = {
+    "gemma_store": "gemma",
+    "live_certification": "live-certification",
+    "arch_generator": "architectures",
+    "wan_certification": "wan",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((g for fixture, g in SHARED_RUNS.items() if fixture in names), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # The WAN certification spends its minutes waiting on 20 ms seams, one thread per worker: it starts in
@@ -133,8 +185,9 @@ def cpu_build(real_ctx: Context, request: pytest.FixtureRequest):
 
 
 @pytest.fixture(scope="session")
-def tiny_model(real_ctx: Context) -> TinyModel:
-    provisioned = _module("fetch.provision").provision(real_ctx, TINY_SET)
+def tiny_model(real_ctx: Context, request: pytest.FixtureRequest) -> TinyModel:
+    with one_worker_at_a_time(request.config):
+        provisioned = _module("fetch.provision").provision(real_ctx, TINY_SET)
     return TinyModel(first=Path(provisioned.first), files=tuple(Path(f) for f in provisioned.files))
 
 
