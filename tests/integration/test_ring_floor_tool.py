@@ -20,7 +20,9 @@ from pipeline import drive
 from tests.integration.conftest import floor_deliveries, running
 from worker.launcher import launch
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# One pytest-xdist worker for the whole file: each test checks that no process of the floor binary is
+# left anywhere (an orphan is re-parented away from the test), so two floors at once would see each other.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("ring-floor")]
 
 TOKENS = 16
 
