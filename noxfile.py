@@ -153,9 +153,9 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(requires=["deps"])
 def tests(session: nox.Session) -> None:
-    """Fast unit tests first (one pytest-xdist worker per core), then the slow integration suite (real
-    build, real workers; `-- --quick`: only its inner-loop subset); then each suite's time and the ten
-    slowest tests (tests/durations.py)."""
+    """Fast unit tests first, then the slow integration suite (real build, real workers; `-- --quick`:
+    only its inner-loop subset), each on one pytest-xdist worker per core; then each suite's time and
+    the ten slowest tests (tests/durations.py)."""
     _install(session, "test")
     # Each test starts `dgr` and fake workers as fresh interpreters; where the environment forbids
     # writing bytecode, every one of them recompiled the project (a third of a fake certify's time).
@@ -167,8 +167,9 @@ def tests(session: nox.Session) -> None:
         stale.unlink(missing_ok=True)
     try:
         session.run("pytest", "-m", "not slow", "-n", "auto", f"--junitxml={fast}", *args)
-        # two at a time as well: a certification spends much of its time waiting (worker starts, gRPC
-        # round trips, seams), and the tests that read one shared run stay in one worker (loadgroup)
+        # two at a time as well: run one at a time, the slow tests kept the 2 cores about 55% busy (a
+        # staged pass computes on one stage at a time; worker starts, seams), sampled in
+        # docs/measurements/issue-39; the tests that read one shared run stay in one worker (loadgroup)
         session.run("pytest", "-m", "slow", "-n", "auto", "--dist", "loadgroup", f"--junitxml={slow}", *args)
     finally:
         session.run("python", "-m", "tests.durations", str(fast), str(slow), success_codes=[0, 1])

@@ -1,8 +1,9 @@
 """The test command's closing summary: wall time per suite and the slowest tests across both.
 
 ``python -m tests.durations RESULT.xml ...`` reads the JUnit XML files pytest wrote (``--junitxml``)
-and prints each suite's summed test time and the ten slowest tests (setup, call and teardown together,
-so a session fixture's cost, such as a lane build, shows on the first test that asked for it).
+and prints each suite's wall time, its summed test time and the ten slowest tests (setup, call and
+teardown together, so a session fixture's cost, such as a lane build, shows on the first test that
+asked for it).
 Standard library only: `.ci/run` and the `tests` session run it whatever is installed.
 """
 
@@ -38,11 +39,23 @@ def read(path: Path) -> list[Timed]:
     return cases
 
 
-def summary(cases: list[Timed], slowest: int) -> list[str]:
+def wall_seconds(path: Path) -> float | None:
+    """The suite's wall time as pytest wrote it (the testsuite element's ``time``: the whole session,
+    pytest-xdist's workers side by side, so less than the summed test time when they overlap)."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    raw = suite.get("time") if suite is not None else None
+    return float(raw) if raw else None
+
+
+def summary(cases: list[Timed], slowest: int, walls: dict[str, float | None] | None = None) -> list[str]:
     lines = []
     for suite in dict.fromkeys(c.suite for c in cases):
         mine = [c for c in cases if c.suite == suite]
-        lines.append(f"suite {suite}: {len(mine)} tests, {sum(c.seconds for c in mine):.0f} s of test time")
+        wall = (walls or {}).get(suite)
+        took = f"{wall:.0f} s wall, " if wall is not None else ""
+        summed = sum(c.seconds for c in mine)
+        lines.append(f"suite {suite}: {len(mine)} tests, {took}{summed:.0f} s of test time")
     lines.append(f"the {slowest} slowest tests:")
     for c in sorted(cases, key=lambda c: c.seconds, reverse=True)[:slowest]:
         lines.append(f"  {c.seconds:8.1f} s  {c.suite:4}  {c.test}")
@@ -58,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("tests.durations: no test results in " + ", ".join(map(str, args.results)), file=sys.stderr)
         return 1
-    print("\n".join(summary(cases, args.slowest)))
+    walls = {path.stem: wall_seconds(path) for path in args.results if path.is_file()}
+    print("\n".join(summary(cases, args.slowest, walls)))
     return 0
 
 

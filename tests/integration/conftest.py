@@ -30,6 +30,17 @@ from worker.launcher import WorkerCommand
 TINY_SET = "tiny-llama"
 THREADS = int(os.environ.get("DGR_TEST_THREADS", "2"))
 
+# The slow suite runs two tests at a time (noxfile: pytest-xdist), so a worker's two-thread ggml team
+# often shares the cores with another test's processes.  libgomp spins 300000 times at every barrier
+# before it sleeps, and a graph has a barrier after almost every node: with its partner thread off the
+# core, a team spun out its time slice at each one: test_mtp_workers' two tests beside one busy loop
+# took 438 s at libgomp's default and 10 s at 1000 (docs/measurements/issue-39/spin_ab-4f76a52.txt;
+# worker/README.md, "Threads", has the same collapse with stages sharing cores).  A short
+# spin keeps a quiet team nearly as fast and lets a crowded one sleep.  Only the workers' speed
+# depends on it, never their results, and the speed gates' limits are not what this suite holds
+# (dgr_cli.LOAD_BOUND_CHECKS).  Set before any worker starts; a value the caller set is kept.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 
 def _module(name: str):
     try:
