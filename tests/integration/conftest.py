@@ -104,6 +104,17 @@ def _provision_shared_sets() -> None:
         provision(Context.from_env(), name)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every pytest-xdist worker but the first runs its tests at the lowest CPU priority (nice 19, which
+    its workers inherit): run one at a time, the slow tests left the 2 cores about 45% idle, and at equal
+    priority two tests side by side slowed each other down so much that the suite gained 12% of its
+    wall time for 60% more CPU time (docs/measurements/issue-39).  Niced, the second worker takes only
+    what the first leaves idle and pulls fewer tests when it gets less."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker not in (None, "gw0"):
+        os.nice(19)
+
+
 def under_xdist(config: pytest.Config) -> bool:
     """True in a pytest-xdist worker: each one collects every test and makes its own session fixtures."""
     return hasattr(config, "workerinput")
