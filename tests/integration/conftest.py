@@ -85,11 +85,35 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     except Exception as exc:  # reported by the first test that asks for the lane, not by collection
         built = exc
     session.config.stash[PREBUILT_CPU] = built
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
+    say(session.config, f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
     if not isinstance(built, Exception) and not under_xdist(session.config):
         _start_in_background(session)  # under xdist the WAN test runs beside the others anyway
+
+
+# What the pytest-xdist workers said for the run's summary (a worker's own terminal is never shown).
+WORKERS_SAID = pytest.StashKey[list[str]]()
+
+
+def say(config: pytest.Config, line: str) -> None:
+    """A line on the run's output: printed at once, or, in a pytest-xdist worker, sent to the controller
+    with the worker's results (xdist's ``workeroutput``) and printed in the summary, worker named."""
+    if under_xdist(config):
+        worker = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        config.workeroutput.setdefault("said", []).append(f"{worker}: {line}")  # type: ignore[attr-defined]
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller: a worker has finished
+def pytest_testnodedown(node: Any, error: object) -> None:
+    node.config.stash.setdefault(WORKERS_SAID, []).extend(getattr(node, "workeroutput", {}).get("said", []))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    for line in config.stash.get(WORKERS_SAID, []):
+        terminalreporter.write_line(line)
 
 
 # The generated sets the slow suite's certifications provision into the shared store.  Serially each
@@ -108,7 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every pytest-xdist worker but the first runs its tests at the lowest CPU priority (nice 19, which
     its workers inherit): run one at a time, the slow tests left the 2 cores about 45% idle, and at equal
     priority two tests side by side slowed each other down so much that the suite gained 12% of its
-    wall time for 60% more CPU time (docs/measurements/issue-39).  Niced, the second worker takes only
+    wall time for 60% more summed test time (docs/measurements/issue-39).  Niced, the second worker takes only
     what the first leaves idle and pulls fewer tests when it gets less."""
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker not in (None, "gw0"):
