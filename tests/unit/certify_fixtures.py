@@ -20,6 +20,13 @@ from reports.render import render
 from tests.unit import fake_zygote
 from tests.unit.fake_stages import FAKE, TOY, load_stubs
 
+# Speed floors for a fake run that a test expects to PASS: the gate still runs (a figure not measured, or
+# NaN, fails it) but no load can push the Python fake below them.  At 1 tok/s and a 0.01 ratio, the busy
+# run (two busy loops beside the suite, docs/measurements/issue-39/ci-fresh-cold-busy-944bfd4-failed.log)
+# decoded twelve fake stages at 0.77 tok/s and three PASS tests failed: wall-clock speed belongs in
+# `nox -s bench`, not in a test's verdict.  Tests that want a speed FAIL set a floor no machine reaches.
+FLOORS_NO_LOAD_CAN_MISS = {"decode_tok_s_min": 1e-3, "staged_mono_decode_ratio_min": 1e-5}
+
 
 def small_recipe_doc(**speed: float) -> dict[str, Any]:
     """tiny-llama cut down to what the Python fake runs in a few seconds (same 12 layers)."""
@@ -39,7 +46,7 @@ def small_recipe_doc(**speed: float) -> dict[str, Any]:
     doc["route_change"] = {"placement": "three-first-middle", "after_tokens": 3}
     doc["prompts"]["texts"] = doc["prompts"]["texts"][:2]
     cls = doc["hardware_classes"][0]
-    cls["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01, **speed}
+    cls["speed"] = {**FLOORS_NO_LOAD_CAN_MISS, **speed}
     return doc
 
 

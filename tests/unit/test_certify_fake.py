@@ -14,7 +14,7 @@ from certify import keys
 from certify.run import gate_failed
 from certify.verify import verify
 from reports.render import render
-from tests.unit.certify_fixtures import certify_fake, fake_context, small_recipe_doc
+from tests.unit.certify_fixtures import FLOORS_NO_LOAD_CAN_MISS, certify_fake, fake_context, small_recipe_doc
 from tests.unit.fake_stages import running
 from worker.client import StageFailed
 
@@ -71,6 +71,17 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     )
     assert json.loads((w.evidence / "run.json").read_text())["status"] == "PASS"
     assert not any(running(p) for p in _pids(w.evidence))
+
+
+def test_a_fake_run_expected_to_pass_has_no_speed_floor_a_loaded_machine_misses() -> None:
+    """Under two busy loops twelve fake stages decoded 0.77 tok/s and the 1 tok/s floor failed three
+    PASS tests: the fake's floors sit a thousand times below that."""
+    for cls in small_recipe_doc()["hardware_classes"]:
+        if cls["name"] == "cpu-ci":
+            assert (
+                cls["speed"]["decode_tok_s_min"] <= 1e-3
+                and cls["speed"]["staged_mono_decode_ratio_min"] <= 1e-5
+            )
 
 
 def test_tightened_thresholds_give_a_signed_fail(tmp_path: Path) -> None:
@@ -169,7 +180,7 @@ def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     from tests.unit.certify_fixtures import fake_prepared, recipe_from
 
     doc = small_recipe_doc()
-    doc["hardware_classes"][2]["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01}
+    doc["hardware_classes"][2]["speed"] = dict(FLOORS_NO_LOAD_CAN_MISS)
     recipe = recipe_from(tmp_path, doc)
     prepared = fake_prepared(tmp_path)
     prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)

@@ -84,10 +84,16 @@ def test_a_gpu_lane_certificate_names_its_device(tmp_path: Path) -> None:
     from certify import keys
     from certify.run import run_certification
     from certify.verify import verify
-    from tests.unit.certify_fixtures import fake_context, fake_prepared, recipe_from, small_recipe_doc
+    from tests.unit.certify_fixtures import (
+        FLOORS_NO_LOAD_CAN_MISS,
+        fake_context,
+        fake_prepared,
+        recipe_from,
+        small_recipe_doc,
+    )
 
     doc = small_recipe_doc()
-    doc["hardware_classes"][2]["speed"] = {"decode_tok_s_min": 1, "staged_mono_decode_ratio_min": 0.01}
+    doc["hardware_classes"][2]["speed"] = dict(FLOORS_NO_LOAD_CAN_MISS)
     prepared = fake_prepared(tmp_path)
     prepared = dataclasses.replace(prepared, reference_worker=prepared.worker)
     ctx = fake_context(tmp_path)
