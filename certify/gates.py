@@ -127,14 +127,20 @@ STAGING_PARITY = "staging-parity"
 BACKEND_AGREEMENT = "backend-agreement"
 
 
-def staging_parity_checks(parity: StagingParity, placement: Placement) -> list[Check]:
-    checks: list[Check] = [
+def logit_parity_checks(parity: StagingParity) -> list[Check]:
+    """The staging-parity checks on logits and greedy tokens (the depth gate holds these alone: a long
+    prompt's boundaries are not kept)."""
+    return [
         AtLeast(name="top-1 agreement", metric="top1_agreement", limit=parity.top1_agreement_min),
         AtMost(name="KL mean", metric="kl_mean", limit=parity.kl_mean_max),
         AtMost(name="KL max", metric="kl_max", limit=parity.kl_max_max),
         AtMost(name="logits NMSE", metric="logits_nmse", limit=parity.logits_nmse_max),
         AtLeast(name="greedy continuation match", metric="greedy_match", limit=parity.greedy_match_min),
     ]
+
+
+def staging_parity_checks(parity: StagingParity, placement: Placement) -> list[Check]:
+    checks = logit_parity_checks(parity)
     for cut in placement.cuts:
         checks.append(
             AtMost(

@@ -200,7 +200,7 @@ def staging_parity_figures(ref: drive.Trace, cur: drive.Trace) -> dict[str, Any]
             bounds[cut][0].append(r.captures[cut][:n])
             bounds[cut][1].append(boundary_residual(c.boundaries[cut][:n], r.captures[cut].shape[1]))
     a, b = np.concatenate(ref_rows), np.concatenate(cur_rows)
-    out = _logit_figures(a, b)
+    out = logit_figures(a, b)
     out["greedy_match"] = min(greedy)
     for cut, (rr, cc) in bounds.items():
         out[f"boundary_nmse@{cut}"] = metrics.nmse(np.concatenate(rr), np.concatenate(cc))
@@ -221,7 +221,7 @@ def agreement_figures(
     the reference's top-1 logit leads its top-2 by more than ``margin``."""
     a = np.concatenate([p.logits for p in ref.prompts])
     b = np.concatenate([p.logits for p in forced.prompts])
-    out = _logit_figures(a, b)
+    out = logit_figures(a, b)
     clear = metrics.top1_margin(a) > margin
     out["top1_margin_min"] = margin
     out["clear_rows"] = int(clear.sum())
@@ -236,7 +236,8 @@ def agreement_figures(
     return out
 
 
-def _logit_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+def logit_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Rows ``b`` against the reference rows ``a``: what every parity gate reads."""
     kl = metrics.kl_divergence(a, b)
     return {
         "rows_compared": int(a.shape[0]),

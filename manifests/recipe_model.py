@@ -95,6 +95,27 @@ class RouteChange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Depth:
+    """The context scenario (docs/gates.md, "Depth"): each placement's workers allocate ``context``
+    positions, run one generated prompt of each length in ``prompt_tokens`` in passes of ``ubatch``
+    positions (so a long prefill crosses every seam many times), then greedy-decode ``decode_tokens``.
+    The judged positions are the last of every pass, spread over the whole prompt, and every decoded
+    one.  The prompts come from ``seed`` alone (certify.depth_prompt): no download, same tokens on
+    every host.  ``placements``: the staged placements run at depth (empty: every f32 one)."""
+
+    context: int
+    prompt_tokens: tuple[int, ...]
+    ubatch: int
+    decode_tokens: int
+    seed: int
+    placements: tuple[str, ...] = ()
+
+    @property
+    def longest(self) -> int:
+        return max(self.prompt_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class PhysicalModel:
     label: str
     boundary_width: int
@@ -219,6 +240,7 @@ class Recipe:
     hardware_classes: tuple[HardwareClass, ...]
     route_change: RouteChange | None = None
     physical_model: PhysicalModel | None = None
+    depth: Depth | None = None  # None: the recipe certifies short contexts only
     # Identity: not part of the JSON, filled in by ``load``.
     digest: str = ""
     source: str = ""
@@ -228,6 +250,16 @@ class Recipe:
     def most_stages(self) -> int:
         """The most stages any placement starts (all on one host, where dgr certify starts them)."""
         return max(p.n_stages for p in self.placements.values())
+
+    @property
+    def at_depth(self) -> tuple[Placement, ...]:
+        """The staged placements its depth scenario runs (none without one): those it names, else every
+        staged placement with f32 seams (an f16 seam's rounding is held by its own looser limits)."""
+        if self.depth is None:
+            return ()
+        if self.depth.placements:
+            return tuple(self.placements[name] for name in self.depth.placements)
+        return tuple(p for p in self.staged if self.dtype_of(p) == "f32")
 
     @property
     def monolithic(self) -> Placement:
@@ -370,6 +402,22 @@ def _check_nextn(recipe: Recipe) -> None:
         )
 
 
+def _check_depth(recipe: Recipe, depth: Depth) -> None:
+    """The scenario names staged placements and fits the context it allocates."""
+    at = f"{recipe.source}: at /depth"
+    for k, name in enumerate(depth.placements):
+        placement = recipe.placements.get(name)
+        if placement is None or placement.is_monolithic:
+            raise ConfigurationError(f"{at}/placements/{k}: {name!r} is not a staged placement of the recipe")
+    if depth.longest + depth.decode_tokens > depth.context:
+        raise ConfigurationError(
+            f"{at}: the longest prompt ({depth.longest}) plus {depth.decode_tokens} decoded tokens does not "
+            f"fit the context of {depth.context}"
+        )
+    if depth.ubatch > depth.context:
+        raise ConfigurationError(f"{at}/ubatch: {depth.ubatch} is larger than the context ({depth.context})")
+
+
 def _check(recipe: Recipe) -> None:
     """What the schema cannot say; each problem points at its key."""
     where = recipe.source
@@ -406,6 +454,8 @@ def _check(recipe: Recipe) -> None:
             raise ConfigurationError(
                 f"{where}: at /route_change/after_tokens: must be < n_decode ({recipe.n_decode})"
             )
+    if recipe.depth is not None:
+        _check_depth(recipe, recipe.depth)
     if recipe.mtp:
         _check_nextn(recipe)
     uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]

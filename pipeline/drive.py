@@ -30,7 +30,7 @@ from typing import overload
 import numpy as np
 
 from core.errors import ConfigurationError
-from pipeline.routes import LOOPBACK, RELAYED, Pass, PassOptions, Reach, Route, RouteSpec, Step
+from pipeline.routes import LOOPBACK, RELAYED, Pass, PassOptions, Reach, Route, RouteSpec, Step, chunked
 from worker.client import StageClient, StageFailed, StageInfo
 
 __all__ = ["Step", "Reach", "describe", "run_placement", "measure_speed", "route_change"]
@@ -263,15 +263,13 @@ def _summed(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
 def _prefill(route: Route, prompt: Sequence[int], session: str, epoch: int, options: PassOptions) -> Pass:
     """``prompt`` at positions 0.. in chunks of the smallest n_batch of the stages, seen as one pass
     (``options.draft``: an MTP last stage drafts after the last chunk only)."""
-    batch = min((i.n_batch for i in route.infos if i.n_batch > 0), default=len(prompt))
-    chunks: list[Pass] = []
-    for first in range(0, len(prompt), batch):
-        part = list(prompt[first : first + batch])
-        positions = list(range(first, first + len(part)))
-        last = first + batch >= len(prompt)
-        chunk_options = options if last else replace(options, draft=0)
-        chunks.append(route.forward(session, epoch, positions, part, chunk_options))
-    return _merge(chunks, all_logits=options.all_logits)
+    chunks = chunked(prompt, batch_of(route.infos, len(prompt)))
+    return _merge(route.prefill(session, epoch, chunks, options), all_logits=options.all_logits)
+
+
+def batch_of(infos: Sequence[StageInfo], n_positions: int) -> int:
+    """The most positions one pass may carry: the smallest n_batch of the stages (0: no limit)."""
+    return min((i.n_batch for i in infos if i.n_batch > 0), default=n_positions)
 
 
 # Public API --------------------------------------------------------------------------------------

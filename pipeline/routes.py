@@ -1,19 +1,20 @@
 """The pipeline's ways of forwarding a pass, behind one interface.
 
 A *route spec* is a frozen value naming one way of forwarding with its own options: ``Relayed``,
-``Chained`` or ``Ring`` (its passes streamed or unary, its deliveries with logits or tokens only).
-A recipe's placement names one (``spec_named``), a benchmark builds one with other options.
-``spec.open(stages, infos, reach)`` gives the *route* over a started placement's stages: it moves one
-pass (``forward``), lets the stages decode by themselves where they can (``decode``), waits for every
+``Pipelined`` (relayed, its prefill's chunks overlapped across the stages), ``Chained`` or ``Ring``
+(its passes streamed or unary, its deliveries with logits or tokens only).  A recipe's placement names
+one (``spec_named``), a benchmark builds one with other options.  ``spec.open(stages, infos, reach)``
+gives the *route* over a started placement's stages: it moves one pass (``forward``), a prompt's chunks
+(``prefill``), lets the stages decode by themselves where they can (``decode``), waits for every
 acknowledgement (``drain``) and says what it records about itself for the certificate (``record``).
 ``pipeline.drive`` and ``certify.measure`` hold routes and specs and never ask which kind they are.
 
 Each kind also says what it costs: the one-way messages on one decode token's critical path
 (``critical_path``, priced by pipeline.physics), and which of them the driver measures as seam k.
 
-A new way of forwarding (TLS seams, pipelined prefill): a spec class here with ``open`` and
-``critical_path``, a route class with ``forward``/``decode``/``drain``/``record``, and its name in
-``SPECS``; nothing in drive or measure changes.
+A new way of forwarding (TLS seams): a spec class here with ``open`` and ``critical_path``, a route
+class with ``forward``/``prefill``/``decode``/``drain``/``record``, and its name in ``SPECS``; nothing
+in drive or measure changes.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import numpy as np
 
 from core.errors import ConfigurationError
+from pipeline.pipelined import overlapped
 from pipeline.ring import RingRoute, ring_route
 from pipeline.sink import ChainedPass, ChainRoute, chain_route
 from worker import wire
@@ -107,6 +109,36 @@ class Hop:
     tokens_with_boundary: bool = False  # the token ids ride with every boundary (chained, ring)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One pass's worth of a prompt: its positions and token ids."""
+
+    positions: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+
+def chunked(prompt: Sequence[int], batch: int) -> list[Chunk]:
+    """``prompt`` at positions 0.. in chunks of at most ``batch`` positions."""
+    return [
+        Chunk(
+            positions=tuple(range(first, min(first + batch, len(prompt)))),
+            tokens=tuple(prompt[first : first + batch]),
+        )
+        for first in range(0, len(prompt), batch)
+    ]
+
+
+def in_turn(
+    route: Route, session: str, epoch: int, chunks: Sequence[Chunk], options: PassOptions
+) -> list[Pass]:
+    """Each chunk through every stage before the next starts (every route's prefill but a pipelined one)."""
+    plain = replace(options, draft=0)
+    return [
+        route.forward(session, epoch, c.positions, c.tokens, options if k == len(chunks) - 1 else plain)
+        for k, c in enumerate(chunks)
+    ]
+
+
 class Route(Protocol):
     """One way of forwarding, opened over a started placement's stages."""
 
@@ -129,6 +161,12 @@ class Route(Protocol):
         self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], options: PassOptions
     ) -> Pass:
         """One pass of ``tokens`` at ``positions`` through every stage."""
+        ...
+
+    def prefill(self, session: str, epoch: int, chunks: Sequence[Chunk], options: PassOptions) -> list[Pass]:
+        """A prompt's chunks (each at most the stages' batch), one Pass each, in order; ``options.draft``
+        applies to the last chunk only.  Each stage computes the chunks in order; a route may overlap
+        them across stages."""
         ...
 
     def decode(
@@ -241,22 +279,28 @@ class RelayedRoute:
         self, session: str, epoch: int, positions: Sequence[int], tokens: Sequence[int], options: PassOptions
     ) -> Pass:
         replies: list[Forwarded] = []
-        boundaries: list[np.ndarray] = []
-        captures: dict[int, np.ndarray] = {}
         started = time.perf_counter()
         relay: wire.Tensor | None = None
         for k, (stage, info) in enumerate(zip(self.stages, self.infos, strict=True)):
             reply = self._one_stage(k, stage, info, session, epoch, positions, tokens, relay, options)
-            captures.update(reply.captures)
-            if not info.last_stage:
-                if options.keep_boundaries:
-                    assert reply.boundary is not None  # _one_stage held it to its shape
-                    boundaries.append(reply.boundary)
-                relay = reply.boundary_wire
+            relay = reply.boundary_wire
             replies.append(reply)
+        return self.relayed_pass(replies, len(positions), time.perf_counter() - started, options)
+
+    def relayed_pass(
+        self, replies: Sequence[Forwarded], n_tokens: int, wall_seconds: float, options: PassOptions
+    ) -> Pass:
+        """One pass of ``n_tokens`` positions from its stages' replies, stage 0 first (every non-last
+        stage's boundary kept where the options ask: ``_one_stage`` held each to its shape)."""
+        captures: dict[int, np.ndarray] = {}
+        for reply in replies:
+            captures.update(reply.captures)
+        boundaries = (
+            [r.boundary for r in replies[:-1] if r.boundary is not None] if options.keep_boundaries else []
+        )
         step = Step(
-            n_tokens=len(positions),
-            wall_seconds=time.perf_counter() - started,
+            n_tokens=n_tokens,
+            wall_seconds=wall_seconds,
             stage_wall=tuple(r.wall_seconds for r in replies),
             stage_compute=tuple(r.compute_seconds for r in replies),
             seam_bytes=tuple(r.boundary_bytes for r in replies[:-1]),
@@ -315,6 +359,9 @@ class RelayedRoute:
             expect_shape(stage, "boundary", reply.boundary, (n, info.boundary_width))
         return reply
 
+    def prefill(self, session: str, epoch: int, chunks: Sequence[Chunk], options: PassOptions) -> list[Pass]:
+        return in_turn(self, session, epoch, chunks, options)
+
     def decode(
         self, session: str, epoch: int, position: int, token: int, budget: int, options: PassOptions
     ) -> Decoded | None:
@@ -328,6 +375,56 @@ class RelayedRoute:
 
     def observed(self) -> dict[str, str]:
         return {}
+
+
+# Pipelined ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pipelined(Relayed):
+    """Relayed, with the prefill pipelined (pipeline/pipelined.py): the driver keeps one thread per
+    stage and hands chunk i's boundary to stage k+1 while stage k computes chunk i+1, so a prompt of
+    many chunks takes about the slowest stage's time instead of the sum of all of them.  Each stage
+    gets its chunks in order and the same requests as relayed, so the logits are relayed's bit for bit;
+    a decode token (one position) has nothing to overlap and travels as relayed."""
+
+    name: ClassVar[str] = "pipelined"
+
+    @contextmanager
+    def open(
+        self, stages: Sequence[StageClient], infos: Sequence[StageInfo], reach: Reach = LOOPBACK
+    ) -> Generator[Route]:
+        yield PipelinedRoute(self, stages, infos)
+
+
+class PipelinedRoute(RelayedRoute):
+    def prefill(self, session: str, epoch: int, chunks: Sequence[Chunk], options: PassOptions) -> list[Pass]:
+        if len(chunks) < 2 or len(self.stages) < 2:
+            return in_turn(self, session, epoch, chunks, options)
+        plain, last = replace(options, draft=0), len(chunks) - 1
+
+        def step(k: int, i: int, before: Forwarded | None) -> Forwarded:
+            c = chunks[i]
+            relay = before.boundary_wire if before is not None else None
+            opts = options if i == last else plain
+            return self._one_stage(
+                k, self.stages[k], self.infos[k], session, epoch, c.positions, c.tokens, relay, opts
+            )
+
+        started = time.perf_counter()
+        done = overlapped(len(self.stages), len(chunks), step)
+        # each chunk's wall time runs from the one before it leaving the last stage, so the chunks'
+        # times add up to the prefill's (what drive's merged pass and the speed figures read)
+        begins = [started, *done.finished[:-1]]
+        return [
+            self.relayed_pass(_complete(replies), len(c.positions), end - begin, options)
+            for replies, c, begin, end in zip(done.replies, chunks, begins, done.finished, strict=True)
+        ]
+
+
+def _complete(replies: Sequence[Forwarded | None]) -> list[Forwarded]:
+    """A chunk's replies once the schedule returned without error: every stage answered it."""
+    out = [r for r in replies if r is not None]
+    assert len(out) == len(replies)
+    return out
 
 
 # Chained ------------------------------------------------------------------------------------------
@@ -407,6 +504,9 @@ class ChainedRoute:
         )
         done.draft, done.accepted = got.draft, got.accepted
         return done
+
+    def prefill(self, session: str, epoch: int, chunks: Sequence[Chunk], options: PassOptions) -> list[Pass]:
+        return in_turn(self, session, epoch, chunks, options)
 
     def decode(
         self, session: str, epoch: int, position: int, token: int, budget: int, options: PassOptions
@@ -553,7 +653,12 @@ def ring_pass(ring: RingRoute, got: ChainedPass, n: int, rows: int) -> Pass:
 
 
 # Names --------------------------------------------------------------------------------------------
-SPECS: dict[str, RouteSpec] = {"relayed": Relayed(), "chained": Chained(), "ring": Ring()}
+SPECS: dict[str, RouteSpec] = {
+    "relayed": Relayed(),
+    "pipelined": Pipelined(),
+    "chained": Chained(),
+    "ring": Ring(),
+}
 RELAYED = SPECS["relayed"]
 
 

@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import charts, mtp, seams, throughput
+from reports import charts, depth, mtp, seams, throughput
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -317,6 +317,10 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         concurrency_single=throughput.concurrency_note(placements),
         mtp_rows=_optional_table(mtp.mtp_frame(placements)),
         mtp_gate=table(gate_frame(results, "mtp"), classes="gate"),
+        depth_note=depth.depth_note(figures.get("depth")),
+        depth_gate=table(gate_frame(results, "depth-parity"), classes="gate"),
+        depth_kv_gate=table(gate_frame(results, "kv-at-depth"), classes="gate"),
+        depth_rows=_optional_table(depth.depth_frame(figures.get("depth"))),
         floor_note=seams.floor_note(figures.get("transport_floor")),
         shaping_notes=seams.shaping_notes(placements),
         scaling=seams.scaling_chart(

@@ -80,6 +80,7 @@ class WorkerCommand:
     model: Path
     threads: int = 2
     ctx_size: int | None = None
+    batch: int | None = None  # --batch, the most positions one Forward carries (one ubatch); None: its own
     max_sessions: int | None = None
     max_rewind: int | None = None  # speculative decoding: positions a Forward may take back
     mtp: bool = False  # the placement's last stage drafts with the nextn block (--mtp; docs/mtp.md)
@@ -112,6 +113,8 @@ class WorkerCommand:
             args += ["--load", self.load]
         if self.ctx_size is not None:
             args += ["--ctx", str(self.ctx_size)]
+        if self.batch is not None:
+            args += ["--batch", str(self.batch)]
         if self.max_sessions is not None:
             args += ["--max-sessions", str(self.max_sessions)]
         args += self.rewind_args()

@@ -9,9 +9,11 @@ Faults (tests inject them through the environment, optionally for one stage by i
   DGR_FAKE_FAULT=exit-at-start | no-listen | die-after-forwards:N | hang-forward | bad-shape
                  | ignore-sigterm | fail-after-forwards:N (INTERNAL "injected failure")
                  | wrong-token (a ring's last stage picks argmax + 1)
+                 | kv-double (Info reports twice the KV the stage's layers hold)
   DGR_FAKE_FAULT_BEGIN=<layer>   only the stage starting at that layer misbehaves
   DGR_STUBS_DIR=<dir>            where the generated stubs live (the folder holding dgr_shard_pb)
-  DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused)
+  DGR_FAKE_N_BATCH=<n>           most positions per Forward (announced in Info; more is refused;
+                                 --batch N overrides it)
 
 A Forward with ``rewind`` set may start below the session's KV end by at most --max-rewind positions
 (speculative decoding's rejected drafts): those positions are dropped first, as the C++ worker does.
@@ -103,7 +105,7 @@ class Servicer(pbg.ShardWorkerServicer):
     def Info(self, request, context):
         t = self.toy
         return pb.InfoReply(
-            n_batch=N_BATCH,
+            n_batch=self.args.batch or N_BATCH,
             worker_version="fake-0",
             llama_commit="0" * 40,
             lane=self.args.lane or "cpu",
@@ -126,7 +128,11 @@ class Servicer(pbg.ShardWorkerServicer):
                 weight_bytes=(self.end - self.begin) * t.w[0].nbytes
                 + (t.embed.nbytes if self.begin == 0 else 0)
                 + (t.embed.nbytes if self.end == t.n_layer else 0),
-                kv_bytes=(self.end - self.begin) * self.args.ctx * t.n_embd * 4,
+                kv_bytes=(self.end - self.begin)
+                * self.args.ctx
+                * t.n_embd
+                * 4
+                * (2 if self.fault == "kv-double" else 1),
                 has_token_embedding=self.begin == 0,
                 has_output_head=self.end == t.n_layer,
             ),
@@ -395,8 +401,9 @@ class Servicer(pbg.ShardWorkerServicer):
                 "this stage drafts nothing: only the last "
                 "stage of workers started with --mtp verifies and drafts",
             )
-        if n > N_BATCH:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n} positions in one Forward (max {N_BATCH})")
+        if n > (self.args.batch or N_BATCH):
+            batch = self.args.batch or N_BATCH
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n} positions in one Forward (max {batch})")
         epoch, kv, used = self.sessions.get(request.session_id, (request.epoch, {}, 0))
         if request.session_id in self.sessions and epoch != request.epoch:
             epoch, kv, used = request.epoch, {}, 0  # a new route epoch is a cache miss
@@ -491,6 +498,7 @@ def main() -> None:
     ap.add_argument("--listen", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=0)  # 0: N_BATCH
     ap.add_argument("--max-sessions", type=int, default=4)
     ap.add_argument("--max-rewind", type=int, default=0)
     ap.add_argument("--mtp", action="store_true")

@@ -111,7 +111,8 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="3 seam byte counts"):
         physics.crossings(_placement(4), routes.Chained(), boundary_bytes=[1], n_vocab=1)
     with pytest.raises(
-        ConfigurationError, match="forwarding 'carrier-pigeon' is not one of relayed, chained, ring"
+        ConfigurationError,
+        match="forwarding 'carrier-pigeon' is not one of relayed, pipelined, chained, ring",
     ):
         routes.spec_named("carrier-pigeon")
 

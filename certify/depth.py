@@ -1,0 +1,201 @@
+"""Certified at depth (docs/gates.md, "Depth"): the recipe's context scenario, run on the monolithic
+worker and on each placement it names, the placements held to it by two gates.
+
+* ``depth-parity``: the judged rows (the last position of every prefill pass, spread over the whole
+  context, and every decoded position up to the first greedy divergence) against the monolithic run at
+  the same depth, with the hardware class's staging-parity limits (bitwise on the CPU lane), and the
+  greedy continuation after every prompt.
+* ``kv-at-depth``: the KV bytes the stages allocate for the scenario's context, as each worker reports
+  them (llama.cpp's memory breakdown, not a formula), sum to what the monolithic worker allocates: a
+  stage that holds another stage's layers, or drops some of its own, is caught here.
+
+Every worker of the scenario is started with the scenario's context and ubatch (``--ctx``, ``--batch``),
+apart from the short-context run's workers, so the depth figures never mix with the ones made at the
+recipe's short prompts.  Workers attached from a placement file, or a sealed reference, hold contexts
+the run did not choose: the scenario is SKIPPED there, with that reason (never counted as a pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from certify import depth_prompt, gates, metrics
+from certify.measure import Outcome, Plan, logit_figures, reach
+from certify.verdict import Result, Status
+from manifests.recipe_model import Depth, Placement
+from pipeline import drive, routes
+from pipeline.depth import DepthTrace, run_at_depth
+from worker.client import StageInfo
+from worker.launcher import WorkerCommand
+
+DEPTH_PARITY = "depth-parity"
+KV_AT_DEPTH = "kv-at-depth"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _AtDepth:
+    """One placement's workers at the scenario's context: their Info and one trace per prompt length."""
+
+    infos: tuple[StageInfo, ...]
+    traces: Mapping[int, DepthTrace]
+    seconds: float
+
+
+def run(plan: Plan, out: Outcome) -> None:
+    """The scenario on the monolithic worker, then on every placement it names (figures under
+    ``out.figures["depth"]``, one result per gate and placement)."""
+    depth = plan.recipe.depth
+    if depth is None:
+        out.figures["depth"] = {
+            "applies": False,
+            "reason": f"recipe {plan.recipe.name} names no depth scenario",
+        }
+        return
+    if plan.pipelines is not None or plan.sealed is not None:
+        why = "the workers are attached from a placement file" if plan.pipelines else "a sealed reference"
+        reason = f"{why}: their context is not the scenario's to choose"
+        out.figures["depth"] = {"applies": False, "reason": reason}
+        out.results.append(Result(name="depth", status=Status.SKIPPED, reason=reason))
+        return
+    cmd = dataclasses.replace(plan.worker, ctx_size=depth.context, batch=depth.ubatch)
+    mono, prompts = _monolithic(plan, cmd, depth)
+    figures: dict[str, Any] = {
+        "applies": True,
+        "scenario": scenario_record(depth),
+        "monolithic": _record(mono),
+    }
+    figures["placements"] = []
+    for p in plan.recipe.at_depth:
+        staged = _staged(plan, cmd, p, prompts, depth)
+        record, results = judge(plan, p, mono, staged)
+        figures["placements"].append(record)
+        out.results += results
+    out.figures["depth"] = figures
+
+
+def scenario_record(depth: Depth) -> dict[str, Any]:
+    return {
+        "context": depth.context,
+        "prompt_tokens": list(depth.prompt_tokens),
+        "ubatch": depth.ubatch,
+        "decode_tokens": depth.decode_tokens,
+        "seed": depth.seed,
+    }
+
+
+def _monolithic(plan: Plan, cmd: WorkerCommand, depth: Depth) -> tuple[_AtDepth, dict[int, list[int]]]:
+    """The monolithic worker at depth; it also tokenizes the scenario's passage (every stage holds the
+    vocabulary, and the reference's tokens are the ones every placement is fed)."""
+    mono = plan.recipe.monolithic
+    with plan.where().start(cmd, mono, f"depth-{mono.name}") as pipe:
+        prompts = depth_prompt.prompts(depth.seed, depth.prompt_tokens, pipe.clients[0].tokenize)
+        return _traces(pipe.clients, routes.RELAYED, reach(pipe), prompts, depth, "f32"), prompts
+
+
+def _staged(
+    plan: Plan, cmd: WorkerCommand, p: Placement, prompts: Mapping[int, list[int]], depth: Depth
+) -> _AtDepth:
+    with plan.where().start(cmd, p, f"depth-{p.name}") as pipe:
+        route = routes.spec_named(p.forwarding)
+        return _traces(pipe.clients, route, reach(pipe), prompts, depth, plan.recipe.dtype_of(p))
+
+
+def _traces(
+    clients: Sequence[Any],
+    route: routes.RouteSpec,
+    to: routes.Reach,
+    prompts: Mapping[int, list[int]],
+    depth: Depth,
+    dtype: str,
+) -> _AtDepth:
+    t0 = time.perf_counter()
+    traces = {
+        n: run_at_depth(clients, prompt, depth.decode_tokens, route=route, reach=to, boundary_dtype=dtype)
+        for n, prompt in sorted(prompts.items())
+    }
+    return _AtDepth(infos=drive.describe(clients), traces=traces, seconds=time.perf_counter() - t0)
+
+
+def parity_figures(ref: Mapping[int, DepthTrace], cur: Mapping[int, DepthTrace]) -> dict[str, Any]:
+    """Every prompt length's judged rows up to the first greedy divergence (after it the two runs feed
+    different tokens), the staging-parity figures over all of them, and the worst greedy match."""
+    a_rows, b_rows, greedy = [], [], []
+    for n, r in ref.items():
+        c = cur[n]
+        rows = r.logits.shape[0] - len(r.tokens) + 1 + metrics.common_prefix(r.tokens, c.tokens)
+        rows = min(rows, r.logits.shape[0])
+        a_rows.append(r.logits[:rows])
+        b_rows.append(c.logits[:rows])
+        greedy.append(metrics.greedy_match(r.tokens, c.tokens))
+    figures = logit_figures(np.concatenate(a_rows), np.concatenate(b_rows))
+    return {**figures, "greedy_match": min(greedy)}
+
+
+def kv_figures(ref: Sequence[StageInfo], cur: Sequence[StageInfo]) -> dict[str, Any]:
+    stages = [int(i.memory.kv_bytes) for i in cur]
+    mono = sum(int(i.memory.kv_bytes) for i in ref)
+    return {
+        "kv_bytes": stages,
+        "kv_bytes_sum": sum(stages),
+        "kv_bytes_monolithic": mono,
+        "kv_bytes_difference": abs(sum(stages) - mono),
+    }
+
+
+def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[dict[str, Any], list[Result]]:
+    """The placement's record at depth and its two results."""
+    parity = parity_figures(mono.traces, staged.traces)
+    kv = kv_figures(mono.infos, staged.infos)
+    record = {
+        "name": p.name,
+        "stages": [list(s) for s in p.stages],
+        "parity": parity,
+        **kv,
+        **_record(staged),
+    }
+    limits = plan.hardware_class.staging_parity_for(plan.recipe.dtype_of(p))
+    checks = gates.logit_parity_checks(limits)
+    parity_result = gates.evaluate(DEPTH_PARITY, p.name, checks, parity, duration_s=staged.seconds)
+    return record, [parity_result, kv_result(p, kv, plan.recipe.depth)]
+
+
+def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Result:
+    """PASS when the stages' KV sums to the monolithic worker's; a FAIL lists what each stage holds."""
+    check = gates.AtMost(name="KV bytes off the monolithic worker's", metric="kv_bytes_difference", limit=0)
+    result = gates.evaluate(KV_AT_DEPTH, p.name, [check], {"kv_bytes_difference": kv["kv_bytes_difference"]})
+    if result.status is Status.PASS:
+        return result
+    held = ", ".join(
+        f"stage {k} (layers {b}:{e}) {n} bytes"
+        for k, ((b, e), n) in enumerate(zip(p.stages, kv["kv_bytes"], strict=True))
+    )
+    context = depth.context if depth is not None else 0
+    reason = (
+        f"at a context of {context} the stages hold {kv['kv_bytes_sum']} bytes of KV, the monolithic worker "
+        f"{kv['kv_bytes_monolithic']}: {held}"
+    )
+    return dataclasses.replace(result, reason=reason)
+
+
+def _record(run: _AtDepth) -> dict[str, Any]:
+    """What the report shows of one placement's run at depth, per prompt length."""
+    return {
+        "kv_bytes": [int(i.memory.kv_bytes) for i in run.infos],
+        "n_ctx": [int(i.n_ctx) for i in run.infos],
+        "prompts": [
+            {
+                "tokens": n,
+                "passes": t.prefill_passes,
+                "prefill_s": t.prefill_seconds,
+                "prefill_tok_s": t.prefill_tok_s,
+                "decode_tok_s": (len(t.tokens) - 1) / t.decode_seconds if t.decode_seconds > 0 else None,
+                "judged_positions": len(t.positions),
+            }
+            for n, t in sorted(run.traces.items())
+        ],
+    }

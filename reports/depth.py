@@ -1,0 +1,62 @@
+"""The report's Depth section: the recipe's context scenario (certify.depth), per placement and prompt length.
+
+Reads ``figures["depth"]``: the scenario (context per stage, prompt lengths, ubatch), the monolithic
+worker's run and each placement's: the depth-parity figures (the judged rows against the monolithic run
+at the same depth), the KV bytes each stage allocated for the scenario's context against the monolithic
+worker's, and prefill and decode speed per prompt length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+
+def depth_note(depth: Mapping[str, Any] | None) -> str | None:
+    """One sentence on the scenario, or why none ran; None where the certificate says nothing of depth."""
+    if not depth:
+        return None
+    if not depth.get("applies"):
+        return f"Not run: {depth.get('reason', 'no reason recorded')}."
+    s = depth["scenario"]
+    lengths = ", ".join(str(n) for n in s["prompt_tokens"])
+    return (
+        f"Every stage allocates {s['context']} positions; prompts of {lengths} tokens (generated from seed "
+        f"{s['seed']}) run in passes of {s['ubatch']} positions, then {s['decode_tokens']} tokens are "
+        "decoded greedily. Judged against the monolithic run at the same depth: the last position of every "
+        "prefill pass and every decoded position."
+    )
+
+
+def depth_frame(depth: Mapping[str, Any] | None) -> pd.DataFrame | None:
+    """A row per placement (the monolithic worker first) and prompt length."""
+    if not depth or not depth.get("applies"):
+        return None
+    rows = _rows("monolithic", depth["monolithic"], None)
+    for p in depth.get("placements", []):
+        rows += _rows(p["name"], p, p)
+    return pd.DataFrame(rows) if rows else None
+
+
+def _rows(name: str, run: Mapping[str, Any], judged: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    kv = run.get("kv_bytes", [])
+    out = []
+    for prompt in run.get("prompts", []):
+        row = {
+            "placement": name,
+            "prompt tokens": prompt["tokens"],
+            "passes": prompt["passes"],
+            "KV bytes per stage": " + ".join(f"{b:,}" for b in kv),
+            "KV total": f"{sum(kv):,}",
+            "prefill tok/s": f"{prompt['prefill_tok_s']:.1f}",
+            "decode tok/s": "—" if prompt.get("decode_tok_s") is None else f"{prompt['decode_tok_s']:.1f}",
+        }
+        if judged is not None:
+            parity = judged["parity"]
+            row["bitwise"] = "yes" if parity["bitwise_logits"] else "no"
+            row["max |Δ logit|"] = f"{parity['max_abs_logit_diff']:.3g}"
+            row["greedy match"] = f"{parity['greedy_match']:.2f}"
+        out.append(row)
+    return out
