@@ -34,6 +34,7 @@ from worker.client import StageInfo
 from worker.launcher import WorkerCommand
 
 DEPTH_PARITY = "depth-parity"
+PIPELINED = "pipelined"
 KV_AT_DEPTH = "kv-at-depth"
 
 
@@ -44,6 +45,10 @@ class _AtDepth:
     infos: tuple[StageInfo, ...]
     traces: Mapping[int, DepthTrace]
     seconds: float
+    # staged placements: the longest prompt's prefill on the other prefill route (pipelined where the
+    # placement's own is not, else relayed), for the pipelined prefill's figures
+    other: DepthTrace | None = None
+    other_route: str = ""
 
 
 def run(plan: Plan, out: Outcome) -> None:
@@ -100,9 +105,32 @@ def _monolithic(plan: Plan, cmd: WorkerCommand, depth: Depth) -> tuple[_AtDepth,
 def _staged(
     plan: Plan, cmd: WorkerCommand, p: Placement, prompts: Mapping[int, list[int]], depth: Depth
 ) -> _AtDepth:
+    dtype, route = plan.recipe.dtype_of(p), routes.spec_named(p.forwarding)
+    other = routes.RELAYED if route.name == PIPELINED else routes.spec_named(PIPELINED)
     with plan.where().start(cmd, p, f"depth-{p.name}") as pipe:
-        route = routes.spec_named(p.forwarding)
-        return _traces(pipe.clients, route, reach(pipe), prompts, depth, plan.recipe.dtype_of(p))
+        at = _traces(pipe.clients, route, reach(pipe), prompts, depth, dtype)
+        longest = prompts[depth.longest]
+        again = run_at_depth(pipe.clients, longest, 1, route=other, reach=reach(pipe), boundary_dtype=dtype)
+    return dataclasses.replace(at, other=again, other_route=other.name)
+
+
+def prefill_figures(at: _AtDepth, route: str, longest: int) -> dict[str, Any]:
+    """The longest prompt's prefill pipelined and not: speed of each and how far apart their logits are
+    (the last row of every pass; the same requests on the same stages, so bitwise on the CPU)."""
+    assert at.other is not None
+    own = at.traces[longest]
+    pipelined, plain = (own, at.other) if route == PIPELINED else (at.other, own)
+    rows = plain.prefill_passes
+    a, b = plain.logits[:rows], pipelined.logits[:rows]
+    return {
+        "prompt_tokens": longest,
+        "passes": rows,
+        "unpipelined_tok_s": plain.prefill_tok_s,
+        "pipelined_tok_s": pipelined.prefill_tok_s,
+        "speedup": pipelined.prefill_tok_s / plain.prefill_tok_s,
+        "bitwise": bool(np.array_equal(a, b)),
+        "logits_nmse": metrics.nmse(a, b),
+    }
 
 
 def _traces(
@@ -150,16 +178,25 @@ def kv_figures(ref: Sequence[StageInfo], cur: Sequence[StageInfo]) -> dict[str, 
 def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[dict[str, Any], list[Result]]:
     """The placement's record at depth and its two results."""
     parity = parity_figures(mono.traces, staged.traces)
+    longest = max(mono.traces)
+    prefill = prefill_figures(staged, p.forwarding, longest)
+    parity["pipelined_logits_nmse"] = prefill["logits_nmse"]
     kv = kv_figures(mono.infos, staged.infos)
     record = {
         "name": p.name,
         "stages": [list(s) for s in p.stages],
         "parity": parity,
+        "prefill": prefill,
         **kv,
         **_record(staged),
     }
     limits = plan.hardware_class.staging_parity_for(plan.recipe.dtype_of(p))
-    checks = gates.logit_parity_checks(limits)
+    checks = [
+        *gates.logit_parity_checks(limits),
+        gates.AtMost(
+            name="pipelined prefill logits NMSE", metric="pipelined_logits_nmse", limit=limits.logits_nmse_max
+        ),
+    ]
     parity_result = gates.evaluate(DEPTH_PARITY, p.name, checks, parity, duration_s=staged.seconds)
     return record, [parity_result, kv_result(p, kv, plan.recipe.depth)]
 

@@ -2,8 +2,9 @@
 
 Reads ``figures["depth"]``: the scenario (context per stage, prompt lengths, ubatch), the monolithic
 worker's run and each placement's: the depth-parity figures (the judged rows against the monolithic run
-at the same depth), the KV bytes each stage allocated for the scenario's context against the monolithic
-worker's, and prefill and decode speed per prompt length.
+at the same depth), the longest prompt's prefill pipelined and not, the KV bytes each stage allocated
+for the scenario's context against the monolithic worker's, and prefill and decode speed per prompt
+length.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def _rows(name: str, run: Mapping[str, Any], judged: Mapping[str, Any] | None) -
             "prefill tok/s": f"{prompt['prefill_tok_s']:.1f}",
             "decode tok/s": "—" if prompt.get("decode_tok_s") is None else f"{prompt['decode_tok_s']:.1f}",
         }
+        prefill = (judged or {}).get("prefill") or {}
+        if prefill.get("prompt_tokens") == prompt["tokens"]:
+            row["prefill tok/s pipelined"] = f"{prefill['pipelined_tok_s']:.1f} ({prefill['speedup']:.2f}x)"
         if judged is not None:
             parity = judged["parity"]
             row["bitwise"] = "yes" if parity["bitwise_logits"] else "no"

@@ -98,6 +98,12 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
         assert p["load_mode"] == ["none"] * p["n_stages"], p["name"]
         assert len(p["huge_page_bytes"]) == p["n_stages"] and all(b >= -1 for b in p["huge_page_bytes"])
     assert "<th>stage weights</th>" in html
+    # At depth (2,048 tokens in 16 passes of 128): bitwise, pipelined prefill too, and KV that adds up.
+    depth = figures["depth"]
+    assert [p["name"] for p in depth["placements"]] == ["two-middle", "twelve-single"]
+    for p in depth["placements"]:
+        assert p["parity"]["bitwise_logits"] and p["prefill"]["bitwise"] and p["prefill"]["passes"] == 16
+        assert p["kv_bytes_sum"] == p["kv_bytes_monolithic"] > 0
     print(f"\n`dgr certify` (tiny-llama, cpu, build present): {wall:.1f} s wall; {paths['certificate']}")
 
 

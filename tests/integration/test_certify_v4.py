@@ -144,3 +144,22 @@ def test_certify_tiny_v4_signed_pass(v4_model, cpu_build) -> None:
     assert measured["f16"]["bytes_per_token"] == 4 * N_EMBD * 2 + 4
     html = (cert.parent / "report.html").read_text()
     assert "DeepSeek V4 Flash" in html and "65,540" in html and "sideband bytes" in html
+    _held_at_depth(predicate, html)
+
+
+def _held_at_depth(predicate: dict, html: str) -> None:
+    """Issue 41: at 4,352 tokens (17 passes of 256 through every seam, past 32 blocks of the ratio-128
+    layers) every named placement is the monolithic run bit for bit, pipelined prefill included, and its
+    stages' KV adds up to the monolithic worker's."""
+    depth = predicate["figures"]["depth"]
+    assert depth["applies"] and max(depth["scenario"]["prompt_tokens"]) >= 32 * 128
+    names = [p["name"] for p in depth["placements"]]
+    assert {"cut-inside-hash", "twelve-single"} <= set(names)
+    for p in depth["placements"]:
+        assert p["parity"]["bitwise_logits"] and p["parity"]["greedy_match"] == 1.0, p["name"]
+        assert p["prefill"]["bitwise"] and p["prefill"]["passes"] == 17, p["name"]
+        assert p["kv_bytes_sum"] == p["kv_bytes_monolithic"] == depth["monolithic"]["kv_bytes"][0] > 0
+        assert len(p["kv_bytes"]) == len(p["stages"]) and all(b > 0 for b in p["kv_bytes"])
+    statuses = {r["name"]: r["status"] for r in predicate["results"]}
+    assert all(statuses[f"{gate}/{n}"] == "PASS" for n in names for gate in ("depth-parity", "kv-at-depth"))
+    assert "Depth: the recipe's context scenario" in html

@@ -51,6 +51,8 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(tmp_path: Path) -> 
         assert p["parity"]["rows_compared"] == (2 + 3) + (7 + 3)
         assert p["kv_bytes_sum"] == p["kv_bytes_monolithic"] == depth["monolithic"]["kv_bytes"][0]
         assert [q["passes"] for q in p["prompts"]] == [2, 7]
+        # the longest prompt's prefill again, pipelined: the same logits, its speed beside the relayed one
+        assert p["prefill"]["bitwise"] and p["prefill"]["passes"] == 7 and p["prefill"]["pipelined_tok_s"] > 0
     names = {r["name"]: r["status"] for r in _predicate(w)["results"]}
     assert names["depth-parity/twelve-single"] == "PASS" and names["kv-at-depth/two-middle"] == "PASS"
     html = w.html.read_text()
