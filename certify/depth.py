@@ -1,5 +1,5 @@
 """Certified at depth (docs/gates.md, "Depth"): the recipe's context scenario, run on the monolithic
-worker and on each placement it names, the placements held to it by two gates.
+worker and on each placement it names, the placements held to it by three gates.
 
 * ``depth-parity``: the judged rows (the last position of every prefill pass, spread over the whole
   context, and every decoded position up to the first greedy divergence) against the monolithic run at
@@ -8,6 +8,15 @@ worker and on each placement it names, the placements held to it by two gates.
 * ``kv-at-depth``: the KV bytes the stages allocate for the scenario's context, as each worker reports
   them (llama.cpp's memory breakdown, not a formula), sum to what the monolithic worker allocates: a
   stage that holds another stage's layers, or drops some of its own, is caught here.
+* ``route-change-at-depth``: on one placement (the recipe's route-change placement where the scenario
+  runs it, else its first), the route epoch changes halfway through the decode after the longest
+  prompt; the stages must refuse the old KV and, after re-prefilling the whole history, choose the
+  tokens the monolithic worker chooses after the very same switch.  Not the uninterrupted session's:
+  a re-prefill computes the decoded positions in one batch where the session decoded them one by one,
+  which is not the same arithmetic (on tiny-v4 at 4,352 tokens the last re-prefilled row moved by 0.24
+  and flipped a token whose margin was 0.003, on one worker: docs/measurements/issue-41), so whether the
+  switch equals the uninterrupted session is reported, not gated.  The re-prefill's seconds are what a
+  route change costs at that depth (``figures.depth.route_change.reprefill_s``, shown in the report).
 
 Every worker of the scenario is started with the scenario's context and ubatch (``--ctx``, ``--batch``),
 apart from the short-context run's workers, so the depth figures never mix with the ones made at the
@@ -25,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from certify import depth_prompt, gates, metrics
-from certify.measure import Outcome, Plan, logit_figures, reach
+from certify.measure import Outcome, Plan, logit_figures, reach, route_change_gate
 from certify.verdict import Result, Status
-from manifests.recipe_model import Depth, Placement
+from manifests.recipe_model import Depth, Placement, RouteChange
 from pipeline import drive, routes
 from pipeline.depth import DepthTrace, run_at_depth
 from worker.client import StageInfo
@@ -36,6 +45,7 @@ from worker.launcher import WorkerCommand
 DEPTH_PARITY = "depth-parity"
 PIPELINED = "pipelined"
 KV_AT_DEPTH = "kv-at-depth"
+ROUTE_CHANGE_AT_DEPTH = "route-change-at-depth"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +59,7 @@ class _AtDepth:
     # placement's own is not, else relayed), for the pipelined prefill's figures
     other: DepthTrace | None = None
     other_route: str = ""
+    route_change: drive.RouteChange | None = None  # on the placement the scenario switches routes on
 
 
 def run(plan: Plan, out: Outcome) -> None:
@@ -80,6 +91,12 @@ def run(plan: Plan, out: Outcome) -> None:
         record, results = judge(plan, p, mono, staged)
         figures["placements"].append(record)
         out.results += results
+        if staged.route_change is not None:
+            changed, result = route_change_gate(
+                p, staged.route_change, mono.route_change, gate=ROUTE_CHANGE_AT_DEPTH
+            )
+            figures["route_change"] = {**changed, "prefix_tokens": depth.longest}
+            out.results.append(result)
     out.figures["depth"] = figures
 
 
@@ -99,7 +116,15 @@ def _monolithic(plan: Plan, cmd: WorkerCommand, depth: Depth) -> tuple[_AtDepth,
     mono = plan.recipe.monolithic
     with plan.where().start(cmd, mono, f"depth-{mono.name}") as pipe:
         prompts = depth_prompt.prompts(depth.seed, depth.prompt_tokens, pipe.clients[0].tokenize)
-        return _traces(pipe.clients, routes.RELAYED, reach(pipe), prompts, depth, "f32"), prompts
+        at = _traces(pipe.clients, routes.RELAYED, reach(pipe), prompts, depth, "f32")
+        switched = _switch(pipe.clients, prompts[depth.longest], depth, "f32")
+        return dataclasses.replace(at, route_change=switched), prompts
+
+
+def _switch(clients: Sequence[Any], prompt: list[int], depth: Depth, dtype: str) -> drive.RouteChange:
+    """The route change at depth: the epoch changes halfway through the decode after ``prompt``."""
+    half = max(1, depth.decode_tokens // 2)
+    return drive.route_change(clients, prompt, depth.decode_tokens, half, boundary_dtype=dtype)
 
 
 def _staged(
@@ -111,7 +136,19 @@ def _staged(
         at = _traces(pipe.clients, route, reach(pipe), prompts, depth, dtype)
         longest = prompts[depth.longest]
         again = run_at_depth(pipe.clients, longest, 1, route=other, reach=reach(pipe), boundary_dtype=dtype)
-    return dataclasses.replace(at, other=again, other_route=other.name)
+        changed = None
+        if p.name == switching_placement(plan.recipe.at_depth, plan.recipe.route_change):
+            changed = _switch(pipe.clients, longest, depth, dtype)
+    return dataclasses.replace(at, other=again, other_route=other.name, route_change=changed)
+
+
+def switching_placement(at_depth: Sequence[Placement], route_change: RouteChange | None) -> str | None:
+    """Where the route change runs at depth: the recipe's route-change placement where the scenario runs
+    it, else the scenario's first placement (None: no placement at depth)."""
+    names = [p.name for p in at_depth]
+    if route_change is not None and route_change.placement in names:
+        return route_change.placement
+    return names[0] if names else None
 
 
 def prefill_figures(at: _AtDepth, route: str, longest: int) -> dict[str, Any]:

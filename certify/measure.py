@@ -799,7 +799,12 @@ def _staged_speed_gate(
 
 
 def route_change_gate(
-    p: Placement, route: drive.RouteChange, ref_route: drive.RouteChange | None, *, sealed: bool = False
+    p: Placement,
+    route: drive.RouteChange,
+    ref_route: drive.RouteChange | None,
+    *,
+    sealed: bool = False,
+    gate: str = "route-change",
 ) -> tuple[dict[str, Any], Result]:
     """The route change's figures and gate.  Cross-lane runs have no same-lane monolithic switch to
     compare with: there the staged run's own uninterrupted decode is the expectation."""
@@ -808,6 +813,7 @@ def route_change_gate(
         "placement": p.name,
         "switch_at": route.switch_at,
         "reprefill_tokens": route.reprefill_tokens,
+        "reprefill_s": route.reprefill_seconds,
         "cache_miss": route.cache_miss,
         "reference": list(route.reference),
         "switched": list(route.switched),
@@ -829,7 +835,7 @@ def route_change_gate(
         "identical": float(tuple(route.switched) == tuple(expected)),
         "cache_miss": float(route.cache_miss != "ACCEPTED"),
     }
-    return figures, gates.evaluate("route-change", p.name, checks, measured)
+    return figures, gates.evaluate(gate, p.name, checks, measured)
 
 
 def seam_pipelines(plan: Plan) -> tuple[Pipelines | None, str]:

@@ -110,6 +110,9 @@ class RouteChange:
     switch_at: int
     reprefill_tokens: int  # positions re-prefilled under the new epoch
     cache_miss: str  # how the new epoch answered a request that assumed the old KV (status code)
+    reprefill_seconds: float | None = (
+        None  # the re-prefill's wall time (None: a record made before it was kept)
+    )
 
     @property
     def identical(self) -> bool:
@@ -499,7 +502,9 @@ def route_change(
             before, _ = _greedy(before_route, prompt, switch_at, options, session=session, epoch=1)
             miss = _old_kv_refused(after[0], session, len(prompt) + switch_at - 1, before[-1], boundary_dtype)
             history = list(prompt) + before
-            rest, _ = _greedy(after_route, history, n_decode - switch_at, options, session=session, epoch=2)
+            rest, passes = _greedy(
+                after_route, history, n_decode - switch_at, options, session=session, epoch=2
+            )
         except BaseException:
             for group in {id(stages): stages, id(after): after}.values():
                 abandon_session(group, ref_session)
@@ -514,6 +519,7 @@ def route_change(
         switch_at=switch_at,
         reprefill_tokens=len(history),
         cache_miss=miss,
+        reprefill_seconds=passes[0].step.wall_seconds,
     )
 
 

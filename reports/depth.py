@@ -31,6 +31,24 @@ def depth_note(depth: Mapping[str, Any] | None) -> str | None:
     )
 
 
+def route_change_note(depth: Mapping[str, Any] | None) -> str | None:
+    """What a route change cost at depth, in one sentence; None where none ran."""
+    rc = (depth or {}).get("route_change")
+    if not rc:
+        return None
+    seconds = rc.get("reprefill_s")
+    cost = "its time was not recorded" if seconds is None else f"in {seconds:.2f} s"
+    same = "the same tokens as" if rc["switched"] == rc["expected"] else "OTHER tokens than"
+    uninterrupted = "the same as" if rc["switched_equals_uninterrupted"] else "not the same as"
+    return (
+        f"Route change at depth ({rc['placement']}): after a {rc['prefix_tokens']}-token prompt and "
+        f"{rc['switch_at']} decoded tokens the route epoch changed; the stages answered the old KV with "
+        f"{rc['cache_miss']} and re-prefilled {rc['reprefill_tokens']} positions {cost}, then chose {same} "
+        f"the {rc['expected_from']} ({uninterrupted} the uninterrupted session: a re-prefill batches "
+        "what the session decoded one position at a time)."
+    )
+
+
 def depth_frame(depth: Mapping[str, Any] | None) -> pd.DataFrame | None:
     """A row per placement (the monolithic worker first) and prompt length."""
     if not depth or not depth.get("applies"):

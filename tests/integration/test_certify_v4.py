@@ -163,3 +163,16 @@ def _held_at_depth(predicate: dict, html: str) -> None:
     statuses = {r["name"]: r["status"] for r in predicate["results"]}
     assert all(statuses[f"{gate}/{n}"] == "PASS" for n in names for gate in ("depth-parity", "kv-at-depth"))
     assert "Depth: the recipe's context scenario" in html
+    # a route change after the 4,352-token prompt: the old KV refused, the whole history re-prefilled
+    # under the new epoch, the tokens the monolithic worker chose after the same switch, and the cost
+    rc = depth["route_change"]
+    assert rc["placement"] == "three-hash-split" and rc["prefix_tokens"] >= 2048
+    assert rc["cache_miss"] != "ACCEPTED" and rc["switched"] == rc["expected"]
+    assert rc["expected_from"] == "monolithic, same switch"
+    assert rc["reprefill_tokens"] == rc["prefix_tokens"] + rc["switch_at"] and rc["reprefill_s"] > 0
+    assert statuses["route-change-at-depth/three-hash-split"] == "PASS"
+    seconds = rc["reprefill_s"]
+    print(
+        f"\ntiny-v4 route change at depth: {rc['reprefill_tokens']} positions re-prefilled in {seconds:.2f} s"
+    )
+    assert "Route change at depth (three-hash-split)" in html

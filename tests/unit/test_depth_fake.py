@@ -55,8 +55,14 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(tmp_path: Path) -> 
         assert p["prefill"]["bitwise"] and p["prefill"]["passes"] == 7 and p["prefill"]["pipelined_tok_s"] > 0
     names = {r["name"]: r["status"] for r in _predicate(w)["results"]}
     assert names["depth-parity/twelve-single"] == "PASS" and names["kv-at-depth/two-middle"] == "PASS"
+    # the recipe's route-change placement is not run at depth: the scenario's first placement switches
+    rc = depth["route_change"]
+    assert (rc["placement"], rc["prefix_tokens"], rc["switch_at"]) == ("two-middle", 200, 2)
+    assert rc["reprefill_tokens"] == 202 and rc["reprefill_s"] > 0 and rc["switched"] == rc["reference"]
+    assert names["route-change-at-depth/two-middle"] == "PASS"
     html = w.html.read_text()
     assert "Depth: the recipe's context scenario" in html and "Every stage allocates 512 positions" in html
+    assert "Route change at depth (two-middle): after a 200-token prompt" in html
 
 
 def test_a_stage_holding_more_kv_than_its_layers_fails_the_kv_gate_and_is_named(tmp_path: Path) -> None:
