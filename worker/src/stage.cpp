@@ -1,5 +1,7 @@
 #include "stage.h"
 
+#include "memory_fit.h"
+
 #include "argmax.h"  // greedy_token
 #include "weights.h"
 
@@ -107,6 +109,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
     if (!ComputeThread::inline_for(opts_.n_threads)) {
         compute_ = std::make_unique<ComputeThread>();
     }
+    refuse_unless_context_fits(mp);
     // one context up front: fails fast when KV/compute cannot be allocated, and gives Info its figures
     idle_.push_back(acquire_context());
     // the MTP-only file's block, embedding and head are this stage's weights too (docs/mtp.md)
@@ -190,6 +193,31 @@ llama_context * Stage::acquire_context() {
         idle_.pop_back();
         return ctx;
     }
+    llama_context * ctx = llama_init_from_model(model_, context_params());
+    if (ctx == nullptr) {
+        throw StageError(Kind::ResourceExhausted,
+                         "could not create a session context (n_ctx " + std::to_string(opts_.n_ctx) + ")");
+    }
+    if (opts_.mtp) {
+        llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // every row's hidden state: the block reads them
+    }
+    return ctx;
+}
+
+void Stage::refuse_unless_context_fits(const llama_model_params & mp) const {
+    const std::optional<Shortfall> short_of = context_shortfall(opts_.model_path, mp, context_params());
+    if (!short_of) {
+        return;
+    }
+    const Shortfall & s = *short_of;
+    throw std::runtime_error("layers " + std::to_string(info_.layer_begin) + ":" + std::to_string(info_.layer_end) +
+                             " cannot hold a context of " + std::to_string(opts_.n_ctx) + " positions: it needs " +
+                             std::to_string(s.need) + " bytes of " + s.device + " (KV " + std::to_string(s.kv) +
+                             ", compute " + std::to_string(s.compute) + "), which has " + std::to_string(s.have) +
+                             " bytes free");
+}
+
+llama_context_params Stage::context_params() const {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) opts_.n_ctx;
     // n_ubatch == n_batch: every Forward is one ubatch, so the kernels (and their rounding) depend only
@@ -204,15 +232,7 @@ llama_context * Stage::acquire_context() {
     cp.n_threads_batch = opts_.n_threads;
     cp.embeddings = false;
     cp.no_perf = true;
-    llama_context * ctx = llama_init_from_model(model_, cp);
-    if (ctx == nullptr) {
-        throw StageError(Kind::ResourceExhausted,
-                         "could not create a session context (n_ctx " + std::to_string(opts_.n_ctx) + ")");
-    }
-    if (opts_.mtp) {
-        llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // every row's hidden state: the block reads them
-    }
-    return ctx;
+    return cp;
 }
 
 void Stage::release_context(llama_context * ctx) {

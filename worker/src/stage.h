@@ -9,6 +9,7 @@
 
 #include "compute_thread.h"
 #include "drafter.h"
+#include "llama.h"
 #include "options.h"
 
 #include <atomic>
@@ -131,6 +132,8 @@ private:
 
     ForwardResult forward_here(const ForwardArgs & args);  // forward() on the thread that computes
     llama_context * acquire_context();                     // from the idle pool, or a new one
+    llama_context_params context_params() const;           // every session context's
+    void refuse_unless_context_fits(const llama_model_params & mp) const;
     void release_context(llama_context * ctx);
     SessionPlan plan_session(const ForwardArgs & args, int32_t n_tokens) const;  // throws; changes nothing
     Session & session_for(const ForwardArgs & args, const SessionPlan & plan);
