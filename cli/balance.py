@@ -1,13 +1,16 @@
-"""`dgr balance --stages N [--recipe NAME] [--store DIR] [--fit SIZE]`: the cut of a recipe's model into N
-stages by decode cost (pipeline/balance.py), printed beside the even cut with what each stage holds,
-and the stages ready for a recipe or a placement file.  ``--fit``: each stage may hold at most SIZE of
-weights (a host's memory for them), and the cut is the best of those that fit."""
+"""`dgr balance --stages N [--recipe NAME] [--store DIR] [--fit SIZE] [--certificate FILE]`: the cut of a
+recipe's model into N stages by decode cost (pipeline/balance.py), printed beside the even cut with what
+each stage holds, and the stages ready for a recipe or a placement file.  ``--fit``: each stage may hold
+at most SIZE of weights (a host's memory for them), and the cut is the best of those that fit.
+``--certificate``: a certificate of the recipe, verified first, whose depth scenario says what moving a
+session to another route costs at depth (the route change's re-prefill: every position again)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+from pathlib import Path
 
 from core.context import Context
 
@@ -59,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="each stage holds at most SIZE of weights (96GiB, 500MB): what its host has",
     )
+    parser.add_argument(
+        "--certificate",
+        type=Path,
+        metavar="FILE",
+        help="a certificate of the recipe (verified first): what a route change cost at its depth",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -95,7 +104,34 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         f"(the even cut: {megabytes(max(held.stage(*s) for s in even))})"
     )
     print(f'"stages": {json.dumps([list(s) for s in cut])}')
+    if args.certificate is not None:
+        print(route_change_cost(ctx, args.certificate, recipe.name))
     return 0
+
+
+def route_change_cost(ctx: Context, path: Path, recipe: str) -> str:
+    """One line: what the certificate's route change at depth cost (IntegrityError when it does not
+    verify, ConfigurationError when it certifies another recipe)."""
+    from certify.keys import trusted_keys
+    from certify.verify import verify
+    from core.errors import ConfigurationError, IntegrityError
+
+    checked = verify(path, trusted_keys(ws=ctx.workspace), subjects=False)
+    if not checked.ok:
+        first = checked.failures[0]
+        raise IntegrityError(f"{path}: {first.what} {first.detail}")
+    pred = checked.predicate
+    if pred.get("recipe", {}).get("name") != recipe:
+        raise ConfigurationError(
+            f"{path} certifies recipe {pred.get('recipe', {}).get('name')!r}, not {recipe!r}"
+        )
+    rc = (pred.get("figures", {}).get("depth") or {}).get("route_change")
+    if not rc or rc.get("reprefill_s") is None:
+        return f"route change: {path.name} records none at depth (no depth scenario, or made before one)"
+    return (
+        f"route change at {rc['prefix_tokens']} tokens ({rc['placement']}, lane {pred.get('lane', '?')}): "
+        f"re-prefilling {rc['reprefill_tokens']} positions took {rc['reprefill_s']:.2f} s"
+    )
 
 
 def _headers(ctx: Context, artifacts: str, variant: str | None, store: str | None) -> list:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cli.balance import route_change_cost
+from core.errors import ConfigurationError, IntegrityError
 from pipeline import drive, routes
 from pipeline.depth import run_at_depth
 from pipeline.pipelined import overlapped
@@ -62,7 +64,26 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(tmp_path: Path) -> 
     assert names["route-change-at-depth/two-middle"] == "PASS"
     html = w.html.read_text()
     assert "Depth: the recipe's context scenario" in html and "Every stage allocates 512 positions" in html
+    # `dgr balance --certificate` reads the same figure from the verified certificate
+    line = route_change_cost(fake_context(tmp_path), w.certificate, "tiny-fake")
+    assert line.startswith(
+        "route change at 200 tokens (two-middle, lane cpu): re-prefilling 202 positions took "
+    )
     assert "Route change at depth (two-middle): after a 200-token prompt" in html
+
+
+def test_balance_refuses_a_certificate_that_does_not_verify_or_is_of_another_recipe(tmp_path: Path) -> None:
+    w = certify_fake(tmp_path, _depth_doc())
+    with pytest.raises(ConfigurationError, match="certifies recipe 'tiny-fake', not 'tiny-llama'"):
+        route_change_cost(fake_context(tmp_path), w.certificate, "tiny-llama")
+    forged = tmp_path / "forged.json"
+    envelope = json.loads(w.certificate.read_text())
+    envelope["payload"] = base64.b64encode(
+        base64.b64decode(envelope["payload"]).replace(b"202", b"203")
+    ).decode()
+    forged.write_text(json.dumps(envelope))
+    with pytest.raises(IntegrityError):
+        route_change_cost(fake_context(tmp_path), forged, "tiny-fake")
 
 
 def test_a_stage_holding_more_kv_than_its_layers_fails_the_kv_gate_and_is_named(tmp_path: Path) -> None:
