@@ -43,6 +43,7 @@ def paths_from(stdout: str) -> dict[str, Path]:
 def small_recipe(tmp: Path, name: str, **changes: object) -> Path:
     doc = json.loads((RECIPES / "tiny-llama.json").read_text())
     doc["name"] = name
+    doc.pop("depth", None)  # its placements are not all kept; depth is the default certification's to show
     doc["placements"] = {
         k: v for k, v in doc["placements"].items() if k in ("mono", "two-middle", "three-first-middle")
     }
@@ -112,11 +113,13 @@ def test_default_certify_passes_and_verifies(live_certification) -> None:
 # soon instead of after the default recipe's whole monolithic speed series (what is interrupted is
 # the same code path either way).
 KILLED = "tiny-llama-killed"
+SIGKILLED = "tiny-llama-sigkilled"  # the certifier killed, not a stage
 
 
-def _start_certify(tmp: Path) -> tuple[subprocess.Popen[str], set[str]]:
-    """``dgr certify`` (a recipe file) as a user starts it, and the runs that existed before it."""
-    recipe = small_recipe(tmp, KILLED, **{"measure.warmup": 1, "measure.repetitions": 5})
+def _start_certify(tmp: Path, name: str = KILLED) -> tuple[subprocess.Popen[str], set[str]]:
+    """``dgr certify`` (a recipe file named ``name``) as a user starts it, and the runs that existed
+    before it."""
+    recipe = small_recipe(tmp, name, **{"measure.warmup": 1, "measure.repetitions": 5})
     WS.runs.mkdir(parents=True, exist_ok=True)
     before = set(os.listdir(WS.runs))
     proc = subprocess.Popen(
@@ -130,13 +133,14 @@ def _start_certify(tmp: Path) -> tuple[subprocess.Popen[str], set[str]]:
     return proc, before
 
 
-def _stage_listening(proc: subprocess.Popen[str], before: set[str]) -> tuple[Path, int] | None:
+def _stage_listening(
+    proc: subprocess.Popen[str], before: set[str], name: str = KILLED
+) -> tuple[Path, int] | None:
     """Wait until stage 1 (layers 6:12) of two-middle serves: the run's folder and that worker's pid."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
-        new = set(os.listdir(WS.runs)) - before
-        if new:
-            run_dir = WS.runs / sorted(new)[0]
+        run_dir = _run_of(name, WS.runs, before)
+        if run_dir is not None:
             out = run_dir / "two-middle" / "stage-1-layers-6-12.stdout"
             if out.is_file() and "DGR-WORKER-LISTENING" in out.read_text(errors="replace"):
                 pids = [
@@ -148,6 +152,29 @@ def _stage_listening(proc: subprocess.Popen[str], before: set[str]) -> tuple[Pat
                     return run_dir, pids[0]
         time.sleep(0.01)
     return None
+
+
+def _run_of(recipe: str, runs: Path, before: set[str]) -> Path | None:
+    """The run folder made since ``before`` whose identity.json (written before any worker starts) names
+    ``recipe``: under pytest-xdist another test's certification starts its own run beside this one, and
+    taking the first new folder by name once killed that run's worker instead of this one's."""
+    for name in sorted(set(os.listdir(runs)) - before):
+        try:
+            identity = json.loads((runs / name / "identity.json").read_text())
+        except (OSError, ValueError):
+            continue  # not written yet, or being written
+        if identity.get("recipe") == recipe:
+            return runs / name
+    return None
+
+
+def test_the_interrupted_run_is_found_by_its_recipe_not_by_its_folder_name(tmp_path: Path) -> None:
+    for run_id, recipe in (("20261206T174214Z-90705b", "tiny-llama"), ("20261206T174234Z-e641ee", KILLED)):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "identity.json").write_text(json.dumps({"recipe": recipe}))
+    (tmp_path / "20261206T174200Z-000000").mkdir()  # a run whose identity is not written yet
+    assert _run_of(KILLED, tmp_path, set()) == tmp_path / "20261206T174234Z-e641ee"
+    assert _run_of(KILLED, tmp_path, {"20261206T174234Z-e641ee"}) is None
 
 
 def test_stage_killed_mid_run_exits_6_and_signs_nothing(tmp_path: Path) -> None:
@@ -176,9 +203,10 @@ def test_stage_killed_mid_run_exits_6_and_signs_nothing(tmp_path: Path) -> None:
 def test_a_sigkilled_certifier_leaves_no_worker_running(tmp_path: Path) -> None:
     # SIGKILL runs no cleanup in the certifier; its workers see their stdin (the launcher pipe) end.
     # Before, they served on, orphaned, and a later test's scan for leftover workers failed on them.
-    proc, before = _start_certify(tmp_path)
+    # A recipe name of its own: the killed-stage test may run beside it on another xdist worker.
+    proc, before = _start_certify(tmp_path, SIGKILLED)
     try:
-        found = _stage_listening(proc, before)
+        found = _stage_listening(proc, before, SIGKILLED)
         assert found is not None, "never saw stage 1 of two-middle running"
         run_dir, _ = found
         assert len(live_workers(str(run_dir))) == 2

@@ -32,6 +32,7 @@ def small_recipe_doc(**speed: float) -> dict[str, Any]:
     """tiny-llama cut down to what the Python fake runs in a few seconds (same 12 layers)."""
     doc = json.loads((recipes.RECIPES / "tiny-llama.json").read_text())
     doc["name"] = "tiny-fake"
+    doc.pop("depth", None)  # the depth scenario is its own tests' (tests/unit/test_depth_fake.py)
     keep = ("mono", "two-middle", "three-first-middle", "twelve-single")
     doc["placements"] = {k: v for k, v in doc["placements"].items() if k in keep}
     doc["n_decode"] = 6
