@@ -75,7 +75,7 @@ def run(plan: Plan, out: Outcome) -> None:
     if plan.pipelines is not None or plan.sealed is not None:
         why = "the workers are attached from a placement file" if plan.pipelines else "a sealed reference"
         reason = f"{why}: their context is not the scenario's to choose"
-        out.figures["depth"] = {"applies": False, "reason": reason}
+        out.figures["depth"] = {"applies": False, "reason": reason, "scenario": scenario_record(depth)}
         out.results.append(Result(name="depth", status=Status.SKIPPED, reason=reason))
         return
     cmd = dataclasses.replace(plan.worker, ctx_size=depth.context, batch=depth.ubatch)

@@ -17,10 +17,10 @@ import pandas as pd
 
 def depth_note(depth: Mapping[str, Any] | None) -> str | None:
     """One sentence on the scenario, or why none ran; None where the certificate says nothing of depth."""
-    if not depth:
-        return None
+    if not depth or (not depth.get("applies") and not depth.get("scenario")):
+        return None  # the recipe names no scenario: nothing to say
     if not depth.get("applies"):
-        return f"Not run: {depth.get('reason', 'no reason recorded')}."
+        return f"The recipe's scenario was not run: {depth.get('reason', 'no reason recorded')}."
     s = depth["scenario"]
     lengths = ", ".join(str(n) for n in s["prompt_tokens"])
     return (

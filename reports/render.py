@@ -318,6 +318,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         mtp_rows=_optional_table(mtp.mtp_frame(placements)),
         mtp_gate=table(gate_frame(results, "mtp"), classes="gate"),
         depth_note=depth.depth_note(figures.get("depth")),
+        depth_ran=bool((figures.get("depth") or {}).get("applies")),
         depth_route_change=depth.route_change_note(figures.get("depth")),
         depth_gate=table(gate_frame(results, "depth-parity"), classes="gate"),
         depth_kv_gate=table(gate_frame(results, "kv-at-depth"), classes="gate"),

@@ -41,8 +41,12 @@ def test_a_stage_that_cannot_hold_the_context_refuses_at_start(
     assert kv > 32 << 30
 
 
-def test_a_stage_that_fits_starts_as_before(worker_command, stubs, worker_env, tmp_path) -> None:
-    command = dataclasses.replace(worker_command, ctx_size=4608, threads=1)
+@pytest.mark.parametrize("load", [None, "mmap"])
+def test_a_stage_that_fits_starts_as_before(worker_command, stubs, worker_env, tmp_path, load) -> None:
+    """Mapped weights too: llama cannot simulate a mapped load (it asserted, and every --load mmap worker
+    died at start until the simulation read the weights in instead)."""
+    command = dataclasses.replace(worker_command, ctx_size=4608, threads=1, load=load)
     with launch(command, [(0, 6), (6, 12)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         infos = [c.info() for c in p.clients]
     assert [i.n_ctx for i in infos] == [4608, 4608] and all(i.memory.kv_bytes > 0 for i in infos)
+    assert {i.memory.load_mode for i in infos} == {load or "none"}

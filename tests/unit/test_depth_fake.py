@@ -158,3 +158,13 @@ def test_a_stage_that_fails_stops_the_schedule_and_its_error_is_raised() -> None
         overlapped(3, 50, step)
     assert (2, 2) not in started and (1, 3) not in started
     assert max(i for k, i in started if k == 0) < 49  # stage 0 stopped early, not after all 50 chunks
+
+
+def test_a_recipe_without_a_scenario_shows_no_depth_section(tmp_path: Path) -> None:
+    """The certificate says why depth did not apply; the page says nothing (it showed two empty gate
+    tables under a "Not run" line for every recipe without a scenario)."""
+    w = certify_fake(tmp_path, small_recipe_doc())
+    depth = _predicate(w)["figures"]["depth"]
+    assert not depth["applies"] and "names no depth scenario" in depth["reason"]
+    html = w.html.read_text()
+    assert "Depth:" not in html and html.count('class="dataframe gate"') == 3

@@ -67,6 +67,9 @@ std::map<std::string, Held> simulated(llama_context * ctx) {
 std::optional<Shortfall> context_shortfall(const std::string & model_path, llama_model_params mp,
                                            const llama_context_params & cp) {
     mp.no_alloc = true;  // metadata and simulated allocations only: no weights read, no KV allocated
+    // llama cannot simulate mapped weights (GGML_ASSERT(!ml.no_alloc) on the mmap path); where the weights
+    // sit does not change what one context needs
+    mp.load_mode = LLAMA_LOAD_MODE_NONE;
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
     if (model == nullptr) {
         return std::nullopt;
