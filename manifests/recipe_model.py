@@ -458,6 +458,12 @@ def _check(recipe: Recipe) -> None:
         _check_depth(recipe, recipe.depth)
     if recipe.mtp:
         _check_nextn(recipe)
+    _check_classes(recipe)
+
+
+def _check_classes(recipe: Recipe) -> None:
+    """Each hardware class: named once, its lanes the recipe's, and the limits its placements need."""
+    where = recipe.source
     uses_f16 = [p.name for p in recipe.placements.values() if recipe.dtype_of(p) == "f16"]
     shaped = [p.name for p in recipe.placements.values() if p.seams]
     names = [hc.name for hc in recipe.hardware_classes]
