@@ -63,6 +63,7 @@ class Provisioned:
     bytes_hashed: int = 0  # bytes hashed to verify existing files (not counting chunks as they land)
     reused: int = 0  # files trusted from the sidecar with a stat
     seconds: float = 0.0
+    staged: Path | None = None  # the staging folder this run made (generated or index origins), then removed
 
     @property
     def first(self) -> Path:
@@ -193,6 +194,7 @@ class _Run:
     bytes_fetched: int = 0
     bytes_hashed: int = 0
     _generated: Path | None = None
+    staged: Path | None = None  # _generated's path, kept after cleanup for the result
     headers: dict[int, gguf_header.Header] = field(default_factory=dict)
 
     def untrusted(self, records: ledger.Sidecar, dests: list[Path], *, reverify: bool) -> list[int]:
@@ -411,12 +413,21 @@ class _Run:
         """A fresh folder under staging named after this process; folders of dead runs are swept."""
         staging = self.ctx.workspace.ensure(self.ctx.workspace.staging)
         sweep_staging(staging)
-        return Path(tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-pid{os.getpid()}-", dir=staging))
+        self.staged = Path(
+            tempfile.mkdtemp(prefix=f"{self.aset.name}-{self.vname}-pid{os.getpid()}-", dir=staging)
+        )
+        return self.staged
 
     def cleanup(self) -> None:
-        if self._generated is not None:
-            shutil.rmtree(self._generated, ignore_errors=True)
-            self._generated = None
+        """Remove this run's staging folder; a folder that will not go is said, not silently kept (a
+        later run sweeps it only once this process is gone)."""
+        if self._generated is None:
+            return
+        try:
+            shutil.rmtree(self._generated)
+        except OSError as exc:
+            log.warning("could not remove the staging folder %s: %s", self._generated, exc)
+        self._generated = None
 
     def result(self, dests: list[Path], started: float) -> Provisioned:
         prov = provenance_record(self.aset, self.vname, self.spec)
@@ -435,6 +446,7 @@ class _Run:
             bytes_hashed=self.bytes_hashed,
             reused=self.reused,
             seconds=time.monotonic() - started,
+            staged=self.staged,
         )
 
 

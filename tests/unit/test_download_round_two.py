@@ -101,6 +101,35 @@ def test_failed_generation_leaves_no_staging_folder(
     assert not staging.exists() or list(staging.iterdir()) == []
 
 
+def test_a_staging_folder_that_will_not_go_is_said(
+    ctx,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A generated set whose output does not match the seal: the integrity error is what the run ends
+    in, and a staging folder the cleanup cannot remove (an unlink failing, which root cannot be made
+    to meet here, hence the stand-in) is named in a warning; it was once dropped silently."""
+    from core.errors import IntegrityError
+    from fetch import source, tinymodel
+
+    def junk(out: Path, *args: object, **kw: object) -> None:
+        for i in (1, 2, 3):
+            (out / f"tiny-llama-f32-0000{i}-of-00003.gguf").write_bytes(b"x" * 1000)
+
+    def refuse(path: object, *args: object, **kw: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(source, "ensure_pristine", lambda ctx: type("P", (), {"path": tmp_path})())
+    monkeypatch.setattr(tinymodel, "generate", junk)
+    monkeypatch.setattr(provision_mod.shutil, "rmtree", refuse)
+    with caplog.at_level("WARNING", logger="dgr.provision"), pytest.raises((IntegrityError, RuntimeFailure)):
+        provision_mod.provision(ctx, store=tmp_path / "store", policy=FAST)
+    (kept,) = ctx.workspace.staging.iterdir()
+    assert f"-pid{os.getpid()}-" in kept.name
+    assert any(f"could not remove the staging folder {kept}" in r.getMessage() for r in caplog.records)
+
+
 def test_staging_of_a_dead_run_is_swept(ctx) -> None:  # noqa: F811
     staging = ctx.workspace.ensure(ctx.workspace.staging)
     dead = subprocess.run(
