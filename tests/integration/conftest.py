@@ -167,35 +167,8 @@ SHARED_RUNS = {
 }
 
 
-# The slow suite's longest tests and what each took (seconds, the quiet fresh-clone run on 474bf16,
-# docs/measurements/issue-39).  pytest-xdist hands out the groups with the most tests first and then the
-# rest in collection order, so the 470 s lavapipe test, collected near the end, started last and ran
-# alone while the other worker idled; these now lead the collection, longest first (an order only:
-# each test still makes or reads its own runs).  A test missing here keeps its place.
-LONGEST_FIRST = {
-    "test_vulkan_lane.py::test_vulkan_workers_on_lavapipe_match_the_cpu_reference": 470,
-    "test_sealed_reference.py::test_gemma3_sealed_reference_gives_the_live_figures": 404,
-    "test_certify_v4.py::test_certify_tiny_v4_signed_pass": 212,
-    "test_certify_wan.py::test_certify_over_shaped_seams": 192,
-    "test_certify_gemma.py::test_certify_gemma_signed_pass": 129,
-    "test_certify_e2e.py::test_default_certify_passes_and_verifies": 98,
-    "test_sealed_reference.py::test_tiny_llama_sealed_reference_end_to_end": 79,
-    "test_certify_mtp.py::test_certify_tiny_v4_mtp[tiny-v4-mtp]": 59,
-    "test_build_cuda.py::test_cuda_proof_configure_compile_and_link": 55,
-    "test_placement_file.py::test_attached_workers_certify_and_mismatches_are_refused": 37,
-}
-
-
-def longest_first(items: list[Any]) -> None:
-    """Sort ``items`` (anything with a ``nodeid``) by LONGEST_FIRST's seconds, the unlisted after them in
-    the order they came."""
-    items.sort(key=lambda item: -LONGEST_FIRST.get(item.nodeid.removeprefix("tests/integration/"), 0))
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if under_xdist(config):  # one at a time, the WAN run in the background wants its test late
-        longest_first(items)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())
         group = next((g for fixture, g in SHARED_RUNS.items() if fixture in names), None)
