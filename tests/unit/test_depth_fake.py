@@ -40,8 +40,15 @@ def _depth_doc() -> dict[str, Any]:
     return doc
 
 
-def test_a_certification_runs_its_depth_scenario_and_says_so(tmp_path: Path) -> None:
-    w = certify_fake(tmp_path, _depth_doc())
+@pytest.fixture(scope="module")
+def certified(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """One certification with the scenario (its folder, what it wrote), read by the tests below."""
+    root = tmp_path_factory.mktemp("depth")
+    return root, certify_fake(root, _depth_doc())
+
+
+def test_a_certification_runs_its_depth_scenario_and_says_so(certified: tuple[Path, Any]) -> None:
+    root, w = certified
     assert w.verdict.passed, w.verdict.reasons
     assert json.loads(w.evidence.joinpath("run.json").read_text())["status"] == "PASS"
     depth = _predicate(w)["figures"]["depth"]
@@ -65,25 +72,29 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(tmp_path: Path) -> 
     html = w.html.read_text()
     assert "Depth: the recipe's context scenario" in html and "Every stage allocates 512 positions" in html
     # `dgr balance --certificate` reads the same figure from the verified certificate
-    line = route_change_cost(fake_context(tmp_path), w.certificate, "tiny-fake")
+    line = route_change_cost(fake_context(root), w.certificate, "tiny-fake")
     assert line.startswith(
         "route change at 200 tokens (two-middle, lane cpu): re-prefilling 202 positions took "
     )
     assert "Route change at depth (two-middle): after a 200-token prompt" in html
 
 
-def test_balance_refuses_a_certificate_that_does_not_verify_or_is_of_another_recipe(tmp_path: Path) -> None:
-    w = certify_fake(tmp_path, _depth_doc())
+def test_balance_refuses_a_certificate_that_does_not_verify_or_is_of_another_recipe(
+    certified: tuple[Path, Any], tmp_path: Path
+) -> None:
+    root, w = certified
+    ctx = fake_context(root)  # the workspace whose key signed it
     with pytest.raises(ConfigurationError, match="certifies recipe 'tiny-fake', not 'tiny-llama'"):
-        route_change_cost(fake_context(tmp_path), w.certificate, "tiny-llama")
+        route_change_cost(ctx, w.certificate, "tiny-llama")
     forged = tmp_path / "forged.json"
     envelope = json.loads(w.certificate.read_text())
     envelope["payload"] = base64.b64encode(
         base64.b64decode(envelope["payload"]).replace(b"202", b"203")
     ).decode()
     forged.write_text(json.dumps(envelope))
+    route_change_cost(ctx, w.certificate, "tiny-fake")  # the unforged one verifies in this context
     with pytest.raises(IntegrityError):
-        route_change_cost(fake_context(tmp_path), forged, "tiny-fake")
+        route_change_cost(ctx, forged, "tiny-fake")
 
 
 def test_a_stage_holding_more_kv_than_its_layers_fails_the_kv_gate_and_is_named(tmp_path: Path) -> None:
