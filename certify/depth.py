@@ -201,15 +201,15 @@ def parity_figures(ref: Mapping[int, DepthTrace], cur: Mapping[int, DepthTrace])
     return {**figures, "greedy_match": min(greedy)}
 
 
+def kv_bytes_of(infos: Sequence[StageInfo]) -> list[int]:
+    """The KV bytes each worker reported holding, in stage order."""
+    return [int(i.memory.kv_bytes) for i in infos]
+
+
 def kv_figures(ref: Sequence[StageInfo], cur: Sequence[StageInfo]) -> dict[str, Any]:
-    stages = [int(i.memory.kv_bytes) for i in cur]
-    mono = sum(int(i.memory.kv_bytes) for i in ref)
-    return {
-        "kv_bytes": stages,
-        "kv_bytes_sum": sum(stages),
-        "kv_bytes_monolithic": mono,
-        "kv_bytes_difference": abs(sum(stages) - mono),
-    }
+    """The stages' KV summed against the monolithic worker's (each stage's own figure is in _record)."""
+    stages, mono = sum(kv_bytes_of(cur)), sum(kv_bytes_of(ref))
+    return {"kv_bytes_sum": stages, "kv_bytes_monolithic": mono, "kv_bytes_difference": abs(stages - mono)}
 
 
 def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[dict[str, Any], list[Result]]:
@@ -218,13 +218,12 @@ def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[d
     longest = max(mono.traces)
     prefill = prefill_figures(staged, p.forwarding, longest)
     parity["pipelined_logits_nmse"] = prefill["logits_nmse"]
-    kv = kv_figures(mono.infos, staged.infos)
     record = {
         "name": p.name,
         "stages": [list(s) for s in p.stages],
         "parity": parity,
         "prefill": prefill,
-        **kv,
+        **kv_figures(mono.infos, staged.infos),
         **_record(staged),
     }
     limits = plan.hardware_class.staging_parity_for(plan.recipe.dtype_of(p))
@@ -235,11 +234,12 @@ def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[d
         ),
     ]
     parity_result = gates.evaluate(DEPTH_PARITY, p.name, checks, parity, duration_s=staged.seconds)
-    return record, [parity_result, kv_result(p, kv, plan.recipe.depth)]
+    return record, [parity_result, kv_result(p, record, plan.recipe.depth)]
 
 
 def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Result:
-    """PASS when the stages' KV sums to the monolithic worker's; a FAIL lists what each stage holds."""
+    """PASS when the stages' KV sums to the monolithic worker's; a FAIL lists what each stage holds.
+    ``kv``: kv_figures with each stage's ``kv_bytes``."""
     check = gates.AtMost(name="KV bytes off the monolithic worker's", metric="kv_bytes_difference", limit=0)
     result = gates.evaluate(KV_AT_DEPTH, p.name, [check], {"kv_bytes_difference": kv["kv_bytes_difference"]})
     if result.status is Status.PASS:
@@ -259,7 +259,7 @@ def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Resul
 def _record(run: _AtDepth) -> dict[str, Any]:
     """What the report shows of one placement's run at depth, per prompt length."""
     return {
-        "kv_bytes": [int(i.memory.kv_bytes) for i in run.infos],
+        "kv_bytes": kv_bytes_of(run.infos),
         "n_ctx": [int(i.n_ctx) for i in run.infos],
         "prompts": [
             {

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import ConfigurationError
 from pipeline import drive
 from pipeline.routes import LOOPBACK, RELAYED, PassOptions, Reach, Route, RouteSpec, chunked
 from worker.client import StageClient, StageInfo
@@ -52,7 +51,7 @@ def run_at_depth(
     """Prefill ``prompt`` in passes of the smallest n_batch of the stages, then decode ``n_decode``
     tokens greedily; the session is reset afterwards (on failure too)."""
     infos = drive.describe(stages)
-    fits(infos, len(prompt) + n_decode)
+    drive.fits(infos, len(prompt) + n_decode)
     session = drive.new_session(tag)
     with route.driver_fed().open(stages, infos, reach) as opened:
         try:
@@ -64,17 +63,6 @@ def run_at_depth(
         opened.drain()
     drive.reset_session(stages, session)
     return trace
-
-
-def fits(infos: Sequence[StageInfo], n_positions: int) -> None:
-    """ConfigurationError naming the first stage whose context is smaller than ``n_positions``."""
-    for k, info in enumerate(infos):
-        if info.n_ctx and n_positions > info.n_ctx:
-            raise ConfigurationError(
-                f"stage {k} (layers {info.layer_begin}:{info.layer_end}) holds {info.n_ctx} positions, "
-                f"the scenario needs {n_positions}",
-                hint="start its worker with --ctx at least that large",
-            )
 
 
 def _session(

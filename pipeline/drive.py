@@ -164,13 +164,17 @@ def _reset_all(stages: Sequence[StageClient], session: str, *, quiet: bool, dead
                 raise
 
 
-def _check_fits(infos: Sequence[StageInfo], n_positions: int) -> None:
-    small = min(i.n_ctx for i in infos)
-    if small and n_positions > small:
-        raise ConfigurationError(
-            f"{n_positions} positions do not fit the workers' context of {small}",
-            hint="start the workers with a larger --ctx or shorten the prompts",
-        )
+def fits(infos: Sequence[StageInfo], n_positions: int) -> None:
+    """ConfigurationError naming the first stage whose context holds fewer than ``n_positions`` (a
+    stage reporting no context, 0, is not checked): every run checks before its first pass, so a
+    prompt too long fails in one line instead of in a worker's decode."""
+    for k, info in enumerate(infos):
+        if info.n_ctx and n_positions > info.n_ctx:
+            raise ConfigurationError(
+                f"stage {k} (layers {info.layer_begin}:{info.layer_end}) holds {info.n_ctx} positions, "
+                f"the run needs {n_positions}",
+                hint="start its worker with a larger --ctx or shorten the prompts",
+            )
 
 
 def _merge(parts: Sequence[Pass], *, all_logits: bool) -> Pass:
@@ -295,7 +299,7 @@ def run_placement(
     the given token instead of this run's argmax, so the positions see the same inputs as the run that
     chose them (a backend compared with the reference it should agree with, row by row)."""
     infos = describe(stages)
-    _check_fits(infos, max(len(p) for p in prompts) + n_decode)
+    fits(infos, max(len(p) for p in prompts) + n_decode)
     wanted = _capture_layers(capture, infos, route)
     _check_forced(forced, prompts, route)
     options = PassOptions(
@@ -405,7 +409,7 @@ def measure_speed(
     if repetitions < 1 or n_decode < 2:
         raise ConfigurationError("speed needs at least one repetition and a decode length of at least 2")
     infos = describe(stages)
-    _check_fits(infos, len(prompt) + n_decode)
+    fits(infos, len(prompt) + n_decode)
     runs: list[list[Pass]] = []
     chosen: set[tuple[int, ...]] = set()
     with route.open(stages, infos, reach) as opened:
@@ -492,8 +496,8 @@ def route_change(
         raise ConfigurationError(f"switch_at must be within 1..{n_decode - 1}")
     after = list(after) if after is not None else list(stages)
     infos, infos_after = describe(stages), describe(after)
-    _check_fits(infos, len(prompt) + n_decode)
-    _check_fits(infos_after, len(prompt) + n_decode)
+    fits(infos, len(prompt) + n_decode)
+    fits(infos_after, len(prompt) + n_decode)
     options = PassOptions(boundary_dtype=boundary_dtype)
     ref_session, session = _session("ref"), _session("route")
     with RELAYED.open(stages, infos) as before_route, RELAYED.open(after, infos_after) as after_route:

@@ -368,9 +368,4 @@ def _check(
             "the nextn drafter needs a last stage that drafts",
             hint="start the last stage with --mtp, on a model with a nextn block",
         )
-    small = min(i.n_ctx for i in infos)
-    if small and len(prompt) + n_decode > small:  # drafts never run past the last position decoded
-        raise ConfigurationError(
-            f"{len(prompt) + n_decode} positions do not fit the workers' context of {small}",
-            hint="start the workers with a larger --ctx or shorten the prompt",
-        )
+    drive.fits(infos, len(prompt) + n_decode)  # drafts never run past the last position decoded

@@ -346,14 +346,27 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
     )
 
 
-def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(link in the chain, its digest or id, a short description) for the identity table."""
+Row = tuple[str, str, str]  # link in the chain, its digest or id, a short description
+
+
+def identity_rows(pred: Mapping[str, Any]) -> list[Row]:
+    """(link in the chain, its digest or id, a short description) for the identity table: what was
+    built, what was compared with, what was loaded, who ran it, under which recipe."""
     ident = pred.get("identity", {})
+    rec = pred.get("recipe", {})
+    recipe = (
+        "recipe",
+        str(rec.get("digest", "—")),
+        f"{rec.get('name', '—')}, hardware class {rec.get('hardware_class', '—')}",
+    )
+    return [*_build_rows(ident, pred), *_artifact_rows(ident), *_attached_rows(ident), recipe]
+
+
+def _build_rows(ident: Mapping[str, Any], pred: Mapping[str, Any]) -> list[Row]:
+    """Source, patch stack, build, and the reference the run compared with (built or sealed)."""
     src = ident.get("source") or {}
     pat = ident.get("patches") or {}
     bld = ident.get("build") or {}
-    art = ident.get("artifacts") or {}
-    rec = pred.get("recipe", {})
     rows = [
         (
             "llama.cpp source",
@@ -379,12 +392,19 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 f"manifest {sealed.get('manifest', '—')}",
             )
         )
-    rows += [
+    return rows
+
+
+def _artifact_rows(ident: Mapping[str, Any]) -> list[Row]:
+    """The artifact set (and the MTP block's), and what real weights say of themselves: name,
+    upstream file, source and terms (the set's manifest carries them)."""
+    art = ident.get("artifacts") or {}
+    rows = [
         (
             "artifacts",
             str(art.get("manifest_digest", "—")),
             f"set {art.get('set', '—')} variant {art.get('variant', '—')}",
-        ),
+        )
     ]
     mtp = ident.get("mtp_artifacts")
     if mtp:  # the nextn block's own file, which the last stage loads with --mtp-model (docs/mtp.md)
@@ -395,7 +415,6 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 f"set {mtp.get('set', '—')} variant {mtp.get('variant', '—')}, loaded by the last stage",
             )
         )
-    # Real weights carry their name, upstream and terms into the report (the set's manifest says them).
     up = art.get("upstream") or {}
     if art.get("model"):
         rows.append(("model", "", str(art["model"])))
@@ -407,23 +426,20 @@ def identity_rows(pred: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("model source", "", str(art["source"])))
     if art.get("license"):
         rows.append(("model license", "", str(art["license"])))
-    att = ident.get("attached")
-    if att:
-        # Workers the operator runs elsewhere: what they said about themselves, not hashed here.
-        where = ", ".join(str(w.get("address")) for w in att.get("workers", []))
-        rows.append(
-            (
-                "attached workers",
-                str(att.get("placement_file_sha256", "—")),
-                f"{len(att.get('workers', []))} workers at {where}, started by the operator; identity and "
-                "owned range checked through Info (self-reported); their binaries were not hashed here",
-            )
-        )
-    rows += [
-        (
-            "recipe",
-            str(rec.get("digest", "—")),
-            f"{rec.get('name', '—')}, hardware class {rec.get('hardware_class', '—')}",
-        ),
-    ]
     return rows
+
+
+def _attached_rows(ident: Mapping[str, Any]) -> list[Row]:
+    """Workers the operator runs elsewhere: what they said about themselves, not hashed here."""
+    att = ident.get("attached")
+    if not att:
+        return []
+    where = ", ".join(str(w.get("address")) for w in att.get("workers", []))
+    return [
+        (
+            "attached workers",
+            str(att.get("placement_file_sha256", "—")),
+            f"{len(att.get('workers', []))} workers at {where}, started by the operator; identity and "
+            "owned range checked through Info (self-reported); their binaries were not hashed here",
+        )
+    ]

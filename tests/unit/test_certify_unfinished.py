@@ -26,7 +26,7 @@ def test_the_errors_own_hint_comes_first(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(ConfigurationError) as err:
         certify_fake(tmp_path)
     line = err.value.one_line()
-    assert "start the workers with a larger --ctx or shorten the prompts" in line, line
+    assert "start its worker with a larger --ctx or shorten the prompts" in line, line
     assert line.index("larger --ctx") < line.index("nothing was signed"), line
     record = _record(tmp_path)
     assert record["status"] == "ERROR" and "larger --ctx" in record["error"]

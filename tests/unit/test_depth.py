@@ -15,7 +15,8 @@ from certify.verdict import Status
 from core.errors import ConfigurationError
 from manifests import recipe_model as recipes
 from manifests.recipe_model import Placement
-from pipeline.depth import DepthTrace, fits
+from pipeline.depth import DepthTrace
+from pipeline.drive import fits
 
 
 def _words(text: str) -> list[int]:
@@ -127,7 +128,7 @@ def test_stages_whose_kv_sums_to_the_monolithic_workers_pass() -> None:
     p = Placement(name="two", stages=((0, 2), (2, 4)))
     mono: list[Any] = [_Info(4000)]
     staged: list[Any] = [_Info(1000), _Info(3000)]
-    kv = depth.kv_figures(mono, staged)
+    kv = {**depth.kv_figures(mono, staged), "kv_bytes": depth.kv_bytes_of(staged)}
     assert kv["kv_bytes"] == [1000, 3000] and kv["kv_bytes_difference"] == 0
     assert depth.kv_result(p, kv, None).status is Status.PASS
 
@@ -136,7 +137,7 @@ def test_a_stage_holding_more_kv_fails_and_every_stage_is_listed() -> None:
     p = Placement(name="two", stages=((0, 2), (2, 4)))
     mono: list[Any] = [_Info(4000)]
     staged: list[Any] = [_Info(1000), _Info(5000)]
-    kv = depth.kv_figures(mono, staged)
+    kv = {**depth.kv_figures(mono, staged), "kv_bytes": depth.kv_bytes_of(staged)}
     result = depth.kv_result(p, kv, None)
     assert result.status is Status.FAIL and result.name == "kv-at-depth/two"
     assert "6000 bytes of KV, the monolithic worker 4000" in result.reason
@@ -146,5 +147,6 @@ def test_a_stage_holding_more_kv_fails_and_every_stage_is_listed() -> None:
 def test_a_stage_too_small_for_the_scenario_is_named() -> None:
     infos: list[Any] = [_Info(0, 0, 2, n_ctx=8192), _Info(0, 2, 4, n_ctx=4096)]
     fits(infos, 4096)
-    with pytest.raises(ConfigurationError, match=r"stage 1 \(layers 2:4\) holds 4096 positions, .* 4100"):
+    needs = r"stage 1 \(layers 2:4\) holds 4096 positions, the run needs 4100"
+    with pytest.raises(ConfigurationError, match=needs):
         fits(infos, 4100)
