@@ -21,6 +21,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 # A type URI in the project's own namespace; it names a schema, nothing is fetched from it.
 PREDICATE_TYPE = "https://dgr-certify/certification/v1"
+CATALOG_TYPE = "https://dgr-certify/catalog/v1"  # certify/catalog.py: what is certified, signed the same way
+CATALOG_SCHEMA_VERSION = 1
 PREDICATE_SCHEMA_VERSION = 2  # 2: the parity claim split into the staging-parity and backend-agreement gates
 READABLE_PREDICATE_VERSIONS = (1, 2)  # verify still reads the certificates made before the split
 # We sign with one key; DSSE allows several (a key rotation signs with both), not thousands: each one is
@@ -72,14 +74,20 @@ def established(s: Mapping[str, Any]) -> dict[str, str]:
     return {k: v for k, v in how.items() if isinstance(v, str)} if isinstance(how, Mapping) else {}
 
 
-def statement(subjects: Sequence[Mapping[str, Any]], predicate: Mapping[str, Any]) -> dict[str, Any]:
+def statement(
+    subjects: Sequence[Mapping[str, Any]],
+    predicate: Mapping[str, Any],
+    *,
+    predicate_type: str = PREDICATE_TYPE,
+) -> dict[str, Any]:
+    """An in-toto Statement v1 (a certification's, or another document's such as the catalog's)."""
     names = [s["name"] for s in subjects]
     if len(set(names)) != len(names):
         raise IntegrityError("two certificate subjects share a name")
     return {
         "_type": STATEMENT_TYPE,
         "subject": sorted((dict(s) for s in subjects), key=lambda s: s["name"]),
-        "predicateType": PREDICATE_TYPE,
+        "predicateType": predicate_type,
         "predicate": dict(predicate),
     }
 

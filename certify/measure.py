@@ -278,6 +278,10 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         "threads": sorted({i.n_threads for i in infos}),
         "cpus": [i.cpus for i in infos],  # each stage's --cpus as it reports it; "": free to run anywhere
         "weight_bytes": [i.memory.weight_bytes for i in infos],
+        # the KV cache each stage holds for one session context of n_ctx positions (the catalog's
+        # KV bytes per token of context)
+        "kv_bytes": [i.memory.kv_bytes for i in infos],
+        "n_ctx": [i.n_ctx for i in infos],
         # how each stage holds its weights (worker/README.md, "Weights in memory"): a speed figure's context
         "load_mode": [i.memory.load_mode for i in infos],
         "huge_page_bytes": [i.memory.huge_page_bytes for i in infos],

@@ -48,6 +48,11 @@ class Verification:
         return not self.failures
 
     @property
+    def catalog(self) -> bool:
+        """A catalog (certify/catalog.py) rather than a certificate."""
+        return (self.statement or {}).get("predicateType") == cert.CATALOG_TYPE
+
+    @property
     def predicate(self) -> Mapping[str, Any]:
         pred = (self.statement or {}).get("predicate")
         return pred if isinstance(pred, dict) else {}
@@ -90,7 +95,8 @@ def verify(
         _check_subjects(v, stmt, store, store_only=store_only)
     else:
         v.add(SKIP, "subjects", "digests not recomputed (use `dgr verify` for that)")
-    _check_html(v, html)
+    if not v.catalog:  # a catalog has no page of its own
+        _check_html(v, html)
     return v
 
 
@@ -129,11 +135,11 @@ def _check_signature(
 
 
 def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
-    from manifests.loader import validate
-
     if stmt.get("_type") != cert.STATEMENT_TYPE:
         v.add(FAIL, "statement type", f"is {stmt.get('_type')!r}, expected {cert.STATEMENT_TYPE!r}")
         return False
+    if stmt.get("predicateType") == cert.CATALOG_TYPE:
+        return _check_catalog(v, stmt)
     if stmt.get("predicateType") != cert.PREDICATE_TYPE:
         v.add(FAIL, "predicateType", f"is {stmt.get('predicateType')!r}, expected {cert.PREDICATE_TYPE!r}")
         return False
@@ -146,22 +152,53 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
             f"(this dgr reads {', '.join(map(str, cert.READABLE_PREDICATE_VERSIONS))})",
         )
         return False
-    try:
-        validate(pred, "certificate-predicate", source="the predicate")
-    except ConfigurationError as exc:
-        v.add(FAIL, "predicate", exc.message)
+    subjects = _held(v, stmt, "certificate-predicate", "predicate", none="the statement names no subject")
+    if subjects is None:
         return False
     assert isinstance(pred, dict)  # the predicate's schema holds it to an object
-    subjects = stmt.get("subject")
-    if not isinstance(subjects, list) or not subjects:
-        v.add(FAIL, "subjects", "the statement names no subject")
-        return False
     v.add(
         OK,
         "statement",
         f"in-toto Statement v1, {len(subjects)} subjects, verdict {pred['verdict']['status']}",
     )
     return True
+
+
+def _check_catalog(v: Verification, stmt: Mapping[str, Any]) -> bool:
+    """A catalog's statement: its schema, and at least one certificate it was made from."""
+    pred = stmt.get("predicate")
+    if not isinstance(pred, dict) or pred.get("schema_version") != cert.CATALOG_SCHEMA_VERSION:
+        got = pred.get("schema_version") if isinstance(pred, dict) else None
+        supported = cert.CATALOG_SCHEMA_VERSION
+        v.add(FAIL, "catalog", f"schema_version {got!r} is not supported (this dgr reads {supported})")
+        return False
+    subjects = _held(v, stmt, "catalog", "catalog", none="the catalog names no certificate")
+    if subjects is None:
+        return False
+    v.add(
+        OK,
+        "statement",
+        f"in-toto Statement v1, catalog of {len(pred['entries'])} certified placements and "
+        f"{len(pred['failures'])} failures from {len(subjects)} certificates",
+    )
+    return True
+
+
+def _held(v: Verification, stmt: Mapping[str, Any], schema: str, what: str, *, none: str) -> list[Any] | None:
+    """The statement's subjects once its predicate is what ``schema`` says and it names at least one
+    (None after a FAIL line saying which)."""
+    from manifests.loader import validate
+
+    try:
+        validate(stmt.get("predicate"), schema, source=f"the {what}")
+    except ConfigurationError as exc:
+        v.add(FAIL, what, exc.message)
+        return None
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list) or not subjects:
+        v.add(FAIL, "subjects", none)
+        return None
+    return subjects
 
 
 def _check_signer_binding(v: Verification) -> None:

@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reference": ("cli.reference", "make a sealed reference (the monolithic run stored once) or compare two"),
     "balance": ("cli.balance", "cut a recipe's model into stages by the bytes of weights a token reads"),
     "certify": ("cli.certify", "run the parity and speed gates and write a signed certificate"),
-    "verify": ("cli.verify", "verify a certificate's signature, digests and HTML"),
+    "verify": ("cli.verify", "verify a certificate's (or a catalog's) signature, digests and HTML"),
+    "catalog": ("cli.catalog", "one signed document of what is certified, read from the certificates"),
     "report": ("cli.report", "rebuild the report index (lane x recipe matrix)"),
     "matrix": ("cli.matrix", "print the CI matrix (lane, recipe, runner labels) as JSON"),
 }

@@ -9,7 +9,14 @@ from core.context import Context
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="certificate.json (a DSSE envelope)")
+    parser.add_argument("path", type=Path, help="certificate.json or a catalog (a DSSE envelope)")
+    add_key_option(parser)
+    parser.add_argument("--html", type=Path, help="report HTML to check (default: the one beside PATH)")
+    parser.add_argument("--store", help="artifact store to recompute artifact digests from")
+
+
+def add_key_option(parser: argparse.ArgumentParser) -> None:
+    """--key PEM (repeatable): a public key trusted beside manifests/keys/ and the workspace's."""
     parser.add_argument(
         "--key",
         type=Path,
@@ -18,8 +25,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PEM",
         help="also trust this Ed25519 public key (repeatable)",
     )
-    parser.add_argument("--html", type=Path, help="report HTML to check (default: the one beside PATH)")
-    parser.add_argument("--store", help="artifact store to recompute artifact digests from")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -40,6 +45,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         first = result.failures[0]
         more = f" (+{len(result.failures) - 1} more, listed above)" if len(result.failures) > 1 else ""
         raise IntegrityError(f"{args.path}: {first.what} {first.detail}{more}")
+    if result.catalog:
+        entries, failures = len(result.predicate["entries"]), len(result.predicate["failures"])
+        print(f"verified: catalog of {entries} certified placements, {failures} failures")
+        return 0
     verdict = result.predicate.get("verdict", {}).get("status", "?")
     recipe = result.predicate.get("recipe", {}).get("name", "?")
     print(f"verified: {recipe} on {result.predicate.get('lane', '?')}, verdict {verdict}")

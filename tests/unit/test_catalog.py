@@ -1,0 +1,159 @@
+"""The catalog (issue 45) made from real certifications over the Python fake worker: a PASS, a FAIL and
+a certificate altered after signing; held to its schema with jsonschema, signed, verified by
+`dgr verify`, and refused once tampered with."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from certify import catalog, keys
+from cli.main import main
+from core.workspace import PROJECT_ROOT
+from tests.unit.certify_fixtures import certify_fake, fake_context, small_recipe_doc
+
+SCHEMA = json.loads((PROJECT_ROOT / "manifests" / "schemas" / "catalog.schema.json").read_text())
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    root: Path  # the workspace both certifications signed in
+    passed: Any  # certify.run.Written
+    failed: Any
+    forged: Path  # a copy of the PASS certificate with one figure changed after signing
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
+    root = tmp_path_factory.mktemp("catalog")
+    passed = certify_fake(root, small_recipe_doc())
+    failed = certify_fake(root, {**small_recipe_doc(decode_tok_s_min=1e9), "name": "tiny-slow"})
+    forged = root / "forged" / "certificate.json"
+    forged.parent.mkdir()
+    envelope = json.loads(passed.certificate.read_text())
+    payload = base64.b64decode(envelope["payload"]).replace(b'"two-middle"', b'"two-middlf"')
+    envelope["payload"] = base64.b64encode(payload).decode()
+    forged.write_text(json.dumps(envelope))
+    return Made(root=root, passed=passed, failed=failed, forged=forged)
+
+
+def _catalog(made: Made) -> tuple[dict[str, Any], list[catalog.Read]]:
+    ctx = fake_context(made.root)
+    paths = catalog.certificate_paths([made.passed.certificate, made.failed.certificate, made.forged])
+    read, refused = catalog.read_all(paths, keys.trusted_keys(ws=ctx.workspace))
+    return catalog.build(read, refused), read
+
+
+def _predicate(written: Any) -> dict[str, Any]:
+    envelope = json.loads(written.certificate.read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+
+
+def _placements(written: Any) -> dict[str, Any]:
+    return {p["name"]: p for p in _predicate(written)["figures"]["placements"]}
+
+
+def test_each_placement_under_test_is_an_entry_with_its_stages_and_seams(made: Made) -> None:
+    doc, _ = _catalog(made)
+    jsonschema.validate({**doc, "signer": {"keyid": "0" * 64, "dev_key": True}}, SCHEMA)
+    certified = {e["placement"]: e for e in doc["entries"]}
+    assert set(certified) == {"two-middle", "three-first-middle", "twelve-single"}  # mono is the reference
+    recorded = _placements(made.passed)
+    for name, e in certified.items():
+        assert (e["lane"], e["recipe"], e["hardware_class"], e["status"]) == (
+            "cpu",
+            "tiny-fake",
+            "cpu-ci",
+            "PASS",
+        )
+        p = recorded[name]
+        assert [s["layers"] for s in e["stages"]] == p["stages"]
+        assert [s["weight_bytes"] for s in e["stages"]] == p["weight_bytes"]
+        assert [s["kv_bytes"] for s in e["stages"]] == p["kv_bytes"] and all(p["kv_bytes"])
+        for s in e["stages"]:
+            assert s["kv_bytes_per_token"] == s["kv_bytes"] / s["n_ctx"] > 0
+        assert [s["compute_s_per_token"] for s in e["stages"]] == p["speed"]["stage_compute_s"]
+        assert len(e["seams"]) == len(p["stages"]) - 1
+        assert [s["bytes_per_token"] for s in e["seams"]] == p["speed"]["seam_bytes_per_token"]
+        assert e["speed"]["decode_tok_s"] == p["speed"]["decode_tok_s"]["median"] > 0
+        assert e["certificate"]["run_id"] == made.passed.run_id and e["certificate"]["verdict"] == "PASS"
+        ident = _predicate(made.passed)["identity"]
+        assert e["identity"]["artifacts"]["manifest_digest"] == ident["artifacts"]["manifest_digest"]
+        assert e["identity"]["patch_stack"] == ident["patches"]["digest"]
+    assert certified["three-first-middle"]["route_change"]["reprefill_s"] > 0  # the recipe's switch ran there
+    assert certified["two-middle"]["route_change"] is None
+
+
+def test_fails_are_listed_with_their_reasons_and_a_forged_certificate_is_refused(made: Made) -> None:
+    doc, read = _catalog(made)
+    failed = [e for e in doc["failures"] if e["recipe"] == "tiny-slow"]
+    assert {e["placement"] for e in failed} == {"two-middle", "three-first-middle", "twelve-single"}
+    assert all(e["status"] == "FAIL" and e["reasons"] for e in failed)
+    assert any("decode tok/s" in r for e in failed for r in e["reasons"])
+    assert not [e for e in doc["entries"] if e["recipe"] == "tiny-slow"]
+    (refused,) = doc["refused"]
+    assert refused["path"] == str(made.forged) and "signature" in refused["reason"]
+    assert len(read) == 2
+
+
+def test_the_newest_pass_of_a_placement_is_kept(made: Made) -> None:
+    doc, read = _catalog(made)
+    (passed,) = [r for r in read if r.predicate["run_id"] == made.passed.run_id]
+    later = dataclasses.replace(
+        passed, predicate={**passed.predicate, "run_id": "later", "finished": "2999-01-01T00:00:00Z"}
+    )
+    kept = catalog.build([passed, later], [])
+    assert {e["certificate"]["run_id"] for e in kept["entries"]} == {"later"}
+    assert len(kept["entries"]) == len([e for e in doc["entries"] if e["recipe"] == "tiny-fake"])
+
+
+def test_dgr_catalog_signs_it_dgr_verify_checks_it_and_refuses_it_tampered(
+    made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ctx = fake_context(made.root)
+    for k, v in ctx.env.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "catalog.json"
+    folder = tmp_path / "reports"
+    for w in (made.passed, made.failed):
+        shutil.copytree(w.certificate.parent, folder / w.run_id)
+    assert main(["catalog", os.fspath(folder), "--out", os.fspath(out)]) == 0
+    said = capsys.readouterr().out
+    assert "catalog: 3 certified placements, 3 failures, 0 certificates refused, from 2 certificates" in said
+    assert main(["verify", os.fspath(out)]) == 0
+    said = capsys.readouterr().out
+    assert "verified: catalog of 3 certified placements, 3 failures" in said
+    assert said.count("ok   subject certificates/") == 2  # each certificate re-hashed where it was read
+    signed = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+    jsonschema.validate(signed["predicate"], SCHEMA)  # the signed document, signer included
+    assert signed["predicateType"] == "https://dgr-certify/catalog/v1"
+
+    envelope = json.loads(out.read_text())
+    envelope["payload"] = base64.b64encode(
+        base64.b64decode(envelope["payload"]).replace(b'"PASS"', b'"PASs"', 1)
+    ).decode()
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(envelope))
+    assert main(["verify", os.fspath(tampered)]) == 3
+    assert "signature" in capsys.readouterr().err
+
+    (folder / made.passed.run_id / "certificate.json").write_text(made.forged.read_text())  # swapped
+    assert main(["verify", os.fspath(out)]) == 3
+    assert "sha256 mismatch" in capsys.readouterr().err
+
+
+def test_no_certificate_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    ctx = fake_context(tmp_path)
+    for k, v in ctx.env.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "empty").mkdir()
+    assert main(["catalog", os.fspath(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip().startswith("dgr: configuration error: no certificate.json under")
