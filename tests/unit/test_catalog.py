@@ -157,3 +157,132 @@ def test_no_certificate_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "empty").mkdir()
     assert main(["catalog", os.fspath(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip().startswith("dgr: configuration error: no certificate.json under")
+
+
+@pytest.fixture
+def signed(made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> Path:
+    """The catalog of both certifications, written by `dgr catalog` in the workspace that signed them."""
+    for k, v in fake_context(made.root).env.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "catalog.json"
+    assert (
+        main(
+            [
+                "catalog",
+                os.fspath(made.passed.certificate),
+                os.fspath(made.failed.certificate),
+                "--out",
+                os.fspath(out),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    return out
+
+
+def _admit(signed: Path, *args: str) -> int:
+    return main(["admit", "--catalog", os.fspath(signed), "--lane", "cpu", *args])
+
+
+def test_admit_a_certified_split_and_refuse_the_rest_naming_why(made: Made, signed: Path, capsys) -> None:
+    two = _placements(made.passed)["two-middle"]
+    layers = ",".join(f"{b}:{e}" for b, e in two["stages"])
+    digest = _predicate(made.passed)["identity"]["artifacts"]["manifest_digest"]
+    fake = ("--recipe", "tiny-fake", "--artifacts-digest", digest)
+    spaced = layers.replace(",", " ")
+
+    assert _admit(signed, *fake, "--layers", layers) == 0
+    assert (
+        f"admitted --layers: recipe tiny-fake on lane cpu: layers {spaced} are placement two-middle"
+        in capsys.readouterr().out
+    )
+
+    assert _admit(signed, *fake, "--layers", "0:5,5:12") == 5  # a cut of the recipe nobody certified
+    err = capsys.readouterr().err
+    assert (
+        "dgr: not admitted: recipe tiny-fake on lane cpu: layers 0:5 5:12 are a split of this recipe "
+        "that was not itself certified; certified: " in err
+    )
+    assert f"two-middle ({layers.replace(',', ' ')})" in err
+
+    other = "0" * 64  # the same split, other artifacts
+    assert _admit(signed, "--recipe", "tiny-fake", "--artifacts-digest", other, "--layers", layers) == 5
+    assert f"was certified with artifacts {digest}, this split would load {other}" in capsys.readouterr().err
+
+    assert _admit(signed, *fake, "--layers", "0:5,6:12") == 5
+    assert "are not a split of this recipe's 12 layers" in capsys.readouterr().err
+
+    assert _admit(signed, *fake, "--layers", layers, "--hardware-class", "gpu-big") == 5
+    assert "hardware class gpu-big: no certified placement in the catalog" in capsys.readouterr().err
+
+    assert _admit(signed, "--recipe", "tiny-slow", "--artifacts-digest", digest, "--layers", layers) == 5
+    assert (
+        "no certified placement in the catalog (failed: three-first-middle, twelve-single, two-middle)"
+        in capsys.readouterr().err
+    )
+
+    assert _admit(signed, *fake, "--layers", "0:x") == 2
+
+
+def test_admit_reads_a_placement_file_and_refuses_an_altered_catalog(
+    made: Made, signed: Path, tmp_path: Path, capsys
+) -> None:
+    two = _placements(made.passed)["two-middle"]["stages"]
+    digest = _predicate(made.passed)["identity"]["artifacts"]["manifest_digest"]
+    placements = {
+        "two-middle": {
+            "stages": [{"address": f"127.0.0.1:{7000 + k}", "layers": s} for k, s in enumerate(two)]
+        },
+        "mine": {
+            "stages": [
+                {"address": "127.0.0.1:7100", "layers": [0, 3]},
+                {"address": "127.0.0.1:7101", "layers": [3, 12]},
+            ]
+        },
+    }
+    pf = tmp_path / "placements.json"
+    pf.write_text(
+        json.dumps({"schema_version": 1, "recipe": "tiny-fake", "lane": "cpu", "placements": placements})
+    )
+    assert (
+        main(
+            [
+                "admit",
+                "--catalog",
+                os.fspath(signed),
+                "--placement-file",
+                os.fspath(pf),
+                "--artifacts-digest",
+                digest,
+            ]
+        )
+        == 5
+    )
+    out = capsys.readouterr().out
+    assert "admitted two-middle: " in out and "refused  mine: " in out
+
+    envelope = json.loads(signed.read_text())
+    envelope["payload"] = base64.b64encode(
+        base64.b64decode(envelope["payload"]).replace(b"two-middle", b"two-middlf")
+    ).decode()
+    altered = tmp_path / "altered.json"
+    altered.write_text(json.dumps(envelope))
+    assert _admit(altered, "--recipe", "tiny-fake", "--artifacts-digest", digest, "--layers", "0:6,6:12") == 3
+    assert (
+        main(
+            [
+                "admit",
+                "--catalog",
+                os.fspath(made.passed.certificate),
+                "--recipe",
+                "tiny-fake",
+                "--lane",
+                "cpu",
+                "--layers",
+                "0:6,6:12",
+            ]
+        )
+        == 2
+    )
+    assert "is a certificate, not a catalog" in capsys.readouterr().err
