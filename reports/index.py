@@ -128,6 +128,15 @@ def cell(
     return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
 
 
+def certified_placements(reports: Path, keys: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The catalog's entries (certify/catalog.py: the newest PASS per lane, recipe, hardware class and
+    placement) over the certificates under ``reports`` that verify; `dgr catalog` signs the same."""
+    from certify import catalog
+
+    read, _ = catalog.read_all(catalog.certificate_paths([reports]), keys)
+    return catalog.build(read, [])["entries"] if read else []
+
+
 def build_exists(ctx: Context, lane: str) -> bool:
     return any(ctx.workspace.builds.glob(f"{lane}-*/build.json"))
 
@@ -139,7 +148,8 @@ def render_index(ctx: Context, reports: Path) -> Path:
     from manifests import recipe_model as recipes
     from reports.render import environment
 
-    entries = scan(reports, trusted_keys(ws=ctx.workspace))
+    keys = trusted_keys(ws=ctx.workspace)
+    entries = scan(reports, keys)
     names = sorted(set(recipes.available(ctx.env)) | {e.recipe for e in entries})
     loaded: dict[str, Any] = {}
     for name in names:
@@ -173,6 +183,7 @@ def render_index(ctx: Context, reports: Path) -> Path:
             recipes=names,
             matrix=matrix,
             entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
+            certified=certified_placements(reports, keys),
             rel=lambda p: os.path.relpath(p, reports),
         )
     )

@@ -98,6 +98,11 @@ def test_index_matrix_states(run, tmp_path: Path) -> None:
     cpu_row = re.search(r"<tr><th>cpu</th>(.*?)</tr>", html, re.S).group(1)
     assert "certified" in cpu_row and "report.html" in cpu_row
     assert "never run" in html or "compile-only" in html
+    # The catalog's entries: each placement the certificate passed, its stages and seams (issue 45).
+    catalog = re.search(r'<table id="catalog">(.*?)</table>', html, re.S).group(1)
+    rows = re.findall(r"<tr><td>cpu</td><td>tiny-fake</td><td>cpu-ci</td><td>([a-z-]+)</td>", catalog)
+    assert sorted(rows) == ["three-first-middle", "twelve-single", "two-middle"]
+    assert "Certified placements (3)" in html and w.run_id in catalog
     # A tampered page is listed as not verifying, and the lane is no longer certified.
     page = next(reports.rglob("report.html"))
     page.write_text(page.read_text() + "<!-- edited -->")
@@ -105,6 +110,7 @@ def test_index_matrix_states(run, tmp_path: Path) -> None:
     assert "does not verify" in html and "NO: report HTML" in html
     cpu_row = re.search(r"<tr><th>cpu</th>(.*?)</tr>", html, re.S).group(1)
     assert ">certified<" not in cpu_row
+    assert "Certified placements (0)" in html  # nothing of a certificate that does not verify
 
 
 def test_matrix_lists_every_lane(run) -> None:
