@@ -166,7 +166,10 @@ def tests(session: nox.Session) -> None:
     for stale in (fast, slow):
         stale.unlink(missing_ok=True)
     try:
-        session.run("pytest", "-m", "not slow", "-n", "auto", f"--junitxml={fast}", *args)
+        # worksteal: a worker that finds its queue empty takes tests queued on the other (under load one
+        # worker crawled through its last tests while the other sat idle: the busy run on 18de092)
+        fast_args = ("-m", "not slow", "-n", "auto", "--dist", "worksteal", f"--junitxml={fast}")
+        session.run("pytest", *fast_args, *args)
         # two at a time as well: run one at a time, the slow tests kept the 2 cores about 55% busy (a
         # staged pass computes on one stage at a time; worker starts, seams), sampled in
         # docs/measurements/issue-39; the tests that read one shared run stay in one worker (loadgroup)

@@ -129,14 +129,22 @@ def _provision_shared_sets() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every pytest-xdist worker but the first runs its tests at the lowest CPU priority (nice 19, which
-    its workers inherit): run one at a time, the slow tests left the 2 cores about 45% idle, and at equal
-    priority two tests side by side slowed each other down so much that the suite gained 12% of its
-    wall time for 60% more summed test time (docs/measurements/issue-39).  Niced, the second worker takes only
-    what the first leaves idle and pulls fewer tests when it gets less."""
+    """In the slow suite every pytest-xdist worker but the first runs its tests at the lowest CPU priority
+    (nice 19, which its workers inherit): run one at a time, the slow tests left the 2 cores about 45%
+    idle, and at equal priority two tests side by side slowed each other down so much that the suite
+    gained 12% of its wall time for 60% more summed test time (docs/measurements/issue-39).  Niced, the
+    second worker takes only what the first leaves idle and pulls fewer tests when it gets less.
+
+    Not in the fast suite: its tests are short, and beside two busy loops a niced worker got so little
+    of the cores that a 60 s wait in one of its tests ran out (the busy run on 18de092)."""
     worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker not in (None, "gw0"):
+    if worker not in (None, "gw0") and selects_slow(config.getoption("markexpr", "") or ""):
         os.nice(19)
+
+
+def selects_slow(markexpr: str) -> bool:
+    """Does ``-m`` pick the slow suite (``slow``, ``slow and quick``), not the fast one (``not slow``)?"""
+    return "slow" in markexpr and "not slow" not in markexpr
 
 
 def under_xdist(config: pytest.Config) -> bool:

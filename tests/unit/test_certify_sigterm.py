@@ -50,12 +50,11 @@ def _workers_of(tmp_path: Path) -> dict[int, str]:
     return found
 
 
-def test_sigterm_stops_every_worker_and_signs_nothing(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.fspath(PROJECT_ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, os.fspath(tmp_path)], env=env)
-    deadline = time.monotonic() + 60
+def _staged_workers(child: subprocess.Popen[bytes], tmp_path: Path) -> dict[int, str]:
+    """The workers once the staged placement whose second stage hangs in Forward is up.  Up to 180 s:
+    beside two busy loops the fake certification took over 60 s to get there (the busy run on 18de092)."""
+    deadline = time.monotonic() + 180
     workers: dict[int, str] = {}
-    # Wait for the staged placement whose second stage hangs in Forward.
     while time.monotonic() < deadline and child.poll() is None:
         workers = _workers_of(tmp_path)
         if "6:12" in workers.values():
@@ -63,9 +62,21 @@ def test_sigterm_stops_every_worker_and_signs_nothing(tmp_path: Path) -> None:
         time.sleep(0.2)
     assert child.poll() is None, "the certification ended before it could be interrupted"
     assert "6:12" in workers.values(), f"the staged workers never came up: {workers}"
-    time.sleep(1.0)  # let the driver block inside the hung Forward
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=60) == 143
+    return workers
+
+
+def test_sigterm_stops_every_worker_and_signs_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.fspath(PROJECT_ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, os.fspath(tmp_path)], env=env)
+    try:
+        workers = _staged_workers(child, tmp_path)
+        time.sleep(1.0)  # let the driver block inside the hung Forward
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 143
+    finally:  # a failed wait must not leave the certification running into the next test
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert not any(running(p) for p in workers)
     assert not _workers_of(tmp_path)
     assert not list((tmp_path / "work" / "reports").rglob("certificate.json"))

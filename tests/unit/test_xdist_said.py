@@ -34,3 +34,33 @@ def test_each_workers_line_is_in_the_summary(pytester: pytest.Pytester, monkeypa
 
 def test_without_xdist_the_line_is_printed_as_it_happens(pytester: pytest.Pytester, monkeypatch) -> None:
     assert _run(pytester, monkeypatch).count("ready before the tests: 7 s") == 1
+
+
+def test_only_the_slow_suites_second_worker_is_niced(pytester: pytest.Pytester, monkeypatch) -> None:
+    """Beside two busy loops the fast suite's niced worker got so little of the cores that a 60 s wait
+    in one of its tests ran out (the busy run on 18de092): only `-m slow` nices its second worker."""
+    from tests.integration.conftest import selects_slow
+
+    assert selects_slow("slow") and selects_slow("slow and quick")
+    assert not selects_slow("not slow") and not selects_slow("")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest("from tests.integration.conftest import pytest_configure\n")
+    record = (
+        "    with open(os.environ['SEEN'], 'a') as f:\n"
+        "        f.write(f\"{os.environ['PYTEST_XDIST_WORKER']} {os.nice(0)}\\n\")\n"
+    )
+    pytester.makepyfile(
+        "import os, pytest\n"
+        "@pytest.mark.slow\n"
+        "@pytest.mark.parametrize('k', range(8))\n"
+        "def test_slow(k):\n" + record + "@pytest.mark.parametrize('k', range(8))\n"
+        "def test_fast(k):\n" + record
+    )
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    for marks, niced in (("not slow", False), ("slow", True)):
+        seen_file = pytester.path / f"seen-{niced}"
+        monkeypatch.setenv("SEEN", str(seen_file))
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "-m", marks)
+        assert result.ret == 0, result.stdout.str()
+        seen = {tuple(line.split()) for line in seen_file.read_text().splitlines()}
+        assert seen == ({("gw0", "0"), ("gw1", "19")} if niced else {("gw0", "0"), ("gw1", "0")})
