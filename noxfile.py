@@ -145,6 +145,13 @@ def report(session: nox.Session) -> None:
 
 
 @nox.session
+def catalog(session: nox.Session) -> None:
+    """Write the signed catalog of what is certified (`dgr catalog`: the reports folder's certificates)."""
+    _install(session)
+    session.run("dgr", "catalog", *_posargs(session))
+
+
+@nox.session
 def matrix(session: nox.Session) -> None:
     """Print the CI matrix as JSON."""
     _install(session)
