@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from certify import certificate as cert
+from certify.gates import STAGING_PARITY  # the gate whose PASS certifies a placement (docs/gates.md)
 from certify.keys import SigningKey, TrustedKey
 from certify.verify import verify
 from core.errors import ConfigurationError, IntegrityError
@@ -125,17 +126,25 @@ def _entry(read: Read, placement: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def placement_status(pred: Mapping[str, Any], name: str) -> tuple[str, list[str]]:
-    """PASS when the certificate passed and none of the placement's own gates failed; otherwise FAIL
+    """PASS when the certificate passed, the placement's staging-parity gate passed (the gate that
+    certifies a placement: a SKIPPED one ran nothing) and none of its own gates failed; otherwise FAIL
     with the reasons (its own gates', or the certificate's when another part of the run failed)."""
-    own = [r for r in pred.get("results") or [] if str(r.get("name", "")).split("/", 1)[-1] == name]
-    failed = [f"{r['name']}: {r.get('reason') or r.get('status')}" for r in own if r.get("status") in FAILED]
+    own = {r["name"]: r for r in pred.get("results") or [] if _placement_of(r) == name}
+    failed = [f"{n}: {r.get('reason') or r['status']}" for n, r in own.items() if r.get("status") in FAILED]
     verdict = pred.get("verdict") or {}
     if failed:
         return "FAIL", failed
     if verdict.get("status") != "PASS":
         why = "; ".join(verdict.get("reasons") or []) or str(verdict.get("status"))
         return "FAIL", [f"the certificate's verdict is {verdict.get('status')}: {why}"]
+    parity = own.get(f"{STAGING_PARITY}/{name}") or {}
+    if parity.get("status") != "PASS":
+        return "FAIL", [f"{STAGING_PARITY}/{name} is {parity.get('status', 'absent')}: not compared"]
     return "PASS", []
+
+
+def _placement_of(result: Mapping[str, Any]) -> str:
+    return str(result.get("name", "")).split("/", 1)[-1]  # gate/placement
 
 
 def identity(pred: Mapping[str, Any]) -> dict[str, Any]:

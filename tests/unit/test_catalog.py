@@ -115,6 +115,20 @@ def test_the_newest_pass_of_a_placement_is_kept(made: Made) -> None:
     assert len(kept["entries"]) == len([e for e in doc["entries"] if e["recipe"] == "tiny-fake"])
 
 
+def test_a_placement_whose_parity_gate_did_not_pass_is_not_certified(made: Made) -> None:
+    """A SKIPPED staging-parity (attached workers that did not list it) compared nothing."""
+    _, read = _catalog(made)
+    (passed,) = [r for r in read if r.predicate["run_id"] == made.passed.run_id]
+    results = [
+        {**r, "status": "SKIPPED"} if r["name"] == "staging-parity/two-middle" else r
+        for r in passed.predicate["results"]
+    ]
+    doc = catalog.build([dataclasses.replace(passed, predicate={**passed.predicate, "results": results})], [])
+    assert "two-middle" not in {e["placement"] for e in doc["entries"]}
+    (skipped,) = [e for e in doc["failures"] if e["placement"] == "two-middle"]
+    assert skipped["reasons"] == ["staging-parity/two-middle is SKIPPED: not compared"]
+
+
 def test_dgr_catalog_signs_it_dgr_verify_checks_it_and_refuses_it_tampered(
     made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
