@@ -97,6 +97,9 @@ class BuildOptions:
     native: bool = False
     cuda_architectures: str | None = None
     hip_targets: str | None = None
+    # Compiler sanitizers for every binary (DGR_SANITIZE=address,undefined): the worker and libllama
+    # under ASan/UBSan, a build of its own (the flags are in the key); "" builds without.
+    sanitize: str = ""
     reverify: bool = False
 
     @classmethod
@@ -105,16 +108,35 @@ class BuildOptions:
         for name, var in (
             ("cuda_architectures", "DGR_CUDA_ARCHITECTURES"),
             ("hip_targets", "DGR_HIP_TARGETS"),
+            ("sanitize", "DGR_SANITIZE"),
         ):
             if name not in values and env.get(var, "").strip():
                 values[name] = env[var].strip()
         if "jobs" in values and int(values["jobs"]) < 1:  # type: ignore[call-overload]
             raise ConfigurationError(f"--jobs must be at least 1 (got {values['jobs']})")
+        if "sanitize" in values:
+            values["sanitize"] = sanitizers(str(values["sanitize"]))
         return cls(**values)  # type: ignore[arg-type]
 
     @property
     def parallel(self) -> int:
         return self.jobs or os.cpu_count() or 1
+
+
+SANITIZERS = ("address", "undefined")  # GCC's and Clang's -fsanitize= names that combine with each other
+
+
+def sanitizers(text: str) -> str:
+    """DGR_SANITIZE's comma list, checked and in one order (the build key must not depend on how it was
+    written): "undefined,address" -> "address,undefined"."""
+    named = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(named - set(SANITIZERS))
+    if unknown:
+        raise ConfigurationError(
+            f"DGR_SANITIZE: unknown sanitizer {', '.join(map(repr, unknown))}",
+            hint=f"name any of {', '.join(SANITIZERS)}, comma-separated",
+        )
+    return ",".join(s for s in SANITIZERS if s in named)
 
 
 class Lane(Protocol):

@@ -239,7 +239,23 @@ def common_args(options: BuildOptions) -> list[str]:
     args = [define("CMAKE_BUILD_TYPE", options.build_type)]
     args += [define(k, v) for k, v in PIPELINE_SWITCHES]
     args.append(define("GGML_NATIVE", "ON" if options.native else "OFF"))
-    return args
+    return args + sanitizer_args(options.sanitize)
+
+
+def sanitizer_args(sanitize: str) -> list[str]:
+    """-fsanitize for every object and link of the build (libllama, ggml, the worker and its tools), not
+    only llama's own LLAMA_SANITIZE_* targets: a report must be able to come from any of them.  Frame
+    pointers and debug lines make the reports readable; a UBSan finding stops the process (a report
+    nobody reads is no check)."""
+    if not sanitize:
+        return []
+    flags = f"-fsanitize={sanitize} -fno-omit-frame-pointer -fno-sanitize-recover=all -g"
+    return [
+        define("CMAKE_C_FLAGS", flags),
+        define("CMAKE_CXX_FLAGS", flags),
+        define("CMAKE_EXE_LINKER_FLAGS", f"-fsanitize={sanitize}"),
+        define("CMAKE_SHARED_LINKER_FLAGS", f"-fsanitize={sanitize}"),
+    ]
 
 
 def identity_args(*, lane: str, commit: str) -> list[str]:
