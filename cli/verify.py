@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     # A store the user named (--store or DGR_STORE) is the one checked, not the paths recorded.
     named = bool(args.store or ctx.env.get("DGR_STORE"))
     result = verify(args.path, keys, html=args.html, store=store, store_only=named)
-    print(f"certificate: {args.path.resolve()}")
+    print(f"{'catalog' if result.catalog else 'certificate'}: {args.path.resolve()}")
     for line in result.lines:
         print(f"  {line.text()}")
     if not result.ok:
