@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import proc
-from core.errors import CommandFailed, ToolchainMissing
+from core.errors import CommandFailed, RuntimeFailure, ToolchainMissing
 from lanes import packages
 from lanes.base import (
     BuildOptions,
@@ -181,6 +181,15 @@ WORKER_PARTS = ("pkg-config", "grpc++", "protobuf", "protoc", "grpc_cpp_plugin")
 WORKER_DEPS_MISSING = "gRPC/protobuf development files not found"
 
 
+def _module_version(module: str, env: Mapping[str, str]) -> str | None:
+    """pkg-config's version of ``module``; a pkg-config that did not answer is a runtime failure (exit 6),
+    never a missing part."""
+    try:
+        return packages.module_version(module, env)
+    except packages.NoAnswer as exc:
+        raise RuntimeFailure(str(exc), hint="the machine may be overloaded; run again") from None
+
+
 def worker_parts(env: Mapping[str, str]) -> tuple[dict[str, str], list[packages.Part]]:
     """(what was found: module versions and program paths, the parts that are missing)."""
     got: dict[str, str] = {}
@@ -188,7 +197,7 @@ def worker_parts(env: Mapping[str, str]) -> tuple[dict[str, str], list[packages.
     for key in WORKER_PARTS:
         part = packages.part(key)
         if part.module:
-            value = packages.module_version(part.module, env) if "pkg-config" in got else None
+            value = _module_version(part.module, env) if "pkg-config" in got else None
         else:
             value = which(part.programs[0], env)
         if value is None:

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 # core.errors.ToolchainMissing.exit_code (this module may not import the project: see above).
 EXIT_TOOLCHAIN = 4
-PKG_CONFIG_TIMEOUT_S = 30.0
+EXIT_RUNTIME = 6  # core.errors.RuntimeFailure.exit_code
+
+
+class NoAnswer(RuntimeError):
+    """A probe that did not answer in time: neither present nor absent (the caller says so)."""
+
+
+PKG_CONFIG_TIMEOUT_S = 120.0  # milliseconds when the machine is not starved
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,7 +214,13 @@ def module_version(module: str, env: Mapping[str, str]) -> str | None:
                 timeout=PKG_CONFIG_TIMEOUT_S,
                 check=False,
             )
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
+            # Not an answer: read as "absent", one slow pkg-config under load made a lane with every
+            # part installed report gRPC missing (the busy run on 37f0fda: 60-odd tests errored).
+            raise NoAnswer(
+                f"pkg-config {query} {module} did not answer within {PKG_CONFIG_TIMEOUT_S:.0f} s"
+            ) from None
+        except OSError:
             return None
         if done.returncode != 0:
             return None
@@ -322,7 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or not groups:
         ap.error(f"unknown group {', '.join(unknown) or '(none)'}: choose from {', '.join(GROUPS)}")
     if do_ensure:
-        return ensure(groups, os.environ)
+        try:
+            return ensure(groups, os.environ)
+        except NoAnswer as exc:
+            print(f"lanes.packages: {exc}; run again", file=sys.stderr)
+            return EXIT_RUNTIME
     chosen = [p for p in parts(*groups) if not (args.required and p.optional)]
     print(" ".join(names(chosen, brew=args.brew)))
     return 0
