@@ -286,29 +286,15 @@ def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run)
             flush=True,
         )
         return EXIT_TOOLCHAIN
-    packages = names(lacking)
-    print(
-        f"deps: installing {' '.join(packages)} with apt-get (missing: {', '.join(p.what for p in lacking)})",
-        flush=True,
-    )
-    apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (
-        [*prefix, apt_get, "update", "-qq"],
-        [*prefix, apt_get, "install", "-y", "-qq", "--no-install-recommends", *packages],
-    ):
-        # apt's and dpkg's own chatter is shown only when they fail: the line above says what happens
-        done = run(
-            argv, env=apt_env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    failed = _apt_install([*prefix, apt_get], lacking, env, run=run)
+    if failed:
+        print(
+            f"{failed.tail}\ndgr: toolchain not found: {label}: `{shlex.join(failed.argv)}` exited "
+            f"{failed.returncode}; install them yourself: {apt_line(lacking)}",
+            file=sys.stderr,
+            flush=True,
         )
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout or "").splitlines()[-15:])
-            print(
-                f"{tail}\ndgr: toolchain not found: {label}: `{shlex.join(argv)}` exited "
-                f"{done.returncode}; install them yourself: {apt_line(lacking)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return EXIT_TOOLCHAIN
+        return EXIT_TOOLCHAIN
     still = [p for p in missing(wanted, env) if not p.optional]
     if still:
         print(
@@ -318,6 +304,34 @@ def ensure(groups: Sequence[str], env: Mapping[str, str], *, run=subprocess.run)
         )
         return EXIT_TOOLCHAIN
     return 0
+
+
+@dataclass(frozen=True)
+class AptFailed:
+    argv: list[str]
+    returncode: int
+    tail: str  # apt's and dpkg's last lines
+
+
+def _apt_install(apt: list[str], lacking: Sequence[Part], env: Mapping[str, str], *, run) -> AptFailed | None:
+    """`apt-get update`, then one install of every package of ``lacking``; the first command that fails."""
+    packages = names(lacking)
+    print(
+        f"deps: installing {' '.join(packages)} with apt-get (missing: {', '.join(p.what for p in lacking)})",
+        flush=True,
+    )
+    apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (
+        [*apt, "update", "-qq"],
+        [*apt, "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ):
+        # apt's and dpkg's own chatter is shown only when they fail: the line above says what happens
+        done = run(
+            argv, env=apt_env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        if done.returncode != 0:
+            return AptFailed(argv, done.returncode, "\n".join((done.stdout or "").splitlines()[-15:]))
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
