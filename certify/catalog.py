@@ -28,8 +28,7 @@ from certify.verify import verify
 from core.errors import ConfigurationError, IntegrityError
 
 CERTIFICATE = "certificate.json"
-# A placement's own gates name it after the slash: staging-parity/two-middle, speed/two-middle, ...
-FAILED = ("FAIL", "ERROR")
+FAILED = ("FAIL", "ERROR")  # a gate's statuses that fail its placement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,9 +75,10 @@ def read_all(
             refused.append({"path": str(path), "reason": f"{first.what}: {first.detail}"})
             continue
         got = Read(path=path, digests=cert.file_digests(path), predicate=v.predicate)
-        same = read.get(str(v.predicate.get("run_id")))
+        run_id = str(v.predicate.get("run_id"))
+        same = read.get(run_id)
         if same is None:
-            read[str(v.predicate.get("run_id"))] = got
+            read[run_id] = got
         elif same.digests["sha256"] != got.digests["sha256"]:  # a copy of the same file is read once
             refused.append(
                 {"path": str(path), "reason": f"another certificate of run {same.subject} was read"}
@@ -144,7 +144,8 @@ def placement_status(pred: Mapping[str, Any], name: str) -> tuple[str, list[str]
 
 
 def _placement_of(result: Mapping[str, Any]) -> str:
-    return str(result.get("name", "")).split("/", 1)[-1]  # gate/placement
+    """A result names its placement after the slash: staging-parity/two-middle, speed/two-middle."""
+    return str(result.get("name", "")).split("/", 1)[-1]
 
 
 def identity(pred: Mapping[str, Any]) -> dict[str, Any]:

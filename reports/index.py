@@ -26,6 +26,7 @@ class Entry:
     certificate: Path
     html: Path
     dev_key: bool
+    predicate: Mapping[str, Any] | None = None  # what a certificate that verified says (the catalog reads it)
 
 
 def _field(pred: Mapping[str, Any], *keys: str, default: Any = "") -> Any:
@@ -86,6 +87,7 @@ def scan(reports: Path, keys: Mapping[str, Any]) -> list[Entry]:
                 certificate=path,
                 html=run_dir / (page if isinstance(page, str) and page else "report.html"),
                 dev_key=bool(_field(pred, "signer", "dev_key", default=False)),
+                predicate=pred,
             )
         )
     return entries
@@ -128,12 +130,17 @@ def cell(
     return Cell(state="failed", note=f"{last.verdict} {last.finished}", link=link)
 
 
-def certified_placements(reports: Path, keys: Mapping[str, Any]) -> list[dict[str, Any]]:
+def certified_placements(entries: Sequence[Entry]) -> list[dict[str, Any]]:
     """The catalog's entries (certify/catalog.py: the newest PASS per lane, recipe, hardware class and
-    placement) over the certificates under ``reports`` that verify; `dgr catalog` signs the same."""
+    placement) over the certificates scan found verified; `dgr catalog` signs the same."""
     from certify import catalog
+    from certify.certificate import file_digests
 
-    read, _ = catalog.read_all(catalog.certificate_paths([reports]), keys)
+    read = [
+        catalog.Read(path=e.certificate, digests=file_digests(e.certificate), predicate=e.predicate)
+        for e in entries
+        if e.verified and e.predicate
+    ]
     return catalog.build(read, [])["entries"] if read else []
 
 
@@ -148,8 +155,7 @@ def render_index(ctx: Context, reports: Path) -> Path:
     from manifests import recipe_model as recipes
     from reports.render import environment
 
-    keys = trusted_keys(ws=ctx.workspace)
-    entries = scan(reports, keys)
+    entries = scan(reports, trusted_keys(ws=ctx.workspace))
     names = sorted(set(recipes.available(ctx.env)) | {e.recipe for e in entries})
     loaded: dict[str, Any] = {}
     for name in names:
@@ -183,7 +189,7 @@ def render_index(ctx: Context, reports: Path) -> Path:
             recipes=names,
             matrix=matrix,
             entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
-            certified=certified_placements(reports, keys),
+            certified=certified_placements(entries),
             rel=lambda p: os.path.relpath(p, reports),
         )
     )
