@@ -249,7 +249,12 @@ def tight_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TightRun]:
     )
     where = WS.reports / "tiny-llama-tight"
     yield TightRun(recipes=folder, done=done, reports=where, cpu=cpu)
-    shutil.rmtree(where, ignore_errors=True)
+    made = paths_from(done.stdout).get("certificate")
+    if made is not None:
+        shutil.rmtree(made.parent, ignore_errors=True)  # this run's folder only, not another's
+    for empty in (where / "cpu", where):
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
 
 
 def test_tightened_thresholds_exit_5_with_signed_fail(tmp_path: Path, tight_run: TightRun) -> None:

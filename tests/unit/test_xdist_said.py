@@ -81,3 +81,27 @@ def test_only_the_slow_suites_second_worker_on_a_quiet_machine_is_niced(
             said = "at nice 19: 1 other" if niced else "not niced: 3 other"
             line = f"gw1: second worker {said} runnable at start"
             assert line in result.stdout.lines, result.stdout.str()
+
+
+def test_the_tests_of_one_shared_run_share_one_worker(pytester: pytest.Pytester, monkeypatch) -> None:
+    """A module fixture read by several tests (test_certify_e2e's tight_run) is made once under two
+    workers: its tests go to one xdist group.  Two workers each made it once, and one's teardown removed
+    the recipe's report folder the other was reading (the quiet run on 2a79702)."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    made = pytester.path / "made"
+    made.mkdir()
+    pytester.makeconftest("from tests.integration.conftest import pytest_collection_modifyitems\n")
+    tests = "\n".join(
+        f"def test_reads_{i}(tight_run):\n    pass\n\ndef test_other_{i}():\n    pass\n" for i in range(6)
+    )
+    pytester.makepyfile(
+        "import os, pytest\n"
+        "\n"
+        "@pytest.fixture(scope='module')\n"
+        "def tight_run():\n"
+        f"    open(os.path.join({str(made)!r}, os.environ.get('PYTEST_XDIST_WORKER', 'main')), 'w').close()\n"
+        "\n" + tests
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup")
+    assert result.ret == 0, result.stdout.str()
+    assert len(list(made.iterdir())) == 1, sorted(p.name for p in made.iterdir())
