@@ -128,56 +128,6 @@ def _provision_shared_sets() -> None:
         provision(Context.from_env(), name)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """In the slow suite on an otherwise quiet machine, every pytest-xdist worker but the first runs its
-    tests at the lowest CPU priority (nice 19, which its workers inherit): run one at a time, the slow
-    tests left the 2 cores about 45% idle, and at equal priority two tests side by side slowed each other
-    down so much that the suite gained 12% of its wall time for 60% more summed test time
-    (docs/measurements/issue-39).  Niced, the second worker takes only what the first leaves idle.
-
-    Not in the fast suite, and not when other processes already keep the cores busy: beside two busy
-    loops a niced worker got almost none of them, and its tests' waits and timeouts ran out (the busy
-    runs on 18de092 and 37f0fda)."""
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker in (None, "gw0") or not selects_slow(config.getoption("markexpr", "") or ""):
-        return
-    others = others_running()
-    quiet = others <= QUIET_OTHERS
-    if quiet:
-        os.nice(19)
-    say(config, f"second worker {'at nice 19' if quiet else 'not niced'}: {others} other runnable at start")
-
-
-# Runnable processes besides this one that still count as a quiet machine: the first worker, starting too.
-QUIET_OTHERS = 1
-
-
-def others_running(samples: int = 5, interval_s: float = 0.1) -> int:
-    """The fewest runnable processes besides this one over a few samples of /proc/stat's procs_running
-    (a busy loop is always runnable; a process starting up is only now and then)."""
-    seen = []
-    for k in range(samples):
-        if k:
-            time.sleep(interval_s)
-        seen.append(_procs_running() - 1)
-    return max(0, min(seen))
-
-
-def _procs_running() -> int:
-    try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("procs_running "):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 1  # no /proc: as if alone
-
-
-def selects_slow(markexpr: str) -> bool:
-    """Does ``-m`` pick the slow suite (``slow``, ``slow and quick``), not the fast one (``not slow``)?"""
-    return "slow" in markexpr and "not slow" not in markexpr
-
-
 def under_xdist(config: pytest.Config) -> bool:
     """True in a pytest-xdist worker: each one collects every test and makes its own session fixtures."""
     return hasattr(config, "workerinput")

@@ -37,24 +37,19 @@ def test_without_xdist_the_line_is_printed_as_it_happens(pytester: pytest.Pytest
     assert _run(pytester, monkeypatch).count("ready before the tests: 7 s") == 1
 
 
-def test_only_the_slow_suites_second_worker_on_a_quiet_machine_is_niced(
+def test_both_workers_of_either_suite_run_at_the_suites_own_priority(
     pytester: pytest.Pytester, monkeypatch
 ) -> None:
-    """Beside two busy loops a niced worker got so little of the cores that its tests' waits ran out
-    (the busy runs on 18de092, fast suite, and 37f0fda, slow suite): only `-m slow` nices its second
-    worker, and only when no other process keeps the cores busy at its start (/proc/stat's
-    procs_running, faked here: FAKE_RUNNING counts this worker too)."""
-    from tests.integration.conftest import selects_slow
-
-    assert selects_slow("slow") and selects_slow("slow and quick")
-    assert not selects_slow("not slow") and not selects_slow("")
+    """No worker is niced.  The slow suite's second worker once ran at nice 19 on a quiet machine; beside
+    the first worker's certifications (a few workers each, on both cores) it got so little CPU that a
+    one-stage Forward of its own missed a 60 s deadline (test_worker_sigterm, the quiet run on a6763a0),
+    as it had beside two busy loops (18de092, 37f0fda), and the wall time it was meant to save was
+    within the runs' noise (docs/measurements/issue-39: efa72da against 26e9eea)."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeconftest(
-        "import os\n"
         "import tests.integration.conftest as slow_suite\n"
-        "slow_suite._procs_running = lambda: int(os.environ['FAKE_RUNNING'])\n"
-        "from tests.integration.conftest import pytest_configure, pytest_terminal_summary\n"
-        "from tests.integration.conftest import pytest_testnodedown\n"
+        "slow_suite._procs_running = lambda: 1  # a quiet machine, as the run on a6763a0 found it\n"
+        "from tests.integration.conftest import *  # noqa: F403  every hook the slow suite has\n"
     )
     record = (
         "    with open(os.environ['SEEN'], 'a') as f:\n"
@@ -68,19 +63,14 @@ def test_only_the_slow_suites_second_worker_on_a_quiet_machine_is_niced(
         "def test_fast(k):\n" + record
     )
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
-    for marks, running, niced in (("not slow", 1, False), ("slow", 2, True), ("slow", 4, False)):
-        seen_file = pytester.path / f"seen-{marks}-{running}"
+    base = str(os.nice(0))  # what this test runs at (a suite run at nice 10 passes it down)
+    for marks in ("not slow", "slow"):
+        seen_file = pytester.path / f"seen-{marks}"
         monkeypatch.setenv("SEEN", str(seen_file))
-        monkeypatch.setenv("FAKE_RUNNING", str(running))
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "-m", marks)
         assert result.ret == 0, result.stdout.str()
         seen = {tuple(line.split()) for line in seen_file.read_text().splitlines()}
-        base = str(os.nice(0))  # what this test runs at (a suite run at nice 10 passes it down)
-        assert seen == ({("gw0", base), ("gw1", "19")} if niced else {("gw0", base), ("gw1", base)}), marks
-        if marks == "slow":
-            said = "at nice 19: 1 other" if niced else "not niced: 3 other"
-            line = f"gw1: second worker {said} runnable at start"
-            assert line in result.stdout.lines, result.stdout.str()
+        assert seen == {("gw0", base), ("gw1", base)}, marks
 
 
 def test_the_tests_of_one_shared_run_share_one_worker(pytester: pytest.Pytester, monkeypatch) -> None:
