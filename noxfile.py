@@ -201,10 +201,22 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """atheris on each untrusted-input parser (`-- --seconds S [TARGET ...]`): inputs, findings per target."""
+    """libFuzzer on each untrusted-input parser (`-- --seconds S [TARGET ...]`): inputs, findings per target.
+
+    The Python parsers under atheris; the worker's C++ readers (the pass port's frames, a Forward's
+    checks) built from worker/fuzz with clang, which is installed first where it is missing."""
     _install(session, "test")
     session.install("atheris")
     session.run("python", "-m", "tests.fuzz.run", *_posargs(session))
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """The worker's tests against a CPU lane built with ASan and UBSan (`-- [PYTEST ARGS]`): a build of
+    its own key, every report in a file under .work/sanitize/, any report a failure (tests/sanitized.py)."""
+    _install(session, "test")
+    session.env["PYTHONDONTWRITEBYTECODE"] = ""
+    session.run("python", "-m", "tests.sanitized", *_posargs(session))
 
 
 @nox.session

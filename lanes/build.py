@@ -34,11 +34,13 @@ SOURCE_LINK = "llama-src"
 WORKER_TARGET = "dgr-shard-worker"
 # What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, the
 # top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order), the
-# probe of the worker's greedy pick and the ring floor.
+# probe of the worker's greedy pick, the ring floor and the check of asynchronous reads (the Vulkan
+# capture crash).
 TOPK_PROBE_TARGET = "dgr-topk-probe"
 TOPK_TIES_TARGET = "dgr-topk-ties"
 ARGMAX_PROBE_TARGET = "dgr-argmax-probe"
 RING_FLOOR_TARGET = "dgr-ring-floor"  # a ring of stage processes with nothing of ours in the way
+ASYNC_READS_TARGET = "dgr-async-reads"  # several async tensor reads into host memory, synchronized once
 TARGETS: tuple[str, ...] = (
     "llama",
     "llama-bench",
@@ -49,9 +51,12 @@ TARGETS: tuple[str, ...] = (
     TOPK_TIES_TARGET,
     ARGMAX_PROBE_TARGET,
     RING_FLOOR_TARGET,
+    ASYNC_READS_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes
+# Folders under worker/ no lane builds: the libFuzzer targets (their own CMake project, `nox -s fuzz`).
+_NOT_WORKER_FOLDERS = ("fuzz",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,11 +80,16 @@ class Tree:
 
 
 def worker_digest(worker_dir: Path = WORKER) -> str:
-    """sha256 over (relative path, sha256) of worker/'s build inputs: C++, CMake, the proto."""
+    """sha256 over (relative path, sha256) of worker/'s build inputs: C++, CMake, the proto.
+
+    Not the fuzz targets: a lane never builds them, so a new target or seed rebuilds no lane."""
     entries = []
     for path in sorted(worker_dir.rglob("*")):
         rel = path.relative_to(worker_dir).as_posix()
-        if not path.is_file() or "__pycache__" in rel.split("/") or path.suffix in _NOT_WORKER_SOURCES:
+        parts = rel.split("/")
+        if not path.is_file() or "__pycache__" in parts or path.suffix in _NOT_WORKER_SOURCES:
+            continue
+        if parts[0] in _NOT_WORKER_FOLDERS:
             continue
         entries.append([rel, sha256_file(path)])
     return canonical_digest(entries)

@@ -16,6 +16,7 @@ gRPC built from source counts as present.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shlex
 import shutil
@@ -23,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 # core.errors.ToolchainMissing.exit_code (this module may not import the project: see above).
 EXIT_TOOLCHAIN = 4
@@ -46,6 +48,7 @@ class Part:
     brew: str | None = None  # Homebrew formula (None: comes with Xcode / the runner)
     programs: tuple[str, ...] = ()  # present when any of these is on the PATH
     module: str | None = None  # present when `pkg-config --exists MODULE` succeeds
+    files: tuple[str, ...] = ()  # present when any of these glob patterns names a file (a library)
     optional: bool = False
 
 
@@ -128,6 +131,24 @@ GROUPS: dict[str, dict[str, Part]] = {
         Part(key="libvulkan-dev", what="Vulkan headers", apt="libvulkan-dev"),
         Part(key="spirv-headers", what="SPIRV-Headers", apt="spirv-headers"),
     ),
+    # `nox -s fuzz`'s worker targets: clang with its libFuzzer and sanitizer runtimes (the runtimes are
+    # only recommended by clang's packages, and apt-get here installs no recommends).
+    "fuzz": _parts(
+        Part(
+            key="clang++",
+            what="clang (the worker's libFuzzer targets)",
+            apt="clang",
+            brew="llvm",
+            programs=("clang++",),
+        ),
+        Part(
+            key="libfuzzer",
+            what="clang's libFuzzer and sanitizer runtimes",
+            apt="libclang-rt-dev",
+            brew="llvm",
+            files=("/usr/lib/llvm-*/lib/clang/*/lib/*/libclang_rt.fuzzer*.a",),
+        ),
+    ),
     # What the slow suite uses beyond the lanes: a real browser for the report test.
     "tests": _parts(
         Part(
@@ -189,6 +210,8 @@ def present(p: Part, env: Mapping[str, str]) -> bool:
         return any(_which(w, path) for w in wanted)
     if p.module:
         return module_version(p.module, env) is not None
+    if p.files:
+        return any(Path(hit).is_file() for pattern in p.files for hit in glob.glob(pattern))
     return True
 
 

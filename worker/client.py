@@ -90,6 +90,15 @@ class StageInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SessionFigures:
+    """What one session holds on a stage (the Session RPC)."""
+
+    epoch: int
+    n_past: int  # positions held
+    state_bytes: int  # its state as llama would save it: cache rows and cells of the owned layers
+
+
+@dataclass(frozen=True, kw_only=True)
 class Forwarded:
     """One Forward call's answer, decoded.
 
@@ -239,6 +248,10 @@ class StageClient:
     def _call(self, name: Literal["Reset"], request: object, deadline: float | None) -> wire.ResetReply: ...
     @overload
     def _call(
+        self, name: Literal["Session"], request: object, deadline: float | None
+    ) -> wire.SessionReply: ...
+    @overload
+    def _call(
         self, name: Literal["Tokenize"], request: object, deadline: float | None
     ) -> wire.TokenizeReply: ...
     @overload
@@ -303,6 +316,12 @@ class StageClient:
     def reset(self, session_id: str, *, deadline: float | None = 30.0) -> bool:
         reply = self._call("Reset", self._pb2.ResetRequest(session_id=session_id), deadline)
         return bool(reply.existed)
+
+    def session(self, session_id: str, *, deadline: float | None = 30.0) -> SessionFigures:
+        """What ``session_id`` holds on this stage now: its positions and its state's bytes as llama
+        would save them (KV rows and cells of the owned layers, rolling and compressed caches)."""
+        r = self._call("Session", self._pb2.SessionRequest(session_id=session_id), deadline)
+        return SessionFigures(epoch=int(r.epoch), n_past=int(r.n_past), state_bytes=int(r.state_bytes))
 
     def tokenize(self, text: str, *, add_special: bool = True, deadline: float | None = 30.0) -> list[int]:
         request = self._pb2.TokenizeRequest(text=text, add_special=add_special)

@@ -82,6 +82,12 @@ class ResetReply(Protocol):
     existed: bool
 
 
+class SessionReply(Protocol):
+    epoch: int
+    n_past: int
+    state_bytes: int
+
+
 class TokenizeReply(Protocol):
     tokens: Sequence[int]
 

@@ -1,9 +1,12 @@
-"""`nox -s fuzz`: each target under atheris for a time budget, then one line per target.
+"""`nox -s fuzz`: each target under libFuzzer for a time budget, then one line per target.
 
 ``python -m tests.fuzz.run [--seconds S] [--runs N] [--out DIR] [TARGET ...]`` starts one libFuzzer
-process per target (seeded with the valid inputs of tests.fuzz.seeds, corpus kept in DIR), reads how
-many inputs it tried, and lists any finding (an input that raised something other than a DgrError,
-saved under DIR/<target>/findings/).  Exit 1 when a target has a finding.
+process per target, reads how many inputs it tried, and lists any finding (saved under
+DIR/<target>/findings/).  Exit 1 when a target has a finding.  Two kinds of target:
+- the Python parsers under atheris (tests.fuzz.targets; seeds: tests.fuzz.seeds): a finding is an
+  input that raised something other than a DgrError;
+- the worker's C++ readers (tests.fuzz.native, built with clang under AddressSanitizer and UBSan;
+  seeds: passes recorded from a ring): a finding is a crash, a sanitizer report, a leak or a timeout.
 """
 
 from __future__ import annotations
@@ -19,23 +22,27 @@ import time
 from pathlib import Path
 
 from core.workspace import PROJECT_ROOT
-from tests.fuzz import seeds, targets
+from tests.fuzz import native, seeds, targets
 
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 STATS = re.compile(r"^#(\d+)\s", re.M)
 
 
-def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]:
+def atheris_program(name: str) -> list[str]:
+    return [sys.executable, "-m", "tests.fuzz.atheris_target", name]
+
+
+def fuzz_one(
+    name: str, program: list[str], inputs: list[bytes], seconds: int, runs: int, out: Path
+) -> dict[str, object]:
+    """``program`` (a libFuzzer main) on ``name``'s corpus under ``out``, started from ``inputs``."""
     corpus, findings = out / name / "corpus", out / name / "findings"
     corpus.mkdir(parents=True, exist_ok=True)
     findings.mkdir(parents=True, exist_ok=True)
-    for i, seed in enumerate(seeds.seeds(name)):
+    for i, seed in enumerate(inputs):
         (corpus / f"seed-{i}").write_bytes(seed)
     argv = [
-        sys.executable,
-        "-m",
-        "tests.fuzz.atheris_target",
-        name,
+        *program,
         f"-max_total_time={seconds}",
         f"-artifact_prefix={findings}/",
         "-max_len=65536",
@@ -73,16 +80,34 @@ def fuzz_one(name: str, seconds: int, runs: int, out: Path) -> dict[str, object]
     }
 
 
+def plan(names: list[str], out: Path) -> list[tuple[str, list[str], list[bytes]]]:
+    """Each target to run with its program and seeds; the worker's are built first, once."""
+    chosen = names or [*targets.TARGETS, *native.PROGRAMS]
+    programs = native.build(out / "build") if any(n in native.PROGRAMS for n in chosen) else {}
+    return [
+        (n, [str(programs[n])], native.seeds(n))
+        if n in native.PROGRAMS
+        else (n, atheris_program(n), seeds.seeds(n))
+        for n in chosen
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz.run", description=__doc__)
-    ap.add_argument("targets", nargs="*", choices=[[], *targets.TARGETS], default=[], metavar="TARGET")
+    every = [*targets.TARGETS, *native.PROGRAMS]
+    ap.add_argument("targets", nargs="*", choices=[[], *every], default=[], metavar="TARGET")
     ap.add_argument("--seconds", type=int, default=60, help="time budget per target (default 60)")
     ap.add_argument("--runs", type=int, default=0, help="stop a target after N inputs (0: time only)")
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".work" / "fuzz")
     args = ap.parse_args(argv)
+    try:
+        chosen = plan(args.targets, args.out)
+    except native.NotBuilt as e:
+        print(f"fuzz: the worker's targets: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     bad = 0
-    for name in args.targets or list(targets.TARGETS):
-        r = fuzz_one(name, args.seconds, args.runs, args.out)
+    for name, program, inputs in chosen:
+        r = fuzz_one(name, program, inputs, args.seconds, args.runs, args.out)
         ok = not r["findings"] and r["exit"] == 0
         bad += not ok
         found = ": " + ", ".join(r["findings"]) if r["findings"] else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import pytest
 from core import proc
 from fetch.conditioning import measure_conditioning
 from fetch.provision import provision
-from lanes.build import TOPK_PROBE_TARGET, TOPK_TIES_TARGET
+from lanes.build import ASYNC_READS_TARGET, TOPK_PROBE_TARGET, TOPK_TIES_TARGET
 from manifests import recipe_model as recipes
 from manifests.artifact_sets import ARTIFACTS
 from tests.integration.conftest import THREADS
@@ -169,3 +170,16 @@ def test_ties_repro_selects_a_valid_top_k_on_the_cpu(cpu_build) -> None:
         kth = sorted(values, reverse=True)[k - 1]
         assert values.count(kth) > [values[i] for i in chosen].count(kth), f"row {r}: no tie at the boundary"
     assert re.search(r"^row 0: (same set|SETS DIFFER) across \d+ backend\(s\):.* CPU=\{", out, re.M)
+
+
+def test_async_reads_land_each_their_own_bytes_on_the_cpu(cpu_build) -> None:
+    """dgr-async-reads (the check behind the Vulkan capture crash, issue 42) on the
+    CPU lane: ggml-cpu reads synchronously, so both cases hold, and the program says so per case."""
+    done = subprocess.run([cpu_build.dir / "bin" / ASYNC_READS_TARGET], capture_output=True, text=True)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.findall(r"^  (\w+): every read holds its own tensor's bytes$", done.stdout, re.M)[:2] == [
+        "equal",
+        "growing",
+    ]
+    assert "WRONG" not in done.stdout

@@ -66,6 +66,13 @@ def test_worker_digest_follows_compiled_sources_only(tmp_path: Path) -> None:
     (worker / "__pycache__").mkdir()
     (worker / "__pycache__" / "x.bin").write_bytes(b"\0")
     (worker / "README.md").write_text("# the worker: prose, not a build input\n")
+    (worker / "fuzz").mkdir()
+    (worker / "fuzz" / "pass_port_fuzz.cpp").write_text("// a libFuzzer target: no lane builds it\n")
+    assert build.worker_digest(worker) == first
+    (worker / "cmake").mkdir()
+    (worker / "cmake" / "dgr_proto.cmake").write_text("function(dgr_proto_library name)\nendfunction()\n")
+    assert build.worker_digest(worker) != first
+    (worker / "cmake" / "dgr_proto.cmake").unlink()
     assert build.worker_digest(worker) == first
     (worker / "src" / "main.cpp").write_text("int main() { return 1; }\n")
     assert build.worker_digest(worker) != first

@@ -274,3 +274,25 @@ def test_deps_only_notes_a_missing_optional_part(host: dict[str, str], bindir: P
     apt = Apt(bindir)
     assert packages.ensure(["cpu"], host, run=apt) == 0
     assert apt.calls == [] and "optional, not installed: ccache" in capsys.readouterr().out
+
+
+def test_a_library_part_is_looked_for_as_a_file(tmp_path: Path) -> None:
+    runtime = packages.Part(
+        key="libfuzzer",
+        what="a runtime",
+        apt="libclang-rt-dev",
+        files=(f"{tmp_path}/llvm-*/lib/*/libfuzz*.a",),
+    )
+    assert not packages.present(runtime, {"PATH": ""})
+    (tmp_path / "llvm-14" / "lib" / "linux").mkdir(parents=True)
+    (tmp_path / "llvm-14" / "lib" / "linux" / "libfuzz-x86_64.a").mkdir()  # a folder is not the library
+    assert not packages.present(runtime, {"PATH": ""})
+    (tmp_path / "llvm-14" / "lib" / "linux" / "libfuzz-x86_64.a").rmdir()
+    (tmp_path / "llvm-14" / "lib" / "linux" / "libfuzz-x86_64.a").write_bytes(b"!<arch>\n")
+    assert packages.present(runtime, {"PATH": ""})
+
+
+def test_the_fuzz_group_installs_clang_with_its_runtimes() -> None:
+    fuzz = packages.parts("fuzz")
+    assert packages.names(fuzz) == ["clang", "libclang-rt-dev"]
+    assert all(p.programs or p.files for p in fuzz), "each is looked for, so a missing one is installed"

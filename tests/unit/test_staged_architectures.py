@@ -28,18 +28,18 @@ def _from_patches() -> set[str]:
 
 
 def _worker_source() -> str:
-    return (WORKER / "src" / "stage.cpp").read_text()
+    return (WORKER / "src" / "request_checks.cpp").read_text()
 
 
 def _from_worker_check() -> set[str]:
-    body = re.search(r"static bool staged_architecture\([^)]*\) \{(.*?)\n\}", _worker_source(), re.S)
-    assert body is not None, "staged_architecture() not found in worker/src/stage.cpp"
+    body = re.search(r"bool staged_architecture\([^)]*\) \{(.*?)\n\}", _worker_source(), re.S)
+    assert body is not None, "staged_architecture() not found in worker/src/request_checks.cpp"
     return set(re.findall(r'arch == "(\w+)"', body.group(1)))
 
 
 def _from_worker_message() -> set[str]:
     text = re.search(r'STAGED_ARCHITECTURES = "([^"]*)"', _worker_source())
-    assert text is not None, "STAGED_ARCHITECTURES not found in worker/src/stage.cpp"
+    assert text is not None, "STAGED_ARCHITECTURES not found in worker/src/request_checks.cpp"
     return {name.strip() for name in text.group(1).split(",")}
 
 

@@ -194,7 +194,7 @@ int main(int argc, char ** argv) {
         }
 
         const std::string host = opts.listen.substr(0, opts.listen.rfind(':'));
-        const int pass_port = service.listen_passes(host, opts.pass_port);
+        const int pass_port = service.listen_passes(host, opts.pass_port, opts.record_passes_dir);
         std::fprintf(stdout, "DGR-WORKER-LISTENING %s:%d\n", host.c_str(), port);
         std::fflush(stdout);
         std::fprintf(stderr, "dgr-shard-worker: serving layers [%d, %d) of %s on %s:%d (ring passes on port %d)\n",

@@ -16,7 +16,7 @@ namespace dgr {
 const char * usage_text() {
     return "usage: dgr-shard-worker --model FILE --layers BEGIN:END --listen HOST:PORT\n"
            "                        [--threads N] [--ctx N] [--batch N] [--max-sessions N] [--max-rewind N]\n"
-           "                        [--pass-port N] [--cpus LIST] [--load MODE]\n"
+           "                        [--pass-port N] [--record-passes DIR] [--cpus LIST] [--load MODE]\n"
            "                        [--mtp | --mtp-model FILE]\n"
            "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
            "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
@@ -32,6 +32,8 @@ const char * usage_text() {
            "rejected drafts; architectures with rolling state keep that many snapshots). Default 0: none.\n"
            "--pass-port N: the TCP port (on the --listen host) a streamed ring's passes arrive on; default 0,\n"
            "a free one (Info's pass_port names it). Fix it where a firewall must let it through.\n"
+           "--record-passes DIR: also write each pass the pass port reads to DIR, one file each (its serialized\n"
+           "ForwardRequest; the first 256): real passes for the fuzz targets' corpus (worker/fuzz).\n"
            "--cpus LIST: run the worker's threads on these CPUs only (a Linux CPU list such as 0-3,8), as\n"
            "taskset would, but for the ring's delivery thread (it only talks to the driver); for hosts that\n"
            "run several stages (worker/README.md, \"CPU affinity\").\n"
@@ -161,6 +163,8 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
             out.max_rewind = parse_int(arg, val, 0, 64);
         } else if (arg == "--pass-port") {
             out.pass_port = parse_int(arg, val, 0, 65535);
+        } else if (arg == "--record-passes") {
+            out.record_passes_dir = val;
         } else if (arg == "--n-gpu-layers") {
             out.n_gpu_layers = parse_int(arg, val, -1, 1 << 20);
         } else if (arg == "--identity") {

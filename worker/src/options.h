@@ -20,6 +20,7 @@ struct WorkerOptions {
     int32_t max_sessions = 4;
     int32_t max_rewind = 0;          // positions a rewinding Forward may take back (speculative decoding)
     int32_t pass_port = 0;           // TCP port of streamed ring passes (on the --listen host); 0: any free one
+    std::string record_passes_dir;   // --record-passes: write each pass read there (the fuzz corpus); "": none
     bool mtp = false;                // last stage: load the nextn block and draft with it
     std::string mtp_model_path;      // --mtp-model: the block comes as an MTP-only GGUF of its own (implies mtp)
     int32_t n_gpu_layers = -1;       // llama's default: offload everything the lane can

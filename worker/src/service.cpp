@@ -1,6 +1,7 @@
 #include "service.h"
 
 #include "options.h"
+#include "request_args.h"
 #include "weights.h"
 
 #include <algorithm>
@@ -84,51 +85,6 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         m->set_has_output_head(in.has_output_head);
         reply->set_identity_json(id_.identity_json);
     });
-}
-
-static bool read_dtype(pb::DType d, DType & out) {
-    switch (d) {
-        case pb::DTYPE_UNSPECIFIED:
-        case pb::F32:               out = DType::F32; return true;
-        case pb::F16:               out = DType::F16; return true;
-        default:                    return false;
-    }
-}
-
-// The request's fields as the stage takes them; throws StageError on what the wire cannot carry.
-static ForwardArgs read_args(const pb::ForwardRequest & req) {
-    ForwardArgs a;
-    a.session_id = req.session_id();
-    a.epoch = req.epoch();
-    a.positions.assign(req.positions().begin(), req.positions().end());
-    a.tokens.assign(req.tokens().begin(), req.tokens().end());
-    a.all_logits = req.all_logits();
-    a.rewind = req.rewind();
-    a.draft = (int32_t) std::min<uint32_t>(req.draft(), 1u << 20);
-    a.drafted = (int32_t) std::min<uint32_t>(req.drafted(), 1u << 20);
-    a.capture_layers.assign(req.capture_layers().begin(), req.capture_layers().end());
-    a.greedy_only = req.has_ring() && req.ring().tokens_only();
-    if (req.has_ring() && req.ring().draft() > 0) {
-        // a drafting ring's last stage drafts the ring's count and delivers the row every chosen token
-        // came from: each row of such a pass (the last chosen token, then drafts) chooses one
-        a.draft = (int32_t) std::min<uint32_t>(req.ring().draft(), 1u << 20);
-        a.all_logits = true;
-    }
-    if (!read_dtype(req.boundary_dtype(), a.boundary_dtype)) {
-        throw StageError(StageError::Kind::InvalidArgument, "boundary_dtype " +
-                                                                std::to_string((int) req.boundary_dtype()) +
-                                                                " is not supported (F32 or F16)");
-    }
-    if (req.has_boundary()) {
-        const auto & b = req.boundary();
-        a.has_boundary = true;
-        if (b.dtype() == pb::DTYPE_UNSPECIFIED || !read_dtype(b.dtype(), a.boundary.dtype)) {
-            throw StageError(StageError::Kind::InvalidArgument, "boundary dtype must be F32 or F16");
-        }
-        a.boundary.shape.assign(b.shape().begin(), b.shape().end());
-        a.boundary.data = &b.data();
-    }
-    return a;
 }
 
 grpc::Status ShardService::Forward(grpc::ServerContext * ctx, const pb::ForwardRequest * req,
@@ -338,10 +294,10 @@ grpc::Status ShardService::chained(grpc::ServerContext * ctx, const pb::ForwardR
     return grpc::Status::OK;
 }
 
-int ShardService::listen_passes(const std::string & host, int port) {
+int ShardService::listen_passes(const std::string & host, int port, const std::string & record_dir) {
+    streams_.record_to(record_dir);
     return streams_.listen(host, port, [this](pb::ForwardRequest & pass, int64_t received_ns) {
-        if (!pass.has_ring() || !pass.ring().stream() || pass.deliver_to().empty()) {
-            // only our own stages dial this port; a pass without a sink has nobody to fail to
+        if (!is_streamed_pass(pass)) {
             std::fprintf(stderr, "dgr-shard-worker: pass port: dropped a message that is not a streamed ring's "
                                  "pass (Ring.stream set, deliver_to the driver's sink)\n");
             return;
@@ -472,6 +428,15 @@ void ShardService::ring_on(const pb::ForwardRequest & req, ForwardResult && r, p
 
 grpc::Status ShardService::Reset(grpc::ServerContext *, const pb::ResetRequest * req, pb::ResetReply * reply) {
     return guarded("Reset", [&] { reply->set_existed(stage_.reset(req->session_id())); });
+}
+
+grpc::Status ShardService::Session(grpc::ServerContext *, const pb::SessionRequest * req, pb::SessionReply * reply) {
+    return guarded("Session", [&] {
+        const SessionFigures f = stage_.session_figures(req->session_id());
+        reply->set_epoch(f.epoch);
+        reply->set_n_past(f.n_past);
+        reply->set_state_bytes(f.state_bytes);
+    });
 }
 
 grpc::Status ShardService::Health(grpc::ServerContext *, const pb::HealthRequest *, pb::HealthReply * reply) {

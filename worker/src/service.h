@@ -30,6 +30,8 @@ public:
                          dgr::shard::v1::ForwardReply *) override;
     grpc::Status Reset(grpc::ServerContext *, const dgr::shard::v1::ResetRequest *,
                        dgr::shard::v1::ResetReply *) override;
+    grpc::Status Session(grpc::ServerContext *, const dgr::shard::v1::SessionRequest *,
+                         dgr::shard::v1::SessionReply *) override;
     grpc::Status Health(grpc::ServerContext *, const dgr::shard::v1::HealthRequest *,
                         dgr::shard::v1::HealthReply *) override;
     grpc::Status Tokenize(grpc::ServerContext *, const dgr::shard::v1::TokenizeRequest *,
@@ -38,7 +40,8 @@ public:
                             dgr::shard::v1::DetokenizeReply *) override;
 
     // Take streamed ring passes on ``host``:``port`` (0: any free port); returns the port (Info's pass_port).
-    int listen_passes(const std::string & host, int port);
+    // ``record_dir``: --record-passes (PassStreams::record_to); "": none.
+    int listen_passes(const std::string & host, int port, const std::string & record_dir = "");
     // The worker is stopping: close every pass connection now, both ways.
     void stop_streams() { streams_.stop(); }
 

@@ -112,6 +112,19 @@ uint32_t frame_length(const char head[4]) {
     return (uint32_t) h[0] | (uint32_t) h[1] << 8 | (uint32_t) h[2] << 16 | (uint32_t) h[3] << 24;
 }
 
+FrameRead read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced) {
+    char head[4];
+    if (!read_exact(fd, head, sizeof head)) {
+        return FrameRead::Closed;
+    }
+    announced = frame_length(head);
+    if (max_bytes >= 0 && (int64_t) announced > max_bytes) {
+        return FrameRead::TooLong;
+    }
+    body.resize(announced);
+    return read_exact(fd, body.data(), announced) ? FrameRead::Whole : FrameRead::Closed;
+}
+
 bool write_frame(int fd, const std::string & body, std::string & why) {
     char head[4];
     frame_head((uint32_t) body.size(), head);

@@ -30,6 +30,13 @@ bool read_exact(int fd, char * buf, size_t n);
 void frame_head(uint32_t n, char head[4]);
 uint32_t frame_length(const char head[4]);
 
+// One frame's body off ``fd`` into ``body``, a connection's buffer kept between frames (no allocation per
+// pass); ``announced``: the length the frame's head gave. TooLong: over ``max_bytes`` (negative: no
+// bound), and nothing of the body is read: the caller closes the connection. Closed: the peer closed,
+// the socket was shut down or a read failed, mid-frame included.
+enum class FrameRead { Whole, Closed, TooLong };
+FrameRead read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced);
+
 // A connection's serialization buffer is kept between frames up to this size (no allocation per pass
 // or delivery), and released above it (a prefill's pass can be megabytes).
 constexpr size_t kKeptFrameBytes = 1 << 20;

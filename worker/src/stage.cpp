@@ -1,6 +1,7 @@
 #include "stage.h"
 
 #include "memory_fit.h"
+#include "request_checks.h"
 
 #include "argmax.h"  // greedy_token
 #include "weights.h"
@@ -18,23 +19,12 @@ namespace dgr {
 
 using Kind = StageError::Kind;
 
-static size_t dtype_size(DType t) {
-    return t == DType::F16 ? sizeof(ggml_fp16_t) : sizeof(float);
-}
-
 static std::string meta_str(const llama_model * model, const char * key) {
     char buf[256];
     return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string();
 }
 
-// The architectures whose graph builder the patch stack stages (0002 llama, 0004 deepseek4, 0005 gemma3):
-// only these honour a layer range and record each layer's input. Upstream's other builders run every
-// layer and leave the per-layer inputs null, so a capture there would abort the process in llama-graph.
-static bool staged_architecture(const std::string & arch) {
-    return arch == "llama" || arch == "gemma3" || arch == "deepseek4";
-}
-
-static const char * STAGED_ARCHITECTURES = "llama, gemma3, deepseek4";
+static_assert(sizeof(ggml_fp16_t) == 2, "dtype_size (request_checks.cpp) counts an F16 element as 2 bytes");
 
 // F32 rows in, the requested dtype out.
 static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DType dtype) {
@@ -256,100 +246,28 @@ bool Stage::reset(const std::string & session_id) {
     return true;
 }
 
-void Stage::check_request(const ForwardArgs & a, int32_t n_tokens) const {
-    const StageInfo & in = info_;
-    if (a.session_id.empty()) {
-        throw StageError(Kind::InvalidArgument, "session_id is empty");
+// The session's state as llama would save it, sized by a dry run of that save (no copy): its cache rows
+// of the owned layers and their cells' metadata, the rolling and compressed caches of architectures that
+// keep them included. What a session costs in memory, measured (issue 45: the catalog's KV bytes per token).
+SessionFigures Stage::session_figures(const std::string & session_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+        throw StageError(Kind::NotFound, "unknown session '" + session_id + "'");
     }
-    if (n_tokens <= 0) {
-        throw StageError(Kind::InvalidArgument, "positions is empty: nothing to compute");
-    }
-    if (n_tokens > in.n_batch) {
-        throw StageError(Kind::InvalidArgument, std::to_string(n_tokens) +
-                                                    " positions in one Forward; this worker takes at most " +
-                                                    std::to_string(in.n_batch) + " (split the prefill)");
-    }
-    if (in.first_stage) {
-        if ((int32_t) a.tokens.size() != n_tokens) {
-            throw StageError(Kind::InvalidArgument, "first stage: expected " + std::to_string(n_tokens) +
-                                                        " token ids (one per position), got " +
-                                                        std::to_string(a.tokens.size()));
-        }
-        if (a.has_boundary) {
-            throw StageError(Kind::InvalidArgument, "first stage (layers 0:" + std::to_string(in.layer_end) +
-                                                        ") takes token ids, not a boundary tensor");
-        }
-        for (int32_t t : a.tokens) {
-            if (t < 0 || t >= in.n_vocab) {
-                throw StageError(Kind::InvalidArgument, "token id " + std::to_string(t) +
-                                                            " outside the vocabulary [0, " +
-                                                            std::to_string(in.n_vocab) + ")");
-            }
-        }
-    } else {
-        if (!a.has_boundary) {
-            throw StageError(Kind::InvalidArgument, "stage starting at layer " + std::to_string(in.layer_begin) +
-                                                        " needs the boundary tensor [n_tokens, " +
-                                                        std::to_string(in.boundary_width) + "]");
-        }
-        const auto & b = a.boundary;
-        if (b.shape.size() != 2 || b.shape[0] != n_tokens || b.shape[1] != in.boundary_width) {
-            std::string got;
-            for (size_t i = 0; i < b.shape.size(); ++i) {
-                got += (i ? ", " : "") + std::to_string(b.shape[i]);
-            }
-            throw StageError(Kind::InvalidArgument, "boundary shape [" + got + "] does not fit this stage: expected [" +
-                                                        std::to_string(n_tokens) + ", " +
-                                                        std::to_string(in.boundary_width) + "]");
-        }
-        const size_t want = (size_t) n_tokens * (size_t) in.boundary_width * dtype_size(b.dtype);
-        if (b.data == nullptr || b.data->size() != want) {
-            throw StageError(Kind::InvalidArgument, "boundary data is " + std::to_string(b.data ? b.data->size() : 0) +
-                                                        " bytes, expected " + std::to_string(want) +
-                                                        " for its shape and dtype");
-        }
-        if (!a.tokens.empty() && (int32_t) a.tokens.size() != n_tokens) {
-            throw StageError(Kind::InvalidArgument, "token sideband has " + std::to_string(a.tokens.size()) +
-                                                        " ids for " + std::to_string(n_tokens) + " positions");
-        }
-        if (in.needs_token_sideband && a.tokens.empty()) {
-            throw StageError(Kind::InvalidArgument,
-                             "stage starting at layer " + std::to_string(in.layer_begin) +
-                                 " owns hash-routed layers: send the token ids (one per position) with the boundary");
-        }
-        for (int32_t t : a.tokens) {
-            if (t < 0 || t >= in.n_vocab) {
-                throw StageError(Kind::InvalidArgument, "sideband token id " + std::to_string(t) +
-                                                            " outside the vocabulary [0, " +
-                                                            std::to_string(in.n_vocab) + ")");
-            }
-        }
-    }
-    if (!a.capture_layers.empty() && !staged_architecture(in.architecture)) {
-        throw StageError(Kind::FailedPrecondition,
-                         "capture is not supported for architecture " + in.architecture +
-                             ": its graph records no per-layer input (the patch stack stages " + STAGED_ARCHITECTURES +
-                             ")");
-    }
-    for (int32_t l : a.capture_layers) {
-        if (l < in.layer_begin || l >= in.layer_end) {
-            throw StageError(Kind::InvalidArgument,
-                             "capture layer " + std::to_string(l) + " is not owned by this stage [" +
-                                 std::to_string(in.layer_begin) + ", " + std::to_string(in.layer_end) + ")");
-        }
-    }
+    SessionFigures f;
+    f.epoch = it->second.epoch;
+    f.n_past = it->second.n_past;
+    f.state_bytes = llama_state_seq_get_size(it->second.ctx, 0);
+    return f;
 }
 
 // Every check a Forward must pass, against the session as it is, before anything changes: a rejected
 // request (from any client: the worker has no authentication) never takes a session slot, wipes a live
 // session's KV on a higher epoch, nor leaves anything behind.
 Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) const {
+    check_positions(a, n_tokens);
     const int32_t p0 = a.positions.front();
-    for (int32_t i = 1; i < n_tokens; ++i) {
-        if (a.positions[i] != p0 + i) {
-            throw StageError(Kind::FailedPrecondition, "positions are not contiguous at index " + std::to_string(i));
-        }
-    }
     SessionPlan plan;
     auto it = sessions_.find(a.session_id);
     if (it == sessions_.end()) {
@@ -377,7 +295,7 @@ Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) 
         plan.n_past = plan.new_epoch ? 0 : s.n_past;
     }
     if (a.rewind && !plan.is_new && !plan.new_epoch && p0 < plan.n_past) {
-        check_rewind(a, plan.n_past);
+        check_rewind(info_, a, plan.n_past);
         plan.rewind_to = p0;
         plan.n_past = p0;
     }
@@ -393,23 +311,6 @@ Stage::SessionPlan Stage::plan_session(const ForwardArgs & a, int32_t n_tokens) 
                              " positions, +" + std::to_string(n_tokens) + " > n_ctx " + std::to_string(info_.n_ctx));
     }
     return plan;
-}
-
-// A rewind takes back at most max_rewind positions (what rolling state keeps snapshots for).
-void Stage::check_rewind(const ForwardArgs & a, int32_t n_past) const {
-    const int32_t p0 = a.positions.front();
-    const int32_t depth = n_past - p0;
-    if (info_.max_rewind == 0) {
-        throw StageError(Kind::FailedPrecondition, "rewind of " + std::to_string(depth) +
-                                                       " positions asked, but this worker "
-                                                       "keeps no rollback state (start it with --max-rewind N)");
-    }
-    if (depth > info_.max_rewind) {
-        throw StageError(Kind::FailedPrecondition,
-                         "rewind of session '" + a.session_id + "' from " + std::to_string(n_past) + " to " +
-                             std::to_string(p0) + " takes back " + std::to_string(depth) + " positions; this worker " +
-                             "takes back at most " + std::to_string(info_.max_rewind));
-    }
 }
 
 // The accepted request's state change: a new session's slot and context, or a route change's KV wipe.
@@ -485,8 +386,8 @@ ForwardResult Stage::forward_here(const ForwardArgs & a) {
     std::lock_guard<std::mutex> lock(mu_);
     const StageInfo & in = info_;
     const int32_t n_tokens = (int32_t) a.positions.size();
-    check_request(a, n_tokens);
-    check_draft(a, n_tokens);
+    check_request(info_, a, n_tokens);
+    check_draft(info_, a, n_tokens);
     const SessionPlan plan = plan_session(a, n_tokens);  // validate first ...
     Session & s = session_for(a, plan);                  // ... then mutate
 
@@ -590,36 +491,6 @@ void Stage::draft_after(Session & s, const ForwardArgs & a, ForwardResult & r) {
         }
     } catch (const std::runtime_error & e) {
         throw StageError(Kind::Internal, e.what());
-    }
-}
-
-void Stage::check_draft(const ForwardArgs & a, int32_t n_tokens) const {
-    const StageInfo & in = info_;
-    if (!in.last_stage) {
-        return;  // a chained pass carries draft/drafted through the stages to the last one
-    }
-    if ((a.draft > 0 || a.drafted > 0) && !in.mtp) {
-        throw StageError(Kind::FailedPrecondition, "this stage drafts nothing: only the last stage of workers started "
-                                                   "with --mtp verifies and drafts");
-    }
-    if (!in.mtp) {
-        return;
-    }
-    if ((int32_t) a.tokens.size() != n_tokens) {
-        throw StageError(Kind::InvalidArgument,
-                         "the MTP last stage needs the pass's token ids (one per position): got " +
-                             std::to_string(a.tokens.size()) + " for " + std::to_string(n_tokens) + " positions");
-    }
-    if (a.drafted >= n_tokens) {
-        throw StageError(Kind::InvalidArgument, std::to_string(a.drafted) + " drafted tokens in a pass of " +
-                                                    std::to_string(n_tokens) +
-                                                    ": the first token of a pass is never a draft");
-    }
-    if (a.draft > in.max_rewind) {
-        throw StageError(Kind::InvalidArgument, "draft of " + std::to_string(a.draft) + " tokens: a pass can reject " +
-                                                    "them all, and this worker takes back at most " +
-                                                    std::to_string(in.max_rewind) + " (start it with --max-rewind " +
-                                                    std::to_string(a.draft) + ")");
     }
 }
 

@@ -11,6 +11,7 @@
 #include "drafter.h"
 #include "llama.h"
 #include "options.h"
+#include "stage_types.h"
 
 #include <atomic>
 #include <chrono>
@@ -27,79 +28,6 @@ struct llama_context;
 
 namespace dgr {
 
-// Request errors, each mapped to one gRPC status code by the service.
-struct StageError : std::runtime_error {
-    enum class Kind { InvalidArgument, FailedPrecondition, NotFound, ResourceExhausted, PermissionDenied, Internal };
-    Kind kind;
-    StageError(Kind k, const std::string & msg) : std::runtime_error(msg), kind(k) {}
-};
-
-enum class DType { F32, F16 };
-
-struct TensorIn {  // a boundary coming in: [n_tokens, width] row-major little-endian
-    DType dtype = DType::F32;
-    std::vector<int64_t> shape;
-    const std::string * data = nullptr;
-};
-
-struct ForwardArgs {
-    std::string session_id;
-    uint64_t epoch = 0;
-    std::vector<int32_t> positions;
-    std::vector<int32_t> tokens;
-    bool has_boundary = false;
-    TensorIn boundary;
-    DType boundary_dtype = DType::F32;  // of the boundary we return
-    bool all_logits = false;
-    std::vector<int32_t> capture_layers;
-    bool rewind = false;  // positions[0] may take back up to max_rewind held positions
-    int32_t draft = 0;    // MTP last stage: draft this many tokens after the pass
-    int32_t drafted = 0;  // MTP last stage: the pass's last tokens are drafts to verify
-    // last stage of a token-only ring: the argmax of each output row (ForwardResult::greedy) instead of
-    // the rows, which nobody reads; picked under the stage's lock, so the rows need not be copied out
-    bool greedy_only = false;
-};
-
-struct TensorOut {
-    DType dtype = DType::F32;
-    std::vector<int64_t> shape;
-    std::string data;
-};
-
-struct ForwardResult {
-    bool has_boundary = false;
-    TensorOut boundary;
-    bool has_logits = false;
-    TensorOut logits;
-    std::vector<int32_t> greedy;  // with greedy_only: the argmax of each output row, in order
-    std::vector<std::pair<int32_t, TensorOut>> captures;
-    double compute_seconds = 0.0;
-    int32_t kv_used = 0;
-    std::vector<int32_t> draft;  // MTP last stage: the drafted tokens
-    int32_t accepted = 0;        // MTP last stage: the pass's drafts that stood
-};
-
-struct MemoryFigures {
-    uint64_t weight_bytes = 0;
-    uint64_t kv_bytes = 0;
-    uint64_t compute_bytes = 0;
-    std::string load_mode;  // llama's name of the mode the weights were loaded with (weights.h)
-};
-
-struct StageInfo {
-    std::string architecture;
-    std::string backend_devices;
-    int32_t n_layer = 0, layer_begin = 0, layer_end = 0;
-    bool first_stage = false, last_stage = false;
-    bool has_token_embd = false, has_output_head = false;
-    int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
-    int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
-    std::string cpus;  // --cpus as given; "": free to run anywhere
-    bool needs_token_sideband = false;
-    bool mtp = false;  // the last stage drafts with the nextn block
-    MemoryFigures memory;
-};
-
 class Stage {
 public:
     // Loads the model range and one session context (so Info can report KV bytes); throws on failure.
@@ -111,6 +39,7 @@ public:
     const StageInfo & info() const { return info_; }  // immutable after construction: no lock
     ForwardResult forward(const ForwardArgs & args);
     bool reset(const std::string & session_id);
+    SessionFigures session_figures(const std::string & session_id);  // throws NotFound for no such session
     std::vector<int32_t> tokenize(const std::string & text, bool add_special);
     std::string detokenize(const std::vector<int32_t> & tokens);
     size_t n_sessions();
@@ -137,9 +66,6 @@ private:
     void release_context(llama_context * ctx);
     SessionPlan plan_session(const ForwardArgs & args, int32_t n_tokens) const;  // throws; changes nothing
     Session & session_for(const ForwardArgs & args, const SessionPlan & plan);
-    void check_request(const ForwardArgs & args, int32_t n_tokens) const;
-    void check_rewind(const ForwardArgs & args, int32_t n_past) const;
-    void check_draft(const ForwardArgs & args, int32_t n_tokens) const;
     void draft_after(Session & s, const ForwardArgs & args, ForwardResult & r);
     void load_mtp_model();   // --mtp-model: the MTP-only GGUF, checked against the main model
     void check_mtp() const;  // --mtp / --mtp-model: the last stage, with a nextn block

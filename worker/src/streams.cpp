@@ -84,23 +84,21 @@ void PassStreams::read_loop(int fd) {
     pb::ForwardRequest pass;
     std::string body;
     for (;;) {
-        char head[4];
-        if (!read_exact(fd, head, sizeof head)) {
-            break;
-        }
-        const uint32_t n = frame_length(head);
-        if (max_bytes_ >= 0 && n > (uint32_t) max_bytes_) {
+        uint32_t n = 0;
+        const FrameRead got = read_frame(fd, max_bytes_, body, n);
+        if (got == FrameRead::TooLong) {
             std::fprintf(stderr,
                          "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
                          "closing the connection\n",
                          n, max_bytes_);
-            break;
         }
-        body.resize(n);
-        if (!read_exact(fd, body.data(), n)) {
+        if (got != FrameRead::Whole) {
             break;
         }
         const int64_t received_ns = monotonic_ns();
+        if (!record_dir_.empty()) {
+            record(body);
+        }
         if (!pass.ParseFromString(body)) {
             std::fprintf(stderr, "dgr-shard-worker: pass port: a message that is not a ForwardRequest; closing the "
                                  "connection\n");
@@ -114,6 +112,20 @@ void PassStreams::read_loop(int fd) {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_.erase(fd)) {
         close(fd);  // stop() only shuts an fd down; the fd is closed by the one thread that reads it
+    }
+}
+
+void PassStreams::record(const std::string & body) {
+    const int n = recorded_.fetch_add(1);
+    if (n >= kRecordedPasses) {
+        return;
+    }
+    const std::string path = record_dir_ + "/pass-" + std::to_string(getpid()) + "-" + std::to_string(n) + ".bin";
+    FILE * f = std::fopen(path.c_str(), "wb");
+    const bool written = f != nullptr && std::fwrite(body.data(), 1, body.size(), f) == body.size();
+    if (f == nullptr || std::fclose(f) != 0 || !written) {
+        std::fprintf(stderr, "dgr-shard-worker: --record-passes: cannot write %s: %s\n", path.c_str(),
+                     std::strerror(errno));
     }
 }
 

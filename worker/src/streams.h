@@ -48,6 +48,12 @@ public:
     int listen(const std::string & host, int port, OnPass on_pass);
     int port() const { return port_; }
 
+    // --record-passes: each pass read is also written, as the frame's body (a serialized ForwardRequest),
+    // to a file of its own under ``dir`` (pass-PID-N.bin, the first kRecordedPasses): real passes for the
+    // fuzz targets' corpus (worker/fuzz). Call before listen.
+    void record_to(const std::string & dir) { record_dir_ = dir; }
+    static constexpr int kRecordedPasses = 256;
+
     // Send ``pass`` to the stage whose gRPC address is ``address``, connecting to its pass port first if
     // needed. Not OK when the pass could not be handed over (the connection is then closed).
     ChainResult send(const std::string & address, const dgr::shard::v1::ForwardRequest & pass);
@@ -63,6 +69,7 @@ private:
     int connect_to(const std::string & address, std::string & why);
     void accept_loop();
     void read_loop(int fd);
+    void record(const std::string & body);
 
     Chain & chain_;
     const int max_bytes_;
@@ -72,7 +79,9 @@ private:
     std::atomic<bool> stopping_{false};
     std::mutex mu_;
     std::map<std::string, std::shared_ptr<Out>> out_;
-    std::set<int> in_;  // accepted connections still read
+    std::set<int> in_;        // accepted connections still read
+    std::string record_dir_;  // --record-passes; "": none
+    std::atomic<int> recorded_{0};
 };
 
 }  // namespace dgr

@@ -1,0 +1,63 @@
+"""The worker's libFuzzer targets (worker/fuzz): built here with clang, their seeds real passes.
+
+A target is a program libFuzzer links itself into; `nox -s fuzz` runs it as it runs the atheris ones
+(tests/fuzz/run.py).  The seeds are passes a streamed ring's stages read on their pass ports, recorded
+by the workers' ``--record-passes`` (tests/integration/test_fuzz_corpus.py, which also refreshes them:
+``DGR_FUZZ_CORPUS_OUT=tests/fuzz/corpus/passes``): as a ForwardRequest's bytes for forward_request,
+framed as on the wire for pass_port (each alone, and all of them on one connection).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+from core.workspace import PROJECT_ROOT
+from lanes import packages
+
+SOURCE = PROJECT_ROOT / "worker" / "fuzz"
+PASSES = Path(__file__).parent / "corpus" / "passes"
+PROGRAMS = {"forward_request": "dgr-fuzz-forward-request", "pass_port": "dgr-fuzz-pass-port"}
+
+
+class NotBuilt(RuntimeError):
+    """The targets could not be built: what was missing (exit 4, the project's toolchain code) or the
+    command that failed and its last lines (exit 1)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build(where: Path) -> dict[str, Path]:
+    """Configure and build every target under ``where`` (clang and its runtimes installed first where
+    they are missing, as `nox -s deps` installs a lane's); the programs by target name."""
+    code = packages.ensure(["cpu", "fuzz"], os.environ)
+    if code:
+        raise NotBuilt(f"clang or its runtimes are missing (lanes.packages exited {code})", code)
+    steps = (
+        ["cmake", "-S", str(SOURCE), "-B", str(where), "-G", "Ninja", "-DCMAKE_CXX_COMPILER=clang++"],
+        ["cmake", "--build", str(where)],
+    )
+    for argv in steps:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", check=False)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+            raise NotBuilt(f"`{' '.join(argv)}` exited {done.returncode}:\n{tail}", 1)
+    return {name: where / program for name, program in PROGRAMS.items()}
+
+
+def frame(body: bytes) -> bytes:
+    """A pass as the pass port reads it: its length, 4 bytes little-endian, then the message."""
+    return struct.pack("<I", len(body)) + body
+
+
+def seeds(name: str) -> list[bytes]:
+    passes = [p.read_bytes() for p in sorted(PASSES.glob("*.bin"))]
+    if name == "forward_request":
+        return passes
+    if name == "pass_port":
+        return [frame(p) for p in passes] + [b"".join(frame(p) for p in passes)]
+    raise KeyError(f"unknown worker fuzz target {name!r}: choose from {', '.join(PROGRAMS)}")
