@@ -28,6 +28,7 @@ class Proposal:
     lane: str
     stages: tuple[tuple[int, int], ...]  # [begin, end) per stage, in order
     artifacts_digest: str | None = None  # the manifest digest of the artifacts it would load
+    recipe_digest: str | None = None  # the digest of the recipe it runs under; None: not compared
     hardware_class: str | None = None  # None: any class the catalog certified it on
 
 
@@ -40,7 +41,8 @@ class Admission:
 
 def admit(catalog: Mapping[str, Any], proposal: Proposal) -> Admission:
     """Admitted only by a PASS entry of the same recipe, lane (class) and layer ranges, with the same
-    artifacts."""
+    artifacts and, where the proposal names one, the same recipe digest (the thresholds and scenario
+    the split was held to)."""
     same = [e for e in catalog.get("entries", []) if _same_run_kind(e, proposal)]
     what = f"recipe {proposal.recipe} on lane {proposal.lane}" + (
         f", hardware class {proposal.hardware_class}" if proposal.hardware_class else ""
@@ -64,11 +66,20 @@ def admit(catalog: Mapping[str, Any], proposal: Proposal) -> Admission:
             reason=f"{what}: placement {entry['placement']} was certified with artifacts {certified_with}, "
             f"this split would load {proposal.artifacts_digest}",
         )
+    certified_under = entry["identity"].get("recipe_digest")
+    if proposal.recipe_digest is not None and proposal.recipe_digest != certified_under:
+        return Admission(
+            admitted=False,
+            reason=f"{what}: placement {entry['placement']} was certified under recipe digest "
+            f"{certified_under}, the recipe now has {proposal.recipe_digest} (a threshold or scenario "
+            "changed: certify it again)",
+        )
     cert = entry["certificate"]
+    unchecked = "" if proposal.recipe_digest is not None else "; recipe digest not compared"
     return Admission(
         admitted=True,
         reason=f"{what}: layers {_text(proposal.stages)} are placement {entry['placement']}, certified "
-        f"(run {cert['run_id']}, {cert['finished']}, hardware class {entry['hardware_class']})",
+        f"(run {cert['run_id']}, {cert['finished']}, hardware class {entry['hardware_class']}){unchecked}",
         entry=entry,
     )
 

@@ -173,17 +173,41 @@ def stages(placement: Mapping[str, Any]) -> list[dict[str, Any]]:
     kv = _per_stage(placement.get("kv_bytes"), n)
     n_ctx = _per_stage(placement.get("n_ctx"), n)
     compute = _per_stage((placement.get("speed") or {}).get("stage_compute_s"), n)
-    return [
-        {
-            "layers": list(ranges[k]),
-            "weight_bytes": weight[k],
-            "kv_bytes": kv[k],
-            "n_ctx": n_ctx[k],
-            "kv_bytes_per_token": kv[k] / n_ctx[k] if kv[k] is not None and n_ctx[k] else None,
-            "compute_s_per_token": compute[k],
-        }
-        for k in range(n)
-    ]
+    held = _per_stage(placement.get("kv_held"), n)
+    out = []
+    for k in range(n):
+        allocated = kv[k] / n_ctx[k] if kv[k] is not None and n_ctx[k] else None
+        measured = held_per_position(held[k])
+        out.append(
+            {
+                "layers": list(ranges[k]),
+                "weight_bytes": weight[k],
+                "kv_bytes": kv[k],
+                "n_ctx": n_ctx[k],
+                "kv_bytes_per_token": measured[0] if measured else allocated,
+                "kv_bytes_per_token_from": "held"
+                if measured
+                else "allocated"
+                if allocated is not None
+                else None,
+                "kv_held_between": list(measured[1]) if measured else None,
+                "compute_s_per_token": compute[k],
+            }
+        )
+    return out
+
+
+def held_per_position(points: Any) -> tuple[float, tuple[int, int]] | None:
+    """Bytes a session's state grew by per position, between the fewest and the most positions a stage
+    held ([positions, state bytes] pairs, measure's kv_held), and those two counts; None without two
+    different counts.  A plain attention cache grows by the same bytes every position; a sliding
+    window or a compressed cache (gemma3, DeepSeek V4) does not, so the span it was measured over is
+    part of the figure."""
+    pairs = sorted({(int(n), int(b)) for n, b in points or ()})
+    if len(pairs) < 2 or pairs[0][0] == pairs[-1][0]:
+        return None
+    (n0, b0), (n1, b1) = pairs[0], pairs[-1]
+    return (b1 - b0) / (n1 - n0), (n0, n1)
 
 
 def seams(placement: Mapping[str, Any]) -> list[dict[str, Any]]:

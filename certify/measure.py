@@ -265,7 +265,8 @@ def speed_figures(samples: drive.SpeedSamples) -> dict[str, Any]:
     }
 
 
-def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Sequence[Any]) -> dict[str, Any]:
+def _placement_record(p: Placement, lane: str, dtype: str, role: str, trace: drive.Trace) -> dict[str, Any]:
+    infos = trace.infos
     return {
         "name": p.name,
         "stages": [list(s) for s in p.stages],
@@ -282,6 +283,12 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, infos: Seq
         # KV bytes per token of context)
         "kv_bytes": [i.memory.kv_bytes for i in infos],
         "n_ctx": [i.n_ctx for i in infos],
+        # what each stage held of each prompt's session once decoded, as [positions, state bytes] (the
+        # Session RPC): the catalog's KV bytes per position, measured; [] from workers that predate it
+        "kv_held": [
+            [[f.n_past, f.state_bytes] for f in (pt.held[k] for pt in trace.prompts if pt.held)]
+            for k in range(len(infos))
+        ],
         # how each stage holds its weights (worker/README.md, "Weights in memory"): a speed figure's context
         "load_mode": [i.memory.load_mode for i in infos],
         "huge_page_bytes": [i.memory.huge_page_bytes for i in infos],
@@ -409,7 +416,7 @@ def _cpu_reference(plan: Plan, cuts: Sequence[int], out: Outcome) -> _CpuReferen
     with plan.where().start(plan.reference_worker, mono, f"{mono.name}-reference-cpu") as pipe:
         prompts = [pipe.clients[0].tokenize(text) for text in recipe.prompts.texts]
         trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
-        record = _placement_record(mono, "cpu", "f32", "backend-reference", trace.infos)
+        record = _placement_record(mono, "cpu", "f32", "backend-reference", trace)
     out.figures.setdefault("placements", []).append(record)
     return _CpuReference(trace=trace, prompts=prompts, seconds=time.perf_counter() - t0)
 
@@ -441,7 +448,7 @@ def lane_monolithic(
         # worker.  The staged route change is therefore held to the monolithic worker doing the
         # very same switch, which is bitwise comparable on one lane.
         route = drive.route_change(pipe.clients, prompts[0], recipe.n_decode, rc_after)
-        record = _placement_record(mono, plan.lane, "f32", "reference", trace.infos)
+        record = _placement_record(mono, plan.lane, "f32", "reference", trace)
         if isinstance(recipe.mtp, Mtp):
             record["mtp"] = mtp.mtp_figures(
                 pipe.clients,
@@ -684,7 +691,7 @@ def _run_staged(plan: Plan, p: Placement, where: Pipelines, ref: Reference, *, f
             changed = drive.route_change(
                 clients, ref.prompts[0], recipe.n_decode, rc_after, boundary_dtype=dtype
             )
-        record = _placement_record(p, plan.lane, dtype, "under test", trace.infos)
+        record = _placement_record(p, plan.lane, dtype, "under test", trace)
         if isinstance(recipe.mtp, Mtp):
             record["mtp"] = mtp.mtp_figures(
                 clients,

@@ -4,9 +4,10 @@ certified?
 A router's admission check: the catalog must verify (its signature; the certificates it names need
 not be here), then each proposed split (every placement of the placement file, or the one --layers
 names) must be a PASS entry of the same recipe, lane (and --hardware-class) and layer ranges, with
-the artifacts it would load: by default this checkout's manifest of the recipe's set, or
---artifacts-digest.  Exit 0 when every split is admitted, 5 naming why one is not, 3 when the catalog
-does not verify.
+the artifacts it would load (by default this checkout's manifest of the recipe's set, or
+--artifacts-digest) and under the same recipe digest (this checkout's recipe where it has it, or
+--recipe-digest; else the line says it was not compared).  Exit 0 when every split is admitted, 5
+naming why one is not, 3 when the catalog does not verify.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--layers", help="one proposal: each stage's layers, B:E,B:E,... (e.g. 0:6,6:12)")
     parser.add_argument("--hardware-class", help="admit only entries certified on this hardware class")
     parser.add_argument("--artifacts-digest", help="the manifest digest of the artifacts the stages load")
+    parser.add_argument(
+        "--recipe-digest",
+        help="the digest of the recipe the stages run under (default: this checkout's recipe, if it has it)",
+    )
     add_key_option(parser)
 
 
@@ -79,12 +84,14 @@ def _proposals(args: argparse.Namespace, ctx: Context) -> dict:
     if not recipe or not lane:
         raise ConfigurationError("name the recipe and the lane (--recipe, --lane, or in the placement file)")
     digest = args.artifacts_digest or _this_checkouts_digest(recipe, ctx)
+    recipe_digest = args.recipe_digest or _this_checkouts_recipe_digest(recipe, ctx)
     return {
         name: Proposal(
             recipe=recipe,
             lane=lane,
             stages=stages,
             artifacts_digest=digest,
+            recipe_digest=recipe_digest,
             hardware_class=args.hardware_class,
         )
         for name, stages in splits.items()
@@ -113,3 +120,16 @@ def _this_checkouts_digest(recipe: str, ctx: Context) -> str:
     from manifests.recipe_model import load
 
     return load_set(load(recipe, ctx.env).artifacts).digest
+
+
+def _this_checkouts_recipe_digest(recipe: str, ctx: Context) -> str | None:
+    """The digest of the recipe as this checkout has it; None where it has no such recipe (a router
+    checking a split of a recipe it only knows by name: the admission line says it was not compared)."""
+    from core.errors import ConfigurationError
+    from manifests.recipe_model import find, load
+
+    try:
+        find(recipe, ctx.env)
+    except ConfigurationError:
+        return None
+    return load(recipe, ctx.env).digest

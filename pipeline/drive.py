@@ -31,7 +31,7 @@ import numpy as np
 
 from core.errors import ConfigurationError
 from pipeline.routes import LOOPBACK, RELAYED, Pass, PassOptions, Reach, Route, RouteSpec, Step, chunked
-from worker.client import StageClient, StageFailed, StageInfo
+from worker.client import SessionFigures, StageClient, StageFailed, StageInfo
 
 __all__ = ["Step", "Reach", "describe", "run_placement", "measure_speed", "route_change"]
 
@@ -46,6 +46,9 @@ class PromptTrace:
     captures: dict[int, np.ndarray]  # layer -> [positions, width] float32, residual entering it
     prefill: Step
     decode: tuple[Step, ...]
+    # what each stage held of the session once it was decoded (the Session RPC): positions and state
+    # bytes, the catalog's measured KV bytes per position; () from workers that predate the RPC
+    held: tuple[SessionFigures, ...] = ()
 
     @property
     def prefill_tok_s(self) -> float:
@@ -373,6 +376,7 @@ def _prompt_trace(
     except BaseException:
         abandon_session(route.stages, session)
         raise
+    held = held_by(route.stages, session)
     _reset_all(route.stages, session, quiet=False)
     first = list(range(len(prompt))) if options.all_logits else [len(prompt) - 1]
     return PromptTrace(
@@ -387,7 +391,19 @@ def _prompt_trace(
         captures={il: np.concatenate([p.captures[il] for p in passes]) for il in options.capture},
         prefill=passes[0].step,
         decode=tuple(p.step for p in passes[1:]),
+        held=held,
     )
+
+
+def held_by(stages: Sequence[StageClient], session: str) -> tuple[SessionFigures, ...]:
+    """What every stage holds of ``session`` now; () where a worker predates the Session RPC (an
+    attached worker of an older build: its capacity is then the allocation's, not a measurement)."""
+    try:
+        return tuple(stage.session(session) for stage in stages)
+    except StageFailed as exc:
+        if exc.code == "UNIMPLEMENTED":
+            return ()
+        raise
 
 
 def measure_speed(

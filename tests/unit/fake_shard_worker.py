@@ -142,6 +142,15 @@ class Servicer(pbg.ShardWorkerServicer):
         with self.lock:
             return pb.ResetReply(existed=self.sessions.pop(request.session_id, None) is not None)
 
+    def Session(self, request, context):
+        with self.lock:
+            held = self.sessions.get(request.session_id)
+        if held is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session '{request.session_id}'")
+        epoch, kv, used = held
+        state_bytes = sum(row.nbytes for rows in kv.values() for row in rows)
+        return pb.SessionReply(epoch=epoch, n_past=used, state_bytes=state_bytes)
+
     def Tokenize(self, request, context):
         return pb.TokenizeReply(tokens=[(b % self.toy.n_vocab) for b in request.text.encode()])
 

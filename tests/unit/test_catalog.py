@@ -78,7 +78,12 @@ def test_each_placement_under_test_is_an_entry_with_its_stages_and_seams(made: M
         assert [s["layers"] for s in e["stages"]] == p["stages"]
         assert [s["weight_bytes"] for s in e["stages"]] == p["weight_bytes"]
         assert [s["kv_bytes"] for s in e["stages"]] == p["kv_bytes"] and all(p["kv_bytes"])
-        for s in e["stages"]:
+        for s, held in zip(e["stages"], p["kv_held"], strict=True):
+            # measured from what each stage held after each prompt (the Session RPC): the fake's plain
+            # cache grows by exactly its allocation's bytes per position
+            positions = sorted({n for n, _ in held})
+            assert len(positions) >= 2 and s["kv_bytes_per_token_from"] == "held"
+            assert s["kv_held_between"] == [positions[0], positions[-1]]
             assert s["kv_bytes_per_token"] == s["kv_bytes"] / s["n_ctx"] > 0
         assert [s["compute_s_per_token"] for s in e["stages"]] == p["speed"]["stage_compute_s"]
         assert len(e["seams"]) == len(p["stages"]) - 1
@@ -207,10 +212,12 @@ def test_admit_a_certified_split_and_refuse_the_rest_naming_why(made: Made, sign
     spaced = layers.replace(",", " ")
 
     assert _admit(signed, *fake, "--layers", layers) == 0
+    admitted = capsys.readouterr().out
     assert (
         f"admitted --layers: recipe tiny-fake on lane cpu: layers {spaced} are placement two-middle"
-        in capsys.readouterr().out
+        in admitted
     )
+    assert admitted.rstrip().endswith("; recipe digest not compared")  # tiny-fake is not in this checkout
 
     assert _admit(signed, *fake, "--layers", "0:5,5:12") == 5  # a cut of the recipe nobody certified
     err = capsys.readouterr().err
@@ -237,6 +244,15 @@ def test_admit_a_certified_split_and_refuse_the_rest_naming_why(made: Made, sign
     )
 
     assert _admit(signed, *fake, "--layers", "0:x") == 2
+
+    # the same split under the recipe it was certified with, and under the recipe once a threshold moved
+    certified_under = _predicate(made.passed)["recipe"]["digest"]
+    assert _admit(signed, *fake, "--recipe-digest", certified_under, "--layers", layers) == 0
+    assert "recipe digest not compared" not in capsys.readouterr().out
+    moved = "f" * 64
+    assert _admit(signed, *fake, "--recipe-digest", moved, "--layers", layers) == 5
+    said = capsys.readouterr().err
+    assert f"was certified under recipe digest {certified_under}, the recipe now has {moved}" in said
 
 
 def test_admit_reads_a_placement_file_and_refuses_an_altered_catalog(
@@ -300,3 +316,17 @@ def test_admit_reads_a_placement_file_and_refuses_an_altered_catalog(
         == 2
     )
     assert "is a certificate, not a catalog" in capsys.readouterr().err
+
+
+def test_kv_bytes_per_position_are_measured_over_a_span_or_allocated() -> None:
+    assert catalog.held_per_position([[10, 1000], [30, 3000], [20, 2000]]) == (100.0, (10, 30))
+    # a sliding window: the span is part of the figure
+    assert catalog.held_per_position([[8, 800], [64, 1600]]) == (800 / 56, (8, 64))
+    assert catalog.held_per_position([[10, 1000], [10, 1000]]) is None  # one length: no slope
+    assert catalog.held_per_position([]) is None and catalog.held_per_position(None) is None
+    (old,) = catalog.stages({"stages": [[0, 4]], "kv_bytes": [4096], "n_ctx": [64]})  # an older certificate
+    assert (old["kv_bytes_per_token"], old["kv_bytes_per_token_from"], old["kv_held_between"]) == (
+        64.0,
+        "allocated",
+        None,
+    )
