@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import GateFailed
+from manifests.tiling import first_break
 
 
 class NotAdmitted(GateFailed):
@@ -102,20 +103,10 @@ def _uncertified(same: Sequence[Mapping[str, Any]], stages: Sequence[tuple[int, 
     """The refusal of a cut of a certified recipe: not a split of its layers at all, or one inside its
     space that was not itself certified (the certified cuts named)."""
     n_layer = max(end for e in same for _, end in _ranges(e))
-    if not _tiles(stages, n_layer):
+    if not stages or first_break(stages, n_layer) is not None:
         return f"are not a split of this recipe's {n_layer} layers (from 0 to {n_layer}, each after the last)"
     certified = "; ".join(f"{e['placement']} ({_text(_ranges(e))})" for e in same)
     return f"are a split of this recipe that was not itself certified; certified: {certified}"
-
-
-def _tiles(stages: Sequence[tuple[int, int]], n_layer: int) -> bool:
-    """Do the ranges cover layers 0..n_layer in order, each non-empty and starting where the last ended?"""
-    ends = [0] + [end for _, end in stages]
-    return (
-        bool(stages)
-        and ends[-1] == n_layer
-        and all(begin == ends[k] and begin < end for k, (begin, end) in enumerate(stages))
-    )
 
 
 def _failed(catalog: Mapping[str, Any], p: Proposal) -> str:

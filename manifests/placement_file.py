@@ -18,6 +18,7 @@ from core.canonical import sha256_file
 from core.digits import ascii_int
 from core.errors import ConfigurationError
 from manifests.loader import load_json
+from manifests.tiling import first_break
 
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -73,18 +74,18 @@ def check_address(address: str, where: str) -> str:
 
 
 def _stages(raw: Sequence[Mapping[str, Any]], where: str) -> tuple[AttachedStage, ...]:
-    out: list[AttachedStage] = []
-    expect = 0
-    for k, s in enumerate(raw):
-        at = f"{where}/stages/{k}"
-        begin, end = int(s["layers"][0]), int(s["layers"][1])
-        if begin != expect or end <= begin:
-            raise ConfigurationError(
-                f"{at}/layers: [{begin}, {end}] does not continue the stages before it "
-                f"(expected a non-empty range starting at {expect}; stages must tile the layers in order)"
-            )
-        out.append(AttachedStage(address=check_address(s["address"], f"{at}/address"), layers=(begin, end)))
-        expect = end
+    layers = [(int(s["layers"][0]), int(s["layers"][1])) for s in raw]
+    gap = first_break(layers)
+    if gap is not None:
+        raise ConfigurationError(
+            f"{where}/stages/{gap.stage}/layers: [{gap.begin}, {gap.end}] does not continue the stages "
+            f"before it (expected a non-empty range starting at {gap.expected}; stages must tile the layers "
+            "in order)"
+        )
+    out = [
+        AttachedStage(address=check_address(s["address"], f"{where}/stages/{k}/address"), layers=layers[k])
+        for k, s in enumerate(raw)
+    ]
     seen: dict[str, int] = {}
     for k, s in enumerate(out):
         if s.address in seen:

@@ -22,6 +22,7 @@ from core.canonical import canonical_digest, is_json_object, read_json
 from core.errors import ConfigurationError
 from core.workspace import MANIFESTS
 from manifests.loader import build, validate
+from manifests.tiling import first_break
 
 RECIPES = MANIFESTS / "recipes"
 DEFAULT_RECIPE = "tiny-llama"
@@ -423,18 +424,16 @@ def _check(recipe: Recipe) -> None:
     where = recipe.source
     for p in recipe.placements.values():
         at = f"{where}: at /placements/{p.name}/stages"
-        expected = 0
-        for k, (begin, end) in enumerate(p.stages):
-            if begin != expected:
-                raise ConfigurationError(
-                    f"{at}/{k}: stage starts at layer {begin}, expected {expected} "
-                    "(stages must tile the layers contiguously)"
-                )
-            if end <= begin:
-                raise ConfigurationError(f"{at}/{k}: empty range [{begin}, {end})")
-            expected = end
-        if expected != recipe.n_layer:
-            raise ConfigurationError(f"{at}: stages end at layer {expected}, the model has {recipe.n_layer}")
+        gap = first_break(p.stages, recipe.n_layer)
+        if gap is not None and gap.stage is None:
+            raise ConfigurationError(f"{at}: stages end at layer {gap.end}, the model has {recipe.n_layer}")
+        if gap is not None and gap.empty:
+            raise ConfigurationError(f"{at}/{gap.stage}: empty range [{gap.begin}, {gap.end})")
+        if gap is not None:
+            raise ConfigurationError(
+                f"{at}/{gap.stage}: stage starts at layer {gap.begin}, expected {gap.expected} "
+                "(stages must tile the layers contiguously)"
+            )
         if p.seams and len(p.seams) not in (1, p.n_stages - 1):
             raise ConfigurationError(
                 f"{where}: at /placements/{p.name}/seams: give 1 entry (every seam) or "
