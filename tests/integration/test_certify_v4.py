@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from manifests.artifact_sets import ARTIFACTS
+from tests.integration.catalog_held import catalog_of, check_entries
 from tests.integration.conftest import THREADS
 from tests.integration.dgr_cli import certify_and_verify, user_env
 from worker.client import StageFailed
@@ -111,7 +112,7 @@ def test_weights_kv_and_v4_caches_stay_with_the_owning_stage(v4_command, stubs, 
         assert mono_kv <= kv <= mono_kv + n * (1 << 16)
 
 
-def test_certify_tiny_v4_signed_pass(v4_model, cpu_build) -> None:
+def test_certify_tiny_v4_signed_pass(v4_command, stubs, worker_env, tmp_path: Path) -> None:
     cert, predicate = certify_and_verify(ENV, SET)
     placements = {p["name"]: p for p in predicate["figures"]["placements"]}
     staged = [p for p in placements.values() if p["role"] != "reference"]
@@ -145,6 +146,14 @@ def test_certify_tiny_v4_signed_pass(v4_model, cpu_build) -> None:
     html = (cert.parent / "report.html").read_text()
     assert "DeepSeek V4 Flash" in html and "65,540" in html and "sideband bytes" in html
     _held_at_depth(predicate, html)
+    # issue 45: the catalog's KV bytes per token, what v4 workers hold (a window and compressed caches)
+    catalog = catalog_of(cert, tmp_path / "catalog.json")
+    assert (
+        check_entries(
+            catalog, SET, v4_command, stubs, worker_env, tmp_path, {"two-middle", "cut-inside-hash"}
+        )
+        == 2
+    )
 
 
 def _held_at_depth(predicate: dict, html: str) -> None:
