@@ -169,17 +169,7 @@ def build_tree(
     host = cmake.probe_host(ctx.env)
     if host.problem:
         raise ToolchainMissing(f"{lane.name} lane: {host.problem}")
-    args = [
-        *lane.cmake_args(options, probe),
-        *cmake.identity_args(lane=lane.name, commit=_commit(tree)),
-    ]
-    inputs = key_inputs(
-        tree_digest=tree.digest,
-        lane=lane.name,
-        cmake_args=args,
-        versions={**host.versions, **probe.versions},
-        worker=worker_digest(project),
-    )
+    args, inputs = _keyed(lane, probe, host, tree, options=options, project=project)
     key = build_key(inputs)
     where = build_dir(ctx, lane.name, key)
     all_targets = tuple(dict.fromkeys((*targets, *lane.targets)))
@@ -220,6 +210,30 @@ def build_tree(
         )
         write_json(where / RECORD, prov)
     return _as_build(where, prov, reused=False)
+
+
+def _keyed(
+    lane: base.Lane,
+    probe: base.ToolchainProbe,
+    host: cmake.HostTools,
+    tree: Tree,
+    *,
+    options: base.BuildOptions,
+    project: Path,
+) -> tuple[list[str], dict[str, Any]]:
+    """The lane's CMake arguments and the build key's inputs: what, changed, makes another build."""
+    args = [
+        *lane.cmake_args(options, probe),
+        *cmake.identity_args(lane=lane.name, commit=_commit(tree)),
+    ]
+    inputs = key_inputs(
+        tree_digest=tree.digest,
+        lane=lane.name,
+        cmake_args=args,
+        versions={**host.versions, **probe.versions},
+        worker=worker_digest(project),
+    )
+    return args, inputs
 
 
 def _located_args(

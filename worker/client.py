@@ -379,7 +379,10 @@ class StageClient:
             request.boundary.CopyFrom(boundary)
         started = time.perf_counter()
         reply = self._call("Forward", request, deadline)
-        wall = time.perf_counter() - started
+        return self._forwarded(reply, time.perf_counter() - started)
+
+    def _forwarded(self, reply: wire.ForwardReply, wall: float) -> Forwarded:
+        """A Forward's reply decoded; a tensor that does not decode is BAD_REPLY."""
         try:
             out = decode_tensor(reply.boundary, what="boundary") if reply.HasField("boundary") else None
             logits = decode_tensor(reply.logits, what="logits") if reply.HasField("logits") else None
