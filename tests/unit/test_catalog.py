@@ -330,3 +330,18 @@ def test_kv_bytes_per_position_are_measured_over_a_span_or_allocated() -> None:
         "allocated",
         None,
     )
+
+
+def test_a_certificate_of_the_older_schema_is_refused_naming_it_not_listed_as_failures() -> None:
+    """The repository's first lavapipe certificate (schema 1, a signed PASS) holds `parity/` results;
+    read as today's, each of its placements would be a FAIL for a gate it never had."""
+    evidence = PROJECT_ROOT / "evidence"
+    older, newer = evidence / "tiny-llama-vulkan-lavapipe", evidence / "tiny-llama-vulkan-lavapipe-gates"
+    trusted = keys.trusted_keys([f / "signing-key.pub.pem" for f in (older, newer)])
+    read, refused = catalog.read_all([older / "certificate.json", newer / "certificate.json"], trusted)
+    assert [r.path for r in read] == [newer / "certificate.json"]
+    (why,) = refused
+    assert why["path"] == str(older / "certificate.json")
+    assert "schema_version 1" in why["reason"] and "staging-parity" in why["reason"]
+    doc = catalog.build(read, refused)
+    assert doc["failures"] == [] and {e["lane"] for e in doc["entries"]} == {"vulkan"}
