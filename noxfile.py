@@ -213,7 +213,8 @@ def fuzz(session: nox.Session) -> None:
 @nox.session
 def sanitize(session: nox.Session) -> None:
     """The worker's tests against a CPU lane built with ASan and UBSan (`-- [PYTEST ARGS]`): a build of
-    its own key, every report in a file under .work/sanitize/, any report a failure (tests/sanitized.py)."""
+    its own key, every report in a file under the workspace's sanitize/ folder, any report a failure
+    (tests/sanitized.py)."""
     _install(session, "test")
     session.env["PYTHONDONTWRITEBYTECODE"] = ""
     session.run("python", "-m", "tests.sanitized", *_posargs(session))

@@ -35,3 +35,10 @@ def test_an_unknown_sanitizer_is_refused_naming_the_variable(value: str) -> None
     with pytest.raises(ConfigurationError, match=r"DGR_SANITIZE: unknown sanitizer") as caught:
         BuildOptions.from_env({"DGR_SANITIZE": value})
     assert "address, undefined" in caught.value.one_line()
+
+
+def test_the_sanitizer_reports_go_to_the_workspace_dgr_work_names(tmp_path) -> None:
+    """Beside the sanitized lane's build, not in the checkout's .work whatever DGR_WORK says."""
+    from tests.sanitized import reports_folder
+
+    assert reports_folder({"DGR_WORK": str(tmp_path / "w")}) == tmp_path / "w" / "sanitize"
