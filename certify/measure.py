@@ -3,11 +3,11 @@
 One launch per placement.  On a lane other than the CPU: the CPU monolithic reference first, free-running
 with the residual captured at every cut any placement uses.  Then the lane's monolithic run (teacher-forced
 on the CPU reference's tokens for the backend-agreement gate, then free-running: the staging-parity
-reference, its speed and route change), with the residual at every cut captured on the CPU lane and taken
-from a run with a seam at every cut elsewhere (CAPTURING_LANES); then each staged placement: parity trace,
-speed samples and, on the recipe's route-change placement, the epoch switch.  Workers are always
-stopped by the launcher; a worker that dies, hangs or answers with the wrong shape raises StageFailed
-("stage K (layers a:b) failed: ...").
+reference, its speed and route change), with the residual at every cut captured by the worker on every
+lane (on Vulkan since patch 0007: docs/upstream/vulkan-stale-descriptors.md); then each staged
+placement: parity trace, speed samples and, on the recipe's route-change placement, the epoch switch.
+Workers are always stopped by the launcher; a worker that dies, hangs or answers with the wrong shape
+raises StageFailed ("stage K (layers a:b) failed: ...").
 """
 
 from __future__ import annotations
@@ -435,13 +435,10 @@ def lane_monolithic(
     reference and its placement record; ``dgr reference`` stores what this returns."""
     recipe, mono = plan.recipe, plan.recipe.monolithic
     _, rc_after = route_change_at(recipe)
-    capture = cuts if plan.lane in CAPTURING_LANES else ()
     with plan.where().start(plan.worker, mono, f"{mono.name}-reference-{plan.lane}") as pipe:
         prompts = _prompt_tokens(pipe.clients[0], recipe, prompts)
-        forced, forced_seconds = _teacher_forced(
-            pipe.clients, prompts, recipe.n_decode, capture, continuations
-        )
-        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=capture)
+        forced, forced_seconds = _teacher_forced(pipe.clients, prompts, recipe.n_decode, cuts, continuations)
+        trace = drive.run_placement(pipe.clients, prompts, recipe.n_decode, capture=cuts)
         speed = _speed(pipe.clients, prompts, recipe, "f32", mono.n_stages)
         # Re-prefilling a history in one batch is not bitwise the same computation as decoding it
         # token by token (accumulation order), so on real weights a near-tie can flip even on one
@@ -460,9 +457,6 @@ def lane_monolithic(
                 route=routes.spec_named(mono.forwarding),
             )
     record["speed"] = speed
-    if cuts and not capture:
-        trace, forced = _residuals_from_seams(plan, cuts, prompts, trace, forced, continuations)
-        record["residuals_from"] = "the lane's run with a seam at every cut (layer captures are CPU-only)"
     ref = Reference(
         trace=trace, prompts=prompts, speed=speed, route=route, forced=forced, forced_seconds=forced_seconds
     )
@@ -541,37 +535,8 @@ def reference_figures(plan: Plan, ref: Reference, out: Outcome, **where: Any) ->
     )
 
 
-# Lanes whose monolithic worker captures the residual entering a layer (llama's layer-input capture).
-# On Vulkan (lavapipe) a capture pass corrupts the worker's heap (SIGABRT "corrupted size vs.
-# prev_size", or SIGSEGV, reproducibly from a 13-token prefill on); GPU lanes take the residuals from
-# their own staged run instead, whose boundary at a cut is the residual entering that layer.
-CAPTURING_LANES = ("cpu",)
-
-
-def _residuals_from_seams(
-    plan: Plan,
-    cuts: Sequence[int],
-    prompts: Sequence[Sequence[int]],
-    trace: drive.Trace,
-    forced: drive.Trace | None,
-    continuations: Sequence[Sequence[int]] | None,
-) -> tuple[drive.Trace, drive.Trace | None]:
-    """``trace`` and ``forced`` with the residual at every cut, taken from a relayed run of the lane with
-    a seam at every cut (same prompts, same forcing).  Staging parity holds that run's logits to the
-    monolithic run's, so its boundaries stand for the monolithic run's residuals."""
-    recipe = plan.recipe
-    bounds = [0, *sorted(cuts), recipe.n_layer]
-    seams = Placement(name="residuals", stages=tuple(zip(bounds, bounds[1:], strict=False)))
-    width = trace.infos[0].n_embd
-    with plan.where().start(plan.worker, seams, f"residuals-{plan.lane}") as pipe:
-        trace = _with_captures(trace, drive.run_placement(pipe.clients, prompts, recipe.n_decode), width)
-        if forced is not None:
-            teacher = drive.run_placement(pipe.clients, prompts, recipe.n_decode, forced=continuations)
-            forced = _with_captures(forced, teacher, width)
-    return trace, forced
-
-
 def _with_captures(trace: drive.Trace, seams: drive.Trace, width: int) -> drive.Trace:
+    """``trace`` with each prompt's captures taken from ``seams``' boundaries (as residuals)."""
     prompts = tuple(
         dataclasses.replace(p, captures={c: boundary_residual(b, width) for c, b in s.boundaries.items()})
         for p, s in zip(trace.prompts, seams.prompts, strict=True)
