@@ -197,17 +197,23 @@ def stages(placement: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "weight_bytes": weight[k],
                 "kv_bytes": kv[k],
                 "n_ctx": n_ctx[k],
-                "kv_bytes_per_token": measured[0] if measured else allocated,
-                "kv_bytes_per_token_from": "held"
-                if measured
-                else "allocated"
-                if allocated is not None
-                else None,
-                "kv_held_between": list(measured[1]) if measured else None,
+                **_kv_per_token(measured, allocated),
                 "compute_s_per_token": compute[k],
             }
         )
     return out
+
+
+def _kv_per_token(measured: tuple[float, tuple[int, int]] | None, allocated: float | None) -> dict[str, Any]:
+    """A stage's KV bytes per token: measured from what it held where it was, else its allocation."""
+    if measured:
+        return {
+            "kv_bytes_per_token": measured[0],
+            "kv_bytes_per_token_from": "held",
+            "kv_held_between": list(measured[1]),
+        }
+    source = "allocated" if allocated is not None else None
+    return {"kv_bytes_per_token": allocated, "kv_bytes_per_token_from": source, "kv_held_between": None}
 
 
 def held_per_position(points: Any) -> tuple[float, tuple[int, int]] | None:

@@ -22,7 +22,7 @@ from core.canonical import canonical_digest, is_json_object, read_json
 from core.errors import ConfigurationError
 from core.workspace import MANIFESTS
 from manifests.loader import build, validate
-from manifests.tiling import first_break
+from manifests.tiling import Break, first_break
 
 RECIPES = MANIFESTS / "recipes"
 DEFAULT_RECIPE = "tiny-llama"
@@ -419,21 +419,26 @@ def _check_depth(recipe: Recipe, depth: Depth) -> None:
         raise ConfigurationError(f"{at}/ubatch: {depth.ubatch} is larger than the context ({depth.context})")
 
 
+def _untiled(at: str, gap: Break, n_layer: int) -> str:
+    """Why a placement's stages do not tile the model: where they end, an empty range, or a gap."""
+    if gap.stage is None:
+        return f"{at}: stages end at layer {gap.end}, the model has {n_layer}"
+    if gap.empty:
+        return f"{at}/{gap.stage}: empty range [{gap.begin}, {gap.end})"
+    return (
+        f"{at}/{gap.stage}: stage starts at layer {gap.begin}, expected {gap.expected} "
+        "(stages must tile the layers contiguously)"
+    )
+
+
 def _check(recipe: Recipe) -> None:
     """What the schema cannot say; each problem points at its key."""
     where = recipe.source
     for p in recipe.placements.values():
         at = f"{where}: at /placements/{p.name}/stages"
         gap = first_break(p.stages, recipe.n_layer)
-        if gap is not None and gap.stage is None:
-            raise ConfigurationError(f"{at}: stages end at layer {gap.end}, the model has {recipe.n_layer}")
-        if gap is not None and gap.empty:
-            raise ConfigurationError(f"{at}/{gap.stage}: empty range [{gap.begin}, {gap.end})")
         if gap is not None:
-            raise ConfigurationError(
-                f"{at}/{gap.stage}: stage starts at layer {gap.begin}, expected {gap.expected} "
-                "(stages must tile the layers contiguously)"
-            )
+            raise ConfigurationError(_untiled(at, gap, recipe.n_layer))
         if p.seams and len(p.seams) not in (1, p.n_stages - 1):
             raise ConfigurationError(
                 f"{where}: at /placements/{p.name}/seams: give 1 entry (every seam) or "

@@ -11,41 +11,31 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
 from pathlib import Path
 
+from core.errors import ToolchainMissing
 from core.workspace import PROJECT_ROOT
-from lanes import packages
+from lanes import cmake, packages
 
 SOURCE = PROJECT_ROOT / "worker" / "fuzz"
 PASSES = Path(__file__).parent / "corpus" / "passes"
 PROGRAMS = {"forward_request": "dgr-fuzz-forward-request", "pass_port": "dgr-fuzz-pass-port"}
 
 
-class NotBuilt(RuntimeError):
-    """The targets could not be built: what was missing (exit 4, the project's toolchain code) or the
-    command that failed and its last lines (exit 1)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def build(where: Path) -> dict[str, Path]:
-    """Configure and build every target under ``where`` (clang and its runtimes installed first where
-    they are missing, as `nox -s deps` installs a lane's); the programs by target name."""
+    """Configure and build every target under ``where`` with the lanes' own CMake steps (clang and its
+    runtimes installed first where they are missing, as `nox -s deps` installs a lane's); the programs
+    by target name.  Raises ToolchainMissing (exit 4) or CommandFailed (its tail) as a lane build does."""
     code = packages.ensure(["cpu", "fuzz"], os.environ)
     if code:
-        raise NotBuilt(f"clang or its runtimes are missing (lanes.packages exited {code})", code)
-    steps = (
-        ["cmake", "-S", str(SOURCE), "-B", str(where), "-G", "Ninja", "-DCMAKE_CXX_COMPILER=clang++"],
-        ["cmake", "--build", str(where)],
-    )
-    for argv in steps:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", check=False)
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise NotBuilt(f"`{' '.join(argv)}` exited {done.returncode}:\n{tail}", 1)
+        raise ToolchainMissing(f"clang or its runtimes are missing (lanes.packages exited {code})")
+    host = cmake.probe_host(os.environ)
+    if host.problem:
+        raise ToolchainMissing(f"the worker's fuzz targets: {host.problem}")
+    clang = [cmake.define("CMAKE_CXX_COMPILER", "clang++")]
+    cmake.configure(host, source=SOURCE, build_dir=where, args=clang, env=os.environ)
+    programs = list(PROGRAMS.values())
+    cmake.build(host, build_dir=where, targets=programs, jobs=os.cpu_count() or 1, env=os.environ)
     return {name: where / program for name, program in PROGRAMS.items()}
 
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.errors import DgrError
 from core.workspace import PROJECT_ROOT
 from tests.fuzz import native, seeds, targets
 
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         chosen = plan(args.targets, args.out)
-    except native.NotBuilt as e:
-        print(f"fuzz: the worker's targets: {e}", file=sys.stderr, flush=True)
+    except DgrError as e:  # the worker's targets could not be built: a missing toolchain, a failed step
+        print(f"fuzz: the worker's targets: {e.one_line()}", file=sys.stderr, flush=True)
         return e.exit_code
     bad = 0
     for name, program, inputs in chosen:
