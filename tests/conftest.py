@@ -34,6 +34,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+# When each test ran and on which pytest-xdist worker, for the JUnit file (`tests.durations` reads them
+# into each worker's busy and idle time: where two workers' wall went, not only each test's length).
+SETUP_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = (yield).get_result()
+    if call.when == "setup":
+        item.stash[SETUP_STARTED] = call.start
+    elif call.when == "teardown":  # the JUnit writer reads a test's properties from its teardown report
+        report.user_properties.append(("started", f"{item.stash.get(SETUP_STARTED, call.start):.3f}"))
+        report.user_properties.append(("ended", f"{call.stop:.3f}"))
+        report.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER") or "main"))
+
+
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
     """A Context whose workspace and archive cache are private to the test."""

@@ -21,6 +21,9 @@ class Timed:
     suite: str  # the XML file's stem: fast, slow
     test: str  # pytest's node id, as -k and --durations name it
     seconds: float
+    worker: str = ""  # the pytest-xdist worker that ran it ("main" without xdist; "" if not recorded)
+    started: float = 0.0  # epoch seconds: its setup began (tests/conftest.py records both)
+    ended: float = 0.0  # its teardown ended
 
 
 def read(path: Path) -> list[Timed]:
@@ -29,14 +32,40 @@ def read(path: Path) -> list[Timed]:
     cases = []
     for case in root.iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
+        said = {p.get("name"): p.get("value", "") for p in case.iter("property")}
         cases.append(
             Timed(
                 suite=path.stem,
                 test=f"{module}.py::{case.get('name', '?')}",
                 seconds=float(case.get("time", "0") or 0),
+                worker=said.get("worker", ""),
+                started=float(said.get("started") or 0),
+                ended=float(said.get("ended") or 0),
             )
         )
     return cases
+
+
+def workers(cases: list[Timed]) -> list[str]:
+    """Per suite and worker: its tests, the seconds it spent in them and the seconds it waited while
+    the suite's tests ran, at the end (nothing left for it) and between tests.  A worker idle at the
+    end while another still runs is wall a better order could win."""
+    lines = []
+    for suite in dict.fromkeys(c.suite for c in cases):
+        mine = [c for c in cases if c.suite == suite and c.worker and c.ended >= c.started > 0]
+        if not mine:
+            continue
+        first, last = min(c.started for c in mine), max(c.ended for c in mine)
+        for worker in sorted({c.worker for c in mine}):
+            ran = [c for c in mine if c.worker == worker]
+            busy = sum(c.ended - c.started for c in ran)
+            tail = last - max(c.ended for c in ran)
+            idle = (last - first) - busy
+            lines.append(
+                f"  {suite} {worker}: {len(ran)} tests in {busy:.0f} s of the suite's {last - first:.0f} s;"
+                f" idle {idle:.0f} s, {tail:.0f} s of it after its last test"
+            )
+    return lines
 
 
 def wall_seconds(path: Path) -> float | None:
@@ -59,6 +88,10 @@ def summary(cases: list[Timed], slowest: int, walls: dict[str, float | None] | N
     lines.append(f"the {slowest} slowest tests:")
     for c in sorted(cases, key=lambda c: c.seconds, reverse=True)[:slowest]:
         lines.append(f"  {c.seconds:8.1f} s  {c.suite:4}  {c.test}")
+    spent = workers(cases)
+    if spent:
+        lines.append("where each worker's time went (from its first test to the suite's last):")
+        lines.extend(spent)
     return lines
 
 

@@ -86,8 +86,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         built = exc
     session.config.stash[PREBUILT_CPU] = built
     say(session.config, f"CPU lane ready before the tests: {time.monotonic() - started:.0f} s")
-    if not isinstance(built, Exception) and not under_xdist(session.config):
-        _start_in_background(session)  # under xdist the WAN test runs beside the others anyway
+    if not isinstance(built, Exception):
+        _start_in_background(session)
 
 
 # What the pytest-xdist workers said for the run's summary (a worker's own terminal is never shown).
@@ -162,6 +162,8 @@ SHARED_RUNS = {
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The WAN test last: it reads the background run, which has then had the longest to finish.
+    items.sort(key=lambda item: item.nodeid.startswith(WAN_TEST))
     for item in items:
         names = getattr(item, "fixturenames", ())
         group = next((g for fixture, g in SHARED_RUNS.items() if fixture in names), None)
@@ -171,7 +173,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # The WAN certification spends its minutes waiting on 20 ms seams, one thread per worker: it starts in
 # the background once the lane is built and runs beside the CPU-bound tests before its own test, which
-# then reads it (wan_certification).  Certifications must pass on a loaded machine anyway (the speed
+# then reads it (wan_certification).  Under pytest-xdist one worker starts it (the first to claim its
+# folder) and the test, on either worker, reads the folder; a test waiting on it would hold one of the
+# two workers for its three minutes while the cores sit idle (the quiet run on aa2fbad: 193 s of test
+# time, 217 s beside two busy loops).  Certifications must pass on a loaded machine anyway (the speed
 # gate's time limits aside, dgr_cli.LOAD_BOUND_CHECKS), so running beside other tests proves the same.
 WAN_RECIPE = "tiny-llama-wan"
 WAN_TEST = "tests/integration/test_certify_wan.py"
@@ -185,6 +190,15 @@ def wan_env() -> dict[str, str]:
     return {**user_env("DGR_SEAMS"), "DGR_WORKER_THREADS": "1"}
 
 
+def _shared_folder(config: pytest.Config) -> Path | None:
+    """Under pytest-xdist, the background run's folder every worker of this run knows (named by the
+    run's id); None in a run without workers."""
+    if not under_xdist(config):
+        return None
+    uid = config.workerinput["testrunuid"]  # type: ignore[attr-defined]
+    return Path(tempfile.gettempdir()) / f"dgr-wan-certify-{uid}"
+
+
 def _start_in_background(session: pytest.Session) -> None:
     from pipeline import seams
     from tests.integration.dgr_cli import Started
@@ -193,23 +207,40 @@ def _start_in_background(session: pytest.Session) -> None:
         return
     if not seams.probe(wan_env()).available:
         return  # the test skips, naming the reason
-    folder = Path(tempfile.mkdtemp(prefix="dgr-wan-certify-"))
+    folder = _shared_folder(session.config)
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="dgr-wan-certify-"))
+    else:
+        try:
+            folder.mkdir()  # the claim: one worker of the run starts it
+        except FileExistsError:
+            return
     session.config.stash[BACKGROUND] = {WAN_RECIPE: Started(wan_env(), ("--recipe", WAN_RECIPE), folder)}
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A background certification no test read (the run stopped early) is stopped, signing nothing."""
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A background certification no test here read: under pytest-xdist the other worker's test may
+    still come for it, so a run that was not interrupted lets it end; otherwise it is stopped (the
+    certifier signs nothing)."""
     for started in session.config.stash.get(BACKGROUND, {}).values():
+        if under_xdist(session.config) and exitstatus != pytest.ExitCode.INTERRUPTED:
+            started.wait(timeout=2400)
         started.stop()
 
 
 @pytest.fixture(scope="session")
 def wan_certification(request: pytest.FixtureRequest):
-    """`dgr certify --recipe tiny-llama-wan`: the background run, or made here when none was started."""
-    from tests.integration.dgr_cli import certified
+    """`dgr certify --recipe tiny-llama-wan`: the background run (started by this worker or, under
+    pytest-xdist, by the other), or made here when none was started."""
+    from tests.integration.dgr_cli import certified, finished
 
     started = request.config.stash.get(BACKGROUND, {}).pop(WAN_RECIPE, None)
-    return started.result() if started is not None else certified(wan_env(), "--recipe", WAN_RECIPE)
+    if started is not None:
+        return started.result()
+    shared = _shared_folder(request.config)
+    if shared is not None and shared.is_dir():
+        return finished(shared)
+    return certified(wan_env(), "--recipe", WAN_RECIPE)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,14 +112,15 @@ def certified(env: Mapping[str, str], *args: str) -> Certified:
 
 
 class Started:
-    """`dgr certify ARGS` running in the background (its output in files, so no pipe fills up);
-    ``result()`` waits for it and reads what it wrote, as ``certified`` does."""
+    """`dgr certify ARGS` running in the background, everything it says in files of ``folder``: its
+    output (so no pipe fills up), its start time and, once it exits, its exit code (written by a thread
+    of this process), so a test in another pytest-xdist worker can read the run too (``finished``)."""
 
     def __init__(self, env: Mapping[str, str], args: tuple[str, ...], folder: Path) -> None:
         self.args = args
-        self._out, self._err = folder / "certify.stdout", folder / "certify.stderr"
-        self._started = time.monotonic()
-        with self._out.open("w") as out, self._err.open("w") as err:
+        self.folder = folder
+        (folder / STARTED).write_text(f"{time.time():.3f}")
+        with (folder / OUT).open("w") as out, (folder / ERR).open("w") as err:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "certify", "certify", *args],
                 cwd=PROJECT_ROOT,
@@ -127,18 +129,44 @@ class Started:
                 stderr=err,
                 text=True,
             )
+        threading.Thread(target=self._record_exit, name="background-certify", daemon=True).start()
+
+    def _record_exit(self) -> None:
+        code = self._proc.wait()
+        part = self.folder / f"{RETURNCODE}.part"
+        part.write_text(str(code))
+        part.replace(self.folder / RETURNCODE)  # whole or absent for a reader elsewhere
 
     def result(self, timeout: float = 2400) -> Certified:
-        code = self._proc.wait(timeout=timeout)
-        out, err = self._out.read_text(), self._err.read_text()
-        done = subprocess.CompletedProcess(self._proc.args, code, out, err)
-        return _read_certified(done, time.monotonic() - self._started)
+        return finished(self.folder, timeout)
 
     def stop(self) -> None:
         """SIGTERM (the certifier stops its workers and fabrics, signs nothing), then wait."""
         if self._proc.poll() is None:
             self._proc.terminate()
             self._proc.wait(timeout=120)
+
+    def wait(self, timeout: float) -> None:
+        """Until the run ends by itself (a reader in another process may still come for it)."""
+        self._proc.wait(timeout=timeout)
+
+
+STARTED, OUT, ERR, RETURNCODE = "started", "certify.stdout", "certify.stderr", "returncode"
+
+
+def finished(folder: Path, timeout: float = 2400) -> Certified:
+    """A background run's result (``Started``, in this process or another): waits for its exit code."""
+    until = time.monotonic() + timeout
+    while not (folder / RETURNCODE).is_file():
+        if time.monotonic() > until:
+            raise TimeoutError(f"the background certification in {folder} did not end in {timeout:.0f} s")
+        time.sleep(0.5)
+    code = int((folder / RETURNCODE).read_text())
+    done = subprocess.CompletedProcess(
+        ["dgr", "certify"], code, (folder / OUT).read_text(), (folder / ERR).read_text()
+    )
+    wall = (folder / RETURNCODE).stat().st_mtime - float((folder / STARTED).read_text())
+    return _read_certified(done, wall)
 
 
 def _read_certified(done: subprocess.CompletedProcess[str], wall: float) -> Certified:

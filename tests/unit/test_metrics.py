@@ -37,6 +37,22 @@ def test_kl_shift_invariant_and_positive() -> None:
     assert (metrics.kl_divergence(a, a * 1.1) > 0).all()
 
 
+def test_kl_of_a_mix_of_equal_and_differing_rows_is_the_full_computation_bit_for_bit() -> None:
+    """Equal rows skip their softmax: every row's figure must still be what the softmax of all rows
+    gives (a NaN row is never "equal" and stays NaN)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 300)).astype(np.float32) * 8
+    b = a.copy()
+    b[1] += 1e-3
+    b[4, 7] = np.nextafter(b[4, 7], np.float32(np.inf))
+    a[5, 0] = b[5, 0] = np.nan
+    lp, lq = metrics.log_softmax(a), metrics.log_softmax(b)
+    full = np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0)
+    got = metrics.kl_divergence(a, b)
+    assert got.tobytes() == full.tobytes()
+    assert got[0] == got[2] == got[3] == 0.0 and got[1] > 0 and got[4] > 0 and np.isnan(got[5])
+
+
 def test_top1_agreement() -> None:
     ref = np.array([[0, 1, 2], [3, 0, 0], [0, 5, 1], [1, 1, 9]], dtype=np.float32)
     cur = ref.copy()
