@@ -237,7 +237,19 @@ def agreement_figures(
 
 
 def logit_figures(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
-    """Rows ``b`` against the reference rows ``a``: what every parity gate reads."""
+    """Rows ``b`` against the reference rows ``a``: what every parity gate reads.  Finite rows equal
+    bit for bit (every staged placement on the CPU) get the figures the metrics give them, without
+    their float64 passes over every logit (gemma3: 262,144 per row)."""
+    if a.shape[0] and np.array_equal(a, b) and np.isfinite(a).all():
+        return {
+            "rows_compared": int(a.shape[0]),
+            "top1_agreement": 1.0,
+            "kl_mean": 0.0,
+            "kl_max": 0.0,
+            "logits_nmse": 0.0,
+            "max_abs_logit_diff": 0.0,
+            "bitwise_logits": True,
+        }
     kl = metrics.kl_divergence(a, b)
     return {
         "rows_compared": int(a.shape[0]),
