@@ -88,24 +88,11 @@ def test_median_iqr() -> None:
         metrics.median_iqr([])
 
 
-def _figures_in_full(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
-    kl = metrics.kl_divergence(a, b)
-    return {
-        "rows_compared": int(a.shape[0]),
-        "top1_agreement": metrics.top1_agreement(a, b),
-        "kl_mean": float(kl.mean()),
-        "kl_max": float(kl.max()),
-        "logits_nmse": metrics.nmse(a, b),
-        "max_abs_logit_diff": metrics.max_abs_diff(a, b),
-        "bitwise_logits": bool(np.array_equal(a, b)),
-    }
-
-
 @pytest.mark.parametrize("fill", ["random", "zeros", "one-inf", "one-apart"])
 def test_logit_figures_of_equal_rows_are_the_metrics_own(fill: str) -> None:
     """measure.logit_figures skips its float64 passes for finite rows equal bit for bit: whatever the
     rows, its figures must be what the metrics give."""
-    from certify.measure import logit_figures
+    from certify.measure import logit_figures, logit_figures_in_full
 
     a = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32) * 6
     if fill == "zeros":
@@ -116,6 +103,6 @@ def test_logit_figures_of_equal_rows_are_the_metrics_own(fill: str) -> None:
     if fill == "one-apart":
         b[1, 1] = np.nextafter(b[1, 1], np.float32(np.inf))
     with np.errstate(invalid="ignore"):
-        full = _figures_in_full(a, b)
+        full = logit_figures_in_full(a, b)
         got = logit_figures(a, b)
     assert repr(got) == repr(full)
