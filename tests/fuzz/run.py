@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from core.errors import DgrError
-from core.workspace import PROJECT_ROOT
+from core.workspace import PROJECT_ROOT, Workspace
 from tests.fuzz import native, seeds, targets
 
 DONE = re.compile(r"Done (\d+) runs in (\d+) second")
@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("targets", nargs="*", choices=[[], *every], default=[], metavar="TARGET")
     ap.add_argument("--seconds", type=int, default=60, help="time budget per target (default 60)")
     ap.add_argument("--runs", type=int, default=0, help="stop a target after N inputs (0: time only)")
-    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / ".work" / "fuzz")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Workspace.from_env(os.environ).root / "fuzz",
+        help="where findings, logs and the built targets go (default: the workspace's fuzz/, DGR_WORK)",
+    )
     args = ap.parse_args(argv)
     try:
         chosen = plan(args.targets, args.out)
