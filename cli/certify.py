@@ -72,6 +72,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"start each stage with: {shlex.join(lines.every_stage)}")
         if lines.last_stage_also:
             print(f"and the last stage also with: {shlex.join(lines.last_stage_also)}")
+        print(
+            "a HOST other hosts can reach also needs --insecure (plaintext, a private network only: the "
+            "certifier does not speak TLS to attached workers yet; docs/multi-host.md)"
+        )
         return 0
     written = certify(
         ctx,

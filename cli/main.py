@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admit": ("cli.admit", "is a proposed split certified? (a router's admission check against a catalog)"),
     "report": ("cli.report", "rebuild the report index (lane x recipe matrix)"),
     "matrix": ("cli.matrix", "print the CI matrix (lane, recipe, runner labels) as JSON"),
+    "tls": ("cli.tls", "make a small CA and a TLS identity per host for workers and the certifier"),
 }
 
 

@@ -42,6 +42,7 @@ from pipeline.sink import ChainedPass, ChainRoute, Received, Sink
 from pipeline.yielding import yielding_to_stages
 from worker import wire
 from worker.client import ChainAck, StageClient, StageFailed, StageInfo, ended_stage
+from worker.tls import Identity
 
 POLL_SECONDS = 0.1  # how often a silent ring's workers are checked for an exit
 SILENCE_SECONDS = 0.5  # no token for this long: every stage is asked for Health (a slow one costs nothing)
@@ -65,8 +66,9 @@ class RingSink(Sink):
         host: str = "127.0.0.1",
         port: int = 0,
         threads: int = 4,
+        tls: Identity | None = None,
     ) -> None:
-        super().__init__(pb2, pb2_grpc, host=host, port=port, threads=threads)
+        super().__init__(pb2, pb2_grpc, host=host, port=port, threads=threads, tls=tls)
         self._rings: dict[str, queue.SimpleQueue[Received]] = {}
         self._delivery_port: DeliveryPort | None = None
         self.stream_address = ""  # the delivery port (pipeline/delivery_port.py), once started
@@ -445,7 +447,7 @@ def ring_route(
     ``driver_yields=False``: the driver's threads keep their policy while it reads, and
     ``delivery_stream=False``: every delivery is a Deliver call (the benchmarks' side by side)."""
     first = stages[0]
-    with RingSink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
+    with RingSink(first.pb2, first.pb2_grpc, host=sink_host, tls=first.tls) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = RingRoute(stages, infos, sink, where)
         route.streamed = streams and offers_pass_ports(infos)

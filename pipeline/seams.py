@@ -642,7 +642,7 @@ class NetnsPipelines:
         with fabric:
             write_json(evidence / "fabric.json", fabric.describe())
             placed = [
-                Placed(prefix=("ip", "netns", "exec", ns), host=addr)
+                Placed(prefix=("ip", "netns", "exec", ns), host=addr, private=True)
                 for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)
             ]
             with launch(

@@ -45,6 +45,7 @@ from worker.client import (
     ended_stage,
     rpc_status,
 )
+from worker.tls import Identity, server_credentials
 
 FAILED_STAGE = "dgr-failed-stage"  # trailer of a chained failure: the index of the stage it belongs to
 
@@ -64,8 +65,10 @@ class Sink:
         host: str = "127.0.0.1",
         port: int = 0,
         threads: int = 4,
+        tls: Identity | None = None,
     ) -> None:
         self._pb2 = pb2
+        self._tls = tls  # workers started with --tls deliver over mutual TLS, to this identity
         self._pb2_grpc = pb2_grpc
         self._host = host
         self._port = port
@@ -90,7 +93,12 @@ class Sink:
         self._pb2_grpc.add_PipelineSinkServicer_to_server(servicer, server)
         host = f"[{self._host}]" if ":" in self._host and not self._host.startswith("[") else self._host
         try:
-            port = server.add_insecure_port(f"{host}:{self._port}")
+            where = f"{host}:{self._port}"
+            port = (
+                server.add_insecure_port(where)
+                if self._tls is None
+                else server.add_secure_port(where, server_credentials(self._tls))
+            )
         except RuntimeError:
             port = 0
         if not port:
@@ -367,7 +375,7 @@ def chain_route(
 ) -> Generator[ChainRoute]:
     """A sink on ``sink_host`` and a route over ``stages``; outstanding acks are awaited on exit."""
     first = stages[0]
-    with Sink(first.pb2, first.pb2_grpc, host=sink_host) as sink:
+    with Sink(first.pb2, first.pb2_grpc, host=sink_host, tls=first.tls) as sink:
         where = addresses if addresses is not None else [s.address for s in stages]
         route = ChainRoute(stages, infos, sink, where)
         try:

@@ -19,6 +19,7 @@ import numpy as np
 
 from core.errors import RuntimeFailure
 from worker import wire
+from worker.tls import Identity, channel_credentials
 
 # Logits of a long prompt over a large vocabulary exceed gRPC's 4 MiB default by far.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
@@ -87,6 +88,8 @@ class StageInfo:
     mtp: bool = False  # the last stage drafts with the model's nextn block (--mtp)
     pass_port: int = 0  # TCP port taking a streamed ring's passes (Ring.stream); 0: none (older workers)
     cpus: str = ""  # the CPU list the worker's threads are held to (--cpus); "": free (or an older worker)
+    # the gRPC port's security: "mtls", "plaintext-loopback", "plaintext-insecure"; "": an older worker
+    transport: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +170,8 @@ class StageClient:
 
     ``liveness`` (set by the launcher) returns how the worker process ended and the tail of its stderr,
     or None while it runs, so a dropped connection is reported as "worker was killed by SIGKILL"
-    rather than a bare UNAVAILABLE.
+    rather than a bare UNAVAILABLE.  ``tls``: this end's identity for a worker started with --tls
+    (mutual TLS: the worker must chain to its CA, and it checks ours).
     """
 
     def __init__(
@@ -180,6 +184,7 @@ class StageClient:
         layers: tuple[int, int],
         deadline: float = 120.0,
         liveness: Callable[[], tuple[str, str] | None] | None = None,
+        tls: Identity | None = None,
     ) -> None:
         self.address = address
         self.stage = stage
@@ -188,7 +193,12 @@ class StageClient:
         self._pb2 = pb2
         self._pb2_grpc = pb2_grpc
         self._liveness = liveness
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.tls = tls  # the driver's sink serves the workers with it too (pipeline.sink)
+        self._channel = (
+            grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            if tls is None
+            else grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
+        )
         self._stub = pb2_grpc.ShardWorkerStub(self._channel)
 
     # Plumbing ---------------------------------------------------------------------------------
@@ -302,6 +312,7 @@ class StageClient:
             mtp=r.mtp,
             pass_port=r.pass_port,
             cpus=r.cpus,
+            transport=r.transport,
             memory=Memory(
                 weight_bytes=m.weight_bytes,
                 kv_bytes=m.kv_bytes,

@@ -35,6 +35,7 @@ from core.canonical import write_json
 from core.errors import ConfigurationError
 from worker.client import StageClient, StageFailed
 from worker.stubs import Stubs
+from worker.tls import Identity
 
 log = redact.logger("dgr.launcher")
 
@@ -91,6 +92,7 @@ class WorkerCommand:
     # stage free to run anywhere (worker/README.md, "CPU affinity")
     cpus: tuple[str, ...] = ()
     load: str | None = None  # --load, llama.cpp's load mode name; None: the worker's default
+    tls: Path | None = None  # --tls: the worker's identity folder (mutual TLS); None: plaintext
     extra: tuple[str, ...] = ()
 
     def argv(
@@ -122,6 +124,8 @@ class WorkerCommand:
             args += ["--identity", os.fspath(self.identity)]
         if self.lane is not None:
             args += ["--lane", self.lane]
+        if self.tls is not None:
+            args += ["--tls", os.fspath(self.tls)]
         if last:
             args += self.drafting_args()
         return args + list(self.extra)
@@ -144,6 +148,9 @@ class Placed:
 
     prefix: tuple[str, ...] = ()
     host: str | None = None
+    # the host is reachable from this machine only (namespaces the certifier made): a worker without
+    # --tls may serve plaintext there, and says so (--insecure; Info's transport)
+    private: bool = False
 
 
 def check_placement(placement: Sequence[tuple[int, int]], n_layer: int | None = None) -> None:
@@ -298,6 +305,8 @@ def _spawn(
     host = placed.host if placed is not None else None
     listen = "127.0.0.1:0" if host is None else f"{host}:0"
     argv = cmd.argv(layers, listen=listen, last=last, stage=index)
+    if placed is not None and placed.private and cmd.tls is None:
+        argv.append("--insecure")
     argv[0] = proc.resolve(argv[0], env)
     if placed is not None and placed.prefix:
         # e.g. `ip netns exec NS`: it execs the worker, so the pid we hold (and signal) is the worker's.
@@ -382,12 +391,14 @@ def launch(
     call_deadline: float = 120.0,
     grace: float = 5.0,
     placed: Sequence[Placed] | None = None,
+    client_tls: Identity | None = None,
 ) -> Iterator[Pipeline]:
     """Start a worker per stage, wait until each listens and is healthy, yield the Pipeline, stop all.
 
     Workers start together (model loading overlaps), then each is awaited in turn against one shared
     deadline.  ``call_deadline`` bounds every later RPC (a hung worker is a failure, not a wait).
     ``placed[k]`` (optional) says where stage k runs: a command prefix and the address it listens on.
+    ``client_tls``: the driver's identity towards workers started with ``cmd.tls`` (mutual TLS).
     """
     check_placement(placement)
     if placed is not None and len(placed) != len(placement):
@@ -419,6 +430,7 @@ def launch(
                 layers=stage.layers,
                 deadline=call_deadline,
                 liveness=stage.ended,
+                tls=client_tls,
             )
         for stage in pipeline.stages:
             _wait_healthy(stage, until, start_timeout)

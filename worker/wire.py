@@ -54,6 +54,7 @@ class InfoReply(Protocol):
     mtp: bool
     pass_port: int
     cpus: str
+    transport: str
 
 
 class LayerCapture(Protocol):

@@ -39,6 +39,7 @@ def _identity(tmp: Path) -> Path:
     done = run_dgr(ENV, "certify", "--recipe", RECIPE, "--lane", "cpu", "--write-identity", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "start each stage with: " in done.stdout and "--identity" in done.stdout
+    assert "also needs --insecure" in done.stdout
     doc = json.loads(path.read_text())
     assert doc["kind"] == "dgr.worker-identity" and "run_id" not in json.dumps(doc)
     return path

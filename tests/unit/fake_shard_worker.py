@@ -514,6 +514,7 @@ def main() -> None:
     ap.add_argument("--identity")
     ap.add_argument("--lane")
     ap.add_argument("--stop-on-stdin-eof", action="store_true")
+    ap.add_argument("--insecure", action="store_true")  # the real worker's plaintext beyond loopback
     args = ap.parse_args()
     begin, end = (int(v) for v in args.layers.split(":"))
     fault = os.environ.get("DGR_FAKE_FAULT", "")

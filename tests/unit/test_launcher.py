@@ -219,6 +219,24 @@ def test_placed_stages_run_behind_a_prefix_on_the_asked_host(stubs, tmp_path: Pa
     assert [s.process.returncode for s in pipeline.stages] == [0, 0]
 
 
+def test_plaintext_beyond_loopback_is_said_only_where_the_host_is_private(stubs, tmp_path: Path) -> None:
+    """A stage on a host only this machine reaches (the certifier's namespaces) is started with
+    --insecure when it has no TLS; any other stage never is (the real worker then refuses a reachable
+    --listen without --tls, worker/src/options.cpp)."""
+    placed = [Placed(prefix=("env",), host="127.0.0.1", private=True), Placed()]
+    with _launch(stubs, tmp_path, [(0, 6), (6, 12)], placed=placed) as pipeline:
+        first, second = pipeline.stages
+        assert "--insecure" in first.argv and "--insecure" not in second.argv
+
+
+def test_a_tls_folder_goes_to_every_stage(tmp_path: Path) -> None:
+    cmd = WorkerCommand(program=("w",), model=tmp_path / "m.gguf", tls=tmp_path / "hosts" / "a")
+    for k in range(2):
+        argv = cmd.argv((0, 1), stage=k)
+        assert argv[argv.index("--tls") + 1] == str(tmp_path / "hosts" / "a") and "--insecure" not in argv
+    assert "--tls" not in WorkerCommand(program=("w",), model=tmp_path / "m.gguf").argv((0, 1))
+
+
 def test_placed_must_name_every_stage(stubs, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="2 stages but 1 places"):
         with _launch(stubs, tmp_path, [(0, 6), (6, 12)], placed=[Placed()]):

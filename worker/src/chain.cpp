@@ -45,7 +45,8 @@ std::shared_ptr<grpc::Channel> Chain::channel(const std::string & address) {
     args.SetMaxReceiveMessageSize(policy_.max_message_bytes);
     args.SetMaxSendMessageSize(policy_.max_message_bytes);
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-    auto ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto ch = grpc::CreateCustomChannel(
+        address, policy_.credentials ? policy_.credentials : grpc::InsecureChannelCredentials(), args);
     lru_.emplace_front(address, ch);
     channels_[address] = lru_.begin();
     if (lru_.size() > kMaxChannels) {  // a call still using the dropped channel keeps its own reference

@@ -44,6 +44,8 @@ int message_limit(const StageInfo & in);
 struct ChainPolicy {
     std::vector<std::string> peers;  // --peers entries (HOST:PORT or HOST:*); empty: any address
     int max_message_bytes = -1;      // -1: gRPC's unlimited
+    // mutual TLS towards the next stages and the driver's sink (--tls); null: plaintext
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class Chain {

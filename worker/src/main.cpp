@@ -7,6 +7,7 @@
 #include "options.h"
 #include "service.h"
 #include "stage.h"
+#include "tls.h"
 #include "weights.h"
 
 #include "ggml-backend.h"
@@ -179,11 +180,18 @@ int main(int argc, char ** argv) {
         dgr::ChainPolicy chain;
         chain.peers = opts.peers;
         chain.max_message_bytes = dgr::message_limit(stage.info());
+        std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+        if (!opts.tls_dir.empty()) {
+            const dgr::TlsFiles tls = dgr::read_tls_dir(opts.tls_dir);
+            credentials = dgr::server_credentials(tls);
+            chain.credentials = dgr::channel_credentials(tls);
+        }
+        id.transport = dgr::transport_of(opts);
         dgr::ShardService service(stage, id, chain);
 
         int port = 0;
         grpc::ServerBuilder builder;
-        builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &port);
+        builder.AddListeningPort(opts.listen, credentials, &port);
         builder.RegisterService(&service);
         // logits of a long all_logits prefill exceed the defaults (4 MiB); the model's own bound instead
         builder.SetMaxReceiveMessageSize(chain.max_message_bytes);

@@ -19,7 +19,8 @@ const char * usage_text() {
            "                        [--pass-port N] [--record-passes DIR] [--cpus LIST] [--load MODE]\n"
            "                        [--mtp | --mtp-model FILE]\n"
            "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
-           "                        [--peers HOST:PORT,HOST:*,...] [--stop-on-stdin-eof] [--verbose]\n"
+           "                        [--peers HOST:PORT,HOST:*,...] [--tls DIR | --insecure]\n"
+           "                        [--stop-on-stdin-eof] [--verbose]\n"
            "\n"
            "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
            "layer). --listen HOST:0 picks a free port. When serving, prints one line\n"
@@ -41,6 +42,9 @@ const char * usage_text() {
            "auto). Default: none where the weights stay in host memory (read into the worker's memory, on\n"
            "huge pages where the kernel gives them), else auto (worker/README.md, \"Weights in memory\").\n"
            "--mtp: the last stage loads the model's nextn (MTP) block and drafts with it (docs/mtp.md).\n"
+           "--tls DIR: mutual TLS on the gRPC port and on the channels this worker opens (DIR holds cert.pem,\n"
+           "key.pem and ca.pem, as `dgr tls` writes them): a client without a certificate of that CA is refused.\n"
+           "Without it the worker serves plaintext, on a loopback --listen only, unless --insecure says so.\n"
            "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
            "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
 }
@@ -118,6 +122,30 @@ static void check_load_mode(const std::string & val) {
     }
 }
 
+bool is_loopback_host(const std::string & host) {
+    return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::string transport_of(const WorkerOptions & opts) {
+    if (!opts.tls_dir.empty()) {
+        return "mtls";
+    }
+    return opts.insecure ? "plaintext-insecure" : "plaintext-loopback";
+}
+
+// Plaintext only where nobody else can connect, unless the operator says otherwise in so many words.
+static void check_transport(const WorkerOptions & out) {
+    if (!out.tls_dir.empty() && out.insecure) {
+        throw UsageError("--tls and --insecure: choose one");
+    }
+    const std::string host = out.listen.substr(0, out.listen.rfind(':'));
+    if (out.tls_dir.empty() && !out.insecure && !is_loopback_host(host)) {
+        throw UsageError("--listen " + out.listen +
+                         ": other hosts can reach it; serve it with --tls DIR (mutual TLS, `dgr tls`) or "
+                         "say --insecure for plaintext");
+    }
+}
+
 bool parse_options(int argc, char ** argv, WorkerOptions & out) {
     bool have_model = false, have_layers = false, have_listen = false;
     for (int i = 1; i < argc; ++i) {
@@ -136,6 +164,10 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         }
         if (arg == "--stop-on-stdin-eof") {
             out.stop_on_stdin_eof = true;
+            continue;
+        }
+        if (arg == "--insecure") {
+            out.insecure = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -179,6 +211,8 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         } else if (arg == "--mtp-model") {
             out.mtp_model_path = val;
             out.mtp = true;
+        } else if (arg == "--tls") {
+            out.tls_dir = val;
         } else if (arg == "--load") {
             check_load_mode(val);
             out.load_mode = val;
@@ -198,6 +232,7 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
     if (out.listen.rfind(':') == std::string::npos) {
         throw UsageError("--listen: expected HOST:PORT, got '" + out.listen + "'");
     }
+    check_transport(out);
     if (out.n_threads == 0) {
         // fixed from here on: the thread count is part of what the certifier records
         out.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());

@@ -31,12 +31,20 @@ struct WorkerOptions {
     std::string cpus_text;           // --cpus as given (Info reports it)
     std::vector<std::string> peers;  // --peers: HOST:PORT / HOST:* a chained call may make us dial; empty: any
     bool stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM
+    std::string tls_dir;             // --tls: cert.pem, key.pem, ca.pem: mutual TLS on every gRPC channel
+    bool insecure = false;           // --insecure: plaintext on a --listen host other hosts can reach
     bool verbose = false;
 };
 
 // Splits "HOST:PORT" at its last colon; false unless both parts are there and PORT is "*" (when
 // ``wildcard``) or a decimal port 1..65535. "[::1]:7001" gives host "[::1]".
 bool split_host_port(const std::string & address, std::string & host, std::string & port, bool wildcard);
+
+// True for an address only this host can reach: 127.0.0.0/8, ::1, localhost.
+bool is_loopback_host(const std::string & host);
+
+// What Info reports of the gRPC port: "mtls", "plaintext-loopback" or "plaintext-insecure".
+std::string transport_of(const WorkerOptions & opts);
 
 // Parses argv; throws UsageError with a message naming the bad argument.
 // Returns false when --help was asked (usage already printed).

@@ -75,6 +75,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_mtp(in.mtp);
         reply->set_pass_port(streams_.port());
         reply->set_cpus(in.cpus);
+        reply->set_transport(id_.transport);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);

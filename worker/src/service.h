@@ -17,6 +17,7 @@ struct BuildIdentity {
     std::string lane;
     std::string model_path;
     std::string identity_json;
+    std::string transport;  // the gRPC port's security (options.h, transport_of)
 };
 
 class ShardService final : public dgr::shard::v1::ShardWorker::Service {

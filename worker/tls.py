@@ -1,0 +1,67 @@
+"""Mutual TLS for the workers' ports (issue 43): the three files each end of a channel presents, the
+gRPC credentials made of them, and certificate fingerprints, the pins a placement file names.  Standard
+library and gRPC only (every client imports this); making a CA and keys is worker.tls_ca's.
+
+A host's folder holds what a worker's ``--tls DIR`` (and the certifier's) reads: ``cert.pem`` (its
+certificate, for server and client use: a worker answers the driver and calls its neighbours), ``key.pem``
+(its private key, mode 0600) and ``ca.pem`` (the CA every peer's certificate must chain to).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from core.errors import ConfigurationError
+
+CERT, KEY, CA = "cert.pem", "key.pem", "ca.pem"  # a host's folder (what --tls DIR reads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """The files one end of a channel presents: its certificate, its key and the CA it trusts."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.cert.read_bytes())
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(CA, key, certificate) PEM bytes, the order gRPC's credential constructors take them in."""
+        return self.ca.read_bytes(), self.key.read_bytes(), self.cert.read_bytes()
+
+
+def fingerprint(pem: bytes) -> str:
+    """``sha256:HEX`` of a PEM certificate's DER encoding (what `openssl x509 -fingerprint -sha256`
+    prints, without the colons): the pin a placement file names."""
+    return "sha256:" + hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem.decode("ascii"))).hexdigest()
+
+
+def load(folder: Path) -> Identity:
+    """A host's folder as an Identity; a missing file is one line naming it."""
+    found = Identity(cert=folder / CERT, key=folder / KEY, ca=folder / CA)
+    for path in (found.cert, found.key, found.ca):
+        if not path.is_file():
+            raise ConfigurationError(f"TLS folder {folder}: no {path.name} (`dgr tls` makes one)")
+    return found
+
+
+def channel_credentials(identity: Identity) -> grpc.ChannelCredentials:
+    """A client's side of mutual TLS: the peer must chain to the identity's CA, and this end presents
+    its own certificate."""
+    ca, key, cert = identity.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def server_credentials(identity: Identity) -> grpc.ServerCredentials:
+    """A server's side of mutual TLS: a client without a certificate chaining to the CA is refused in the
+    handshake, before any call reaches a handler."""
+    ca, key, cert = identity.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
