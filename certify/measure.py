@@ -295,6 +295,8 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, trace: dri
         "backend_devices": sorted({i.backend_devices for i in infos}),
         "threads": sorted({i.n_threads for i in infos}),
         "cpus": [i.cpus for i in infos],  # each stage's --cpus as it reports it; "": free to run anywhere
+        # each stage's gRPC port as it reports it (Info): mtls, plaintext-loopback, plaintext-insecure
+        "transport": [i.transport for i in infos],
         "weight_bytes": [i.memory.weight_bytes for i in infos],
         # the KV cache each stage holds for one session context of n_ctx positions (the catalog's
         # KV bytes per token of context)

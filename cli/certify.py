@@ -73,8 +73,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if lines.last_stage_also:
             print(f"and the last stage also with: {shlex.join(lines.last_stage_also)}")
         print(
-            "a HOST other hosts can reach also needs --insecure (plaintext, a private network only: the "
-            "certifier does not speak TLS to attached workers yet; docs/multi-host.md)"
+            "a HOST other hosts can reach also needs --tls DIR (mutual TLS: `dgr tls`, and the placement "
+            'file\'s "driver": {"tls": DIR} and "fingerprint" per stage) or --insecure (plaintext, a '
+            "private network only); docs/multi-host.md"
         )
         return 0
     written = certify(

@@ -28,6 +28,7 @@ def add_key_option(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    from certify import transport
     from certify.keys import trusted_keys
     from certify.verify import verify
     from core.errors import IntegrityError
@@ -52,4 +53,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     verdict = result.predicate.get("verdict", {}).get("status", "?")
     recipe = result.predicate.get("recipe", {}).get("name", "?")
     print(f"verified: {recipe} on {result.predicate.get('lane', '?')}, verdict {verdict}")
+    for line in transport.lines(result.predicate):
+        print(f"  transport: {line}")
     return 0

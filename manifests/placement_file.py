@@ -1,7 +1,8 @@
-"""The placement file (``--placement-file``): per recipe placement, each attached stage's ``host:port``
-and the layers the operator says that worker owns, plus the CPU reference workers and the driver's sink
-host. Read and checked on its own here (schema, addresses, ranges that tile from layer 0, one range per
-worker); holding it to a recipe is certify's (``certify.attach``), attaching to it the pipeline's.
+"""The placement file (``--placement-file``): per recipe placement, each attached stage's ``host:port``,
+the layers the operator says that worker owns and, optionally, the fingerprint of the TLS certificate it
+must present; plus the CPU reference workers, the driver's sink host and its TLS identity.  Read and
+checked on its own here (schema, addresses, ranges that tile from layer 0, one range per worker);
+holding it to a recipe is certify's (``certify.attach``), attaching to it the pipeline's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _HOSTNAME = re.compile(
 class AttachedStage:
     address: str
     layers: tuple[int, int]
+    fingerprint: str | None = None  # the certificate it must present ("sha256:HEX"), when the file pins one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,7 @@ class PlacementFile:
     reference: tuple[AttachedStage, ...] | None = None
     lane: str | None = None
     sink_host: str | None = None
+    driver_tls: Path | None = None  # the certifier's TLS identity folder: every worker over mutual TLS
     source: str = ""
     sha256: str = ""
 
@@ -83,7 +86,11 @@ def _stages(raw: Sequence[Mapping[str, Any]], where: str) -> tuple[AttachedStage
             "in order)"
         )
     out = [
-        AttachedStage(address=check_address(s["address"], f"{where}/stages/{k}/address"), layers=layers[k])
+        AttachedStage(
+            address=check_address(s["address"], f"{where}/stages/{k}/address"),
+            layers=layers[k],
+            fingerprint=s.get("fingerprint"),
+        )
         for k, s in enumerate(raw)
     ]
     seen: dict[str, int] = {}
@@ -116,12 +123,14 @@ def load_file(path: Path) -> PlacementFile:
                     f"{name}; a worker owns one range (list it only where the ranges agree)"
                 )
     sink = data.get("driver", {}).get("sink_host")
+    tls = data.get("driver", {}).get("tls")
     return PlacementFile(
         recipe=data["recipe"],
         lane=data.get("lane"),
         placements=types.MappingProxyType(placements),
         reference=reference,
         sink_host=check_host(sink, f"{src}: at /driver/sink_host") if sink else None,
+        driver_tls=(path.parent / tls).absolute() if tls else None,
         source=src,
         sha256=sha256_file(path),
     )

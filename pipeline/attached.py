@@ -28,6 +28,8 @@ from manifests.placement_file import REFERENCE, AttachedStage, PlacementFile
 from manifests.recipe_model import Placement, Recipe
 from pipeline.worker_identity import COMPARED, Expect, check_worker, stable_identity
 from worker.client import StageClient, StageFailed, StageInfo
+from worker.tls import Identity, presented_fingerprint
+from worker.tls import load as load_identity
 
 log = redact.logger("dgr.placement")
 
@@ -121,6 +123,7 @@ class AttachedPipelines:
         infos: list[StageInfo] = []
         try:
             for k, s in enumerate(stages):
+                presented = self._presented(name, k, s)
                 client = _Client(
                     s.address,
                     self.stubs.pb2,
@@ -128,13 +131,14 @@ class AttachedPipelines:
                     stage=k,
                     layers=s.layers,
                     deadline=self.call_deadline,
+                    tls=self._tls,
                 )
                 clients.append(client)
                 info = self._checked_info(
                     client, name, k, s, len(stages), want_id, infos[0] if infos else None
                 )
                 infos.append(info)
-                self._record(s, name, info)
+                self._record(s, name, info, presented)
         except BaseException:
             for c in clients:
                 c.close()
@@ -149,6 +153,32 @@ class AttachedPipelines:
             infos=tuple(infos),
             sink_host=sink,
         )
+
+    @property
+    def _tls(self) -> Identity | None:
+        return load_identity(self.file.driver_tls) if self.file.driver_tls is not None else None
+
+    def _presented(self, name: str, k: int, s: AttachedStage) -> str | None:
+        """The fingerprint of the certificate stage k presents (mutual TLS, the placement file's
+        driver identity), held to the file's pin for it; None without TLS, where a pin is refused."""
+        where = f"attached worker {s.address} (placement {name}, stage {k})"
+        identity = self._tls
+        if identity is None:
+            if s.fingerprint is not None:
+                raise ConfigurationError(
+                    f"{self.file.source}: {where} pins a TLS certificate but the file names no "
+                    '"driver": {"tls": DIR} to reach it with (`dgr tls --host driver`)'
+                )
+            return None
+        try:
+            got = presented_fingerprint(s.address, identity)
+        except RuntimeFailure as exc:
+            raise RuntimeFailure(f"{where}: {exc.message}") from None
+        if s.fingerprint is not None and got != s.fingerprint:
+            raise ConfigurationError(
+                f"{where} presents TLS certificate {got}; the placement file pins {s.fingerprint}"
+            )
+        return got
 
     def _checked_info(
         self,
@@ -191,7 +221,7 @@ class AttachedPipelines:
             )
         return info
 
-    def _record(self, s: AttachedStage, name: str, info: StageInfo) -> None:
+    def _record(self, s: AttachedStage, name: str, info: StageInfo, presented: str | None) -> None:
         """What a worker said about itself, kept from the first time it is met (preflight)."""
         row = self.seen.get(s.address)
         if row is None:
@@ -211,6 +241,9 @@ class AttachedPipelines:
                 "model_path": info.model_path,
                 "identity_sha256": sha256_bytes(info.identity_json.encode("utf-8")),
                 "build": build,
+                "transport": info.transport or "unknown (a worker older than Info's transport)",
+                "tls_fingerprint": presented,  # what it presented in our handshake; None: no TLS
+                "tls_pinned": s.fingerprint is not None,
             }
         if name not in row["placements"]:
             row["placements"].append(name)

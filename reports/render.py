@@ -16,6 +16,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from certify import transport
 from reports import charts, depth, mtp, seams, throughput
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -328,6 +329,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         scaling=seams.scaling_chart(
             placements, title="Scaling with the stage count: decode tok/s and seam share"
         ),
+        transport=transport.lines(pred),
         steps=table(result_frame(results)),
         hardware=table(kv_frame(pred.get("hardware", {}))),
         charts=_charts(figures, results),

@@ -10,13 +10,14 @@ certificate, for server and client use: a worker answers the driver and calls it
 from __future__ import annotations
 
 import hashlib
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from core.errors import ConfigurationError
+from core.errors import ConfigurationError, RuntimeFailure
 
 CERT, KEY, CA = "cert.pem", "key.pem", "ca.pem"  # a host's folder (what --tls DIR reads)
 
@@ -65,3 +66,24 @@ def server_credentials(identity: Identity) -> grpc.ServerCredentials:
     handshake, before any call reaches a handler."""
     ca, key, cert = identity.read()
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+def presented_fingerprint(address: str, identity: Identity, *, timeout: float = 10.0) -> str:
+    """The fingerprint of the certificate the server at ``address`` presents in a mutual TLS handshake
+    with ``identity`` (its name checked against the address, its chain against the identity's CA, as the
+    gRPC channel will): the pin a placement file names is held to it before any call is trusted.
+    RuntimeFailure naming the address when there is no such handshake (refused, another CA, not TLS)."""
+    host, _, port = address.rpartition(":")
+    bare = host.strip("[]")
+    context = ssl.create_default_context(cafile=str(identity.ca))
+    context.load_cert_chain(str(identity.cert), str(identity.key))
+    context.set_alpn_protocols(["h2"])  # what a gRPC server speaks
+    try:
+        with socket.create_connection((bare, int(port)), timeout=timeout) as raw:
+            with context.wrap_socket(raw, server_hostname=bare) as tls_socket:
+                der = tls_socket.getpeercert(binary_form=True)
+    except (OSError, ValueError) as exc:
+        raise RuntimeFailure(f"no mutual TLS handshake with {address}: {exc}") from None
+    if der is None:
+        raise RuntimeFailure(f"{address} presented no certificate in its TLS handshake")
+    return "sha256:" + hashlib.sha256(der).hexdigest()

@@ -39,15 +39,25 @@ def _identity(tmp: Path) -> Path:
     done = run_dgr(ENV, "certify", "--recipe", RECIPE, "--lane", "cpu", "--write-identity", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "start each stage with: " in done.stdout and "--identity" in done.stdout
-    assert "also needs --insecure" in done.stdout
+    assert "also needs --tls DIR" in done.stdout and "or --insecure" in done.stdout
     doc = json.loads(path.read_text())
     assert doc["kind"] == "dgr.worker-identity" and "run_id" not in json.dumps(doc)
     return path
 
 
-def _start(stack: ExitStack, cmd: WorkerCommand, stubs, tmp: Path, name: str, ranges) -> list[str]:
+def _start(
+    stack: ExitStack, cmd: WorkerCommand, stubs, tmp: Path, name: str, ranges, client_tls=None
+) -> list[str]:
     pipe = stack.enter_context(
-        launch(cmd, ranges, stubs=stubs, evidence=tmp / "operator" / name, env=ENV, start_timeout=120)
+        launch(
+            cmd,
+            ranges,
+            stubs=stubs,
+            evidence=tmp / "operator" / name,
+            env=ENV,
+            start_timeout=120,
+            client_tls=client_tls,
+        )
     )
     return [s.address for s in pipe.stages]
 
@@ -167,3 +177,81 @@ def test_attached_workers_certify_and_mismatches_are_refused(
         assert "unreachable" in done.stderr
         assert sorted(set(pids_before) - set(our_workers(cpu_build.worker))) == []
     assert our_workers(cpu_build.worker) == []
+
+
+def test_attached_workers_over_mutual_tls_are_held_to_their_pinned_certificates(
+    tmp_path: Path, worker_command: WorkerCommand, stubs, cpu_build
+) -> None:
+    """Issue 43: the operator's workers started with --tls, the placement file naming the certifier's
+    identity and each stage's certificate: certified over mutual TLS, what each presented recorded; a
+    pin that does not match, or a pin with no identity to check it with, is exit 2 naming the stage."""
+    from worker import tls, tls_ca
+
+    ca = tmp_path / "ca"
+    tls_ca.ensure_ca(ca)
+    worker_id = tls_ca.issue(ca, "worker", names=["127.0.0.1"])
+    driver_id = tls_ca.issue(ca, "driver", names=["127.0.0.1"])  # the sink is served on loopback too
+    cmd = WorkerCommand(
+        program=worker_command.program,
+        model=worker_command.model,
+        threads=1,
+        ctx_size=256,
+        identity=_identity(tmp_path),
+        lane="cpu",
+        tls=worker_id.cert.parent,
+    )
+
+    def placement_file(name: str, pins: dict[tuple[str, int], str], driver: bool = True) -> Path:
+        doc = {
+            "schema_version": 1,
+            "recipe": RECIPE,
+            "lane": "cpu",
+            "placements": {
+                p: {
+                    "stages": [
+                        {
+                            "address": a,
+                            "layers": list(r),
+                            "fingerprint": pins.get((p, k), worker_id.fingerprint),
+                        }
+                        for k, (a, r) in enumerate(stages)
+                    ]
+                }
+                for p, stages in listed.items()
+            },
+        }
+        if driver:
+            doc["driver"] = {"tls": str(driver_id.cert.parent.relative_to(tmp_path))}
+        (tmp_path / name).write_text(json.dumps(doc, indent=2))
+        return tmp_path / name
+
+    with ExitStack() as stack:
+        addrs = {g: _start(stack, cmd, stubs, tmp_path, g, r, driver_id) for g, r in GROUPS.items()}
+        listed = {p: list(zip(addrs[g], GROUPS[g], strict=True)) for p, g in LISTED.items()}
+
+        run = certified(ENV, "--recipe", RECIPE, "--placement-file", str(placement_file("tls.json", {})))
+        said = verified(ENV, run)
+        assert f"transport: attached worker {addrs['mono'][0]} presented {worker_id.fingerprint}" in said
+        workers = run.predicate["identity"]["attached"]["workers"]
+        assert {w["transport"] for w in workers} == {"mtls"}
+        assert {w["tls_fingerprint"] for w in workers} == {worker_id.fingerprint}
+        assert all(w["tls_pinned"] for w in workers)
+        f32 = {n: p for n, p in _parities(run.predicate).items() if not n.endswith("-f16")}
+        assert f32 and all(p["bitwise_logits"] for p in f32.values())
+
+        wrong = placement_file("wrong.json", {("three-first-middle", 1): driver_id.fingerprint})
+        done = run_dgr(ENV, "certify", "--recipe", RECIPE, "--placement-file", str(wrong), timeout=600)
+        assert done.returncode == 2, done.stdout + done.stderr
+        stage = addrs["three-first-middle"][1]
+        line = next(ln for ln in done.stderr.splitlines() if "presents TLS certificate" in ln)
+        assert f"attached worker {stage} (placement three-first-middle, stage 1)" in line
+        assert worker_id.fingerprint in line and f"pins {driver_id.fingerprint}" in line
+
+        unchecked = placement_file("no-driver.json", {}, driver=False)
+        done = run_dgr(ENV, "certify", "--recipe", RECIPE, "--placement-file", str(unchecked), timeout=600)
+        assert done.returncode == 2 and "pins a TLS certificate but the file names no" in done.stderr
+        assert tls.load(driver_id.cert.parent) == driver_id
+
+
+def _parities(pred: dict) -> dict[str, dict]:
+    return {p["name"]: p["parity"] for p in pred["figures"]["placements"] if p["role"] == "under test"}

@@ -32,6 +32,11 @@ def test_pass_is_signed_and_verifies(tmp_path: Path) -> None:
     pred = v.predicate
     names = {p["name"] for p in pred["figures"]["placements"]}
     assert names == {"mono", "two-middle", "three-first-middle", "twelve-single"}
+    # each stage's gRPC port as the (fake) worker reports it, and the report says it too
+    assert {s for p in pred["figures"]["placements"] for s in p["transport"]} == {"plaintext-loopback"}
+    assert (
+        "gRPC ports plaintext-loopback: " in w.html.read_text() and "Transport security" in w.html.read_text()
+    )
     staged = [p for p in pred["figures"]["placements"] if p["role"] == "under test"]
     assert all(p["parity"]["bitwise_logits"] for p in staged)
     assert all(p["speed"]["decode_tok_s"]["n"] == 5 for p in staged)

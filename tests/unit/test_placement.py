@@ -65,6 +65,28 @@ def test_a_good_file_loads_and_restricts_the_recipe(tmp_path: Path) -> None:
     assert all(r.status is Status.SKIPPED and "not listed in the placement file" in r.reason for r in skipped)
 
 
+def test_pins_and_the_drivers_tls_folder_are_read(tmp_path: Path) -> None:
+    pin = "sha256:" + "ab" * 32
+    data = doc(driver={"tls": "ca/hosts/driver"})
+    data["placements"]["mono"]["stages"][0]["fingerprint"] = pin
+    got = load(tmp_path, data)
+    assert got.placements["mono"][0].fingerprint == pin
+    assert got.placements["three-first-middle"][0].fingerprint is None
+    assert got.driver_tls == tmp_path / "ca" / "hosts" / "driver"  # relative to the file
+    assert load(tmp_path, doc()).driver_tls is None
+
+
+@pytest.mark.parametrize(
+    "pin", ["ab" * 32, "sha256:" + "AB" * 32, "sha256:" + "ab" * 31, "sha1:" + "ab" * 20]
+)
+def test_a_malformed_pin_is_refused_with_its_pointer(tmp_path: Path, pin: str) -> None:
+    data = doc()
+    data["placements"]["mono"]["stages"][0]["fingerprint"] = pin
+    with pytest.raises(ConfigurationError) as err:
+        load(tmp_path, data)
+    assert err.value.exit_code == 2 and "/placements/mono/stages/0/fingerprint" in err.value.message
+
+
 @pytest.mark.parametrize(
     ("address", "words"),
     [
