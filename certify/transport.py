@@ -1,15 +1,19 @@
 """What a certificate says of the channels its workers were reached over (issue 43): each stage's gRPC
 port as the worker reports it (Info's ``transport``: ``mtls``, ``plaintext-loopback``,
 ``plaintext-insecure``), the certificate each attached worker presented in the certifier's own
-handshake, and what is still plain TCP whatever the gRPC port (the ring's pass ports and the driver's
-delivery port).  The report and `dgr verify` print these lines; nothing here decides a verdict."""
+handshake, and how the raw TCP ports go with them (the ring's pass ports and the driver's delivery
+port: TLS with a worker's --tls, plain without).  The report and `dgr verify` print these lines;
+nothing here decides a verdict."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-PLAIN_PORTS = "the ring's pass ports and the driver's delivery port: plaintext TCP, whatever the gRPC port"
+RAW_PORTS = (
+    "the ring's pass ports and the driver's delivery port: mutual TLS where the stages' gRPC ports are mtls, "
+    "plaintext TCP where they are plaintext"
+)
 UNRECORDED = "not recorded (workers or a certificate older than the transport record)"
 
 
@@ -22,7 +26,7 @@ def _kind(stages: list[str]) -> str:
 
 def lines(pred: Mapping[str, Any]) -> list[str]:
     """One line per kind of gRPC port with the placements that ran on it, one per attached worker that
-    presented a certificate, and the ports TLS does not cover yet."""
+    presented a certificate, and how the raw TCP ports go with them."""
     grouped: dict[str, list[str]] = {}
     for p in pred.get("figures", {}).get("placements", []):
         grouped.setdefault(_kind(list(p.get("transport", []))), []).append(str(p.get("name")))
@@ -33,4 +37,4 @@ def lines(pred: Mapping[str, Any]) -> list[str]:
         if fp:
             pinned = "pinned in the placement file" if w.get("tls_pinned") else "not pinned"
             out.append(f"attached worker {w.get('address')} presented {fp} ({pinned})")
-    return [*out, PLAIN_PORTS]
+    return [*out, RAW_PORTS]

@@ -22,6 +22,7 @@ frame is the worker's own pass-port wire, and no library speaks it.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +35,12 @@ from core.errors import ConfigurationError
 from pipeline.socket_io import HEAD_BYTES, frame, recv_exact
 from worker import wire
 from worker.client import MAX_MESSAGE_BYTES
+from worker.tls import Identity, server_context
 
 log = redact.logger("dgr.delivery")
 
 JOIN_SECONDS = 5.0
+HANDSHAKE_SECONDS = 10.0  # a connection that does not prove itself in this long gives its thread back
 
 
 def read_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -61,8 +64,11 @@ class DeliveryPort:
         *,
         host: str,
         max_bytes: int = MAX_MESSAGE_BYTES,
+        tls: Identity | None = None,
     ) -> None:
         self._pb2 = pb2
+        # workers started with --tls stream their deliveries over mutual TLS to this identity
+        self._tls = server_context(tls) if tls is not None else None
         self._take = take
         self._host = host.strip("[]")
         self._max_bytes = max_bytes
@@ -130,8 +136,22 @@ class DeliveryPort:
                 self._connections.add(conn)
             self._spawn(self._read, conn, "dgr-delivery-read")
 
+    def _wrapped(self, conn: socket.socket, context: ssl.SSLContext) -> ssl.SSLSocket:
+        """``conn`` as a TLS socket, handshake still to come (within HANDSHAKE_SECONDS): its file
+        descriptor moves to the new socket, which takes its place among the connections stop() shuts."""
+        conn.settimeout(HANDSHAKE_SECONDS)
+        secure = context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        with self._lock:
+            self._connections.discard(conn)
+            self._connections.add(secure)
+        return secure
+
     def _read(self, conn: socket.socket) -> None:
         try:
+            if self._tls is not None:  # a client certificate of our CA, or nothing reaches take()
+                conn = self._wrapped(conn, self._tls)
+                conn.do_handshake()
+                conn.settimeout(None)
             while (delivery := self._next(conn)) is not None:
                 with self._lock:
                     self.frames += 1

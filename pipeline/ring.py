@@ -78,7 +78,7 @@ class RingSink(Sink):
         """The gRPC sink, and beside it on the same host the delivery port rings may stream to."""
         address = super().start()
         if self._delivery_port is None:
-            port = DeliveryPort(self._pb2, self._take_ring, host=self._host)
+            port = DeliveryPort(self._pb2, self._take_ring, host=self._host, tls=self._tls)
             try:
                 self.stream_address = port.start()
             except ConfigurationError:

@@ -87,3 +87,14 @@ def presented_fingerprint(address: str, identity: Identity, *, timeout: float = 
     if der is None:
         raise RuntimeFailure(f"{address} presented no certificate in its TLS handshake")
     return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def server_context(identity: Identity) -> ssl.SSLContext:
+    """The accepting side of mutual TLS on a raw TCP port of the driver's (the ring's delivery port), as
+    the workers' own raw ports are: TLS 1.3, a client certificate of the identity's CA required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(str(identity.cert), str(identity.key))
+    context.load_verify_locations(cafile=str(identity.ca))
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -7,7 +7,8 @@ Workers started with ``--tls`` (a CA and identities made by worker.tls_ca, as `d
   handshake, and the session a trusted client holds is unchanged by their tries;
 - Info says the port's security; a worker asked to listen where other hosts can reach it, without
   --tls or --insecure, refuses to start (exit 2, one line naming both ways out).
-The ring's pass port and the driver's delivery port are raw TCP, not covered here yet.
+The streamed ring runs its pass ports and the driver's delivery port over TLS too; the refusals on those
+ports are test_worker_tls_ports.py's and test_delivery_port_tls.py's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ROUTES = {
     "relayed": routes.RELAYED,
     "chained": routes.Chained(),
     "ring-grpc": routes.Ring(streams=False, delivery_stream=False),
+    "ring-streamed": routes.Ring(),  # pass ports and the driver's delivery port, over TLS too
 }
 
 

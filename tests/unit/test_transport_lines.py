@@ -26,7 +26,7 @@ def test_placements_are_grouped_by_their_stages_transport() -> None:
         "gRPC ports mtls: mono, two",
         f"gRPC ports {transport.UNRECORDED}: old, older",
         "gRPC ports plaintext-insecure: metro",
-        transport.PLAIN_PORTS,
+        transport.RAW_PORTS,
     ]
 
 
@@ -43,4 +43,4 @@ def test_each_attached_workers_presented_certificate_is_a_line() -> None:
     got = transport.lines(pred)
     assert got[1] == f"attached worker 10.0.0.2:7001 presented {fp} (pinned in the placement file)"
     assert got[2] == f"attached worker 10.0.0.3:7001 presented {fp} (not pinned)"
-    assert len(got) == 4 and got[-1] == transport.PLAIN_PORTS
+    assert len(got) == 4 and got[-1] == transport.RAW_PORTS

@@ -9,6 +9,8 @@
 // incoming call, so a driver giving up (or a worker shutting down) ends the whole chain.
 #pragma once
 
+#include "secure_link.h"
+
 #include "shard.grpc.pb.h"
 #include "stage.h"
 
@@ -46,11 +48,16 @@ struct ChainPolicy {
     int max_message_bytes = -1;      // -1: gRPC's unlimited
     // mutual TLS towards the next stages and the driver's sink (--tls); null: plaintext
     std::shared_ptr<grpc::ChannelCredentials> credentials;
+    // the same identity over the raw TCP connections: pass ports, the driver's delivery port; null: plain
+    std::shared_ptr<const TlsContexts> raw_tls;
+    int max_pass_connections = 16;  // --max-pass-connections: accepted at once on the pass port
 };
 
 class Chain {
 public:
     static constexpr size_t kMaxChannels = 16;
+
+    const ChainPolicy & policy() const { return policy_; }
 
     explicit Chain(ChainPolicy policy = {})
         : policy_(std::move(policy)), peers_(policy_.peers.begin(), policy_.peers.end()) {}

@@ -28,6 +28,7 @@ DeliveryStreams::~DeliveryStreams() {
 }
 
 void DeliveryStreams::drop(Connection & c) {
+    c.link.reset();
     if (c.fd >= 0) {
         close(c.fd);
     }
@@ -36,21 +37,8 @@ void DeliveryStreams::drop(Connection & c) {
 }
 
 bool DeliveryStreams::read_refusals(Connection & c, std::vector<std::string> & refused, std::string & why) {
-    char buf[4096];
-    for (;;) {
-        const ssize_t got = recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (got > 0) {
-            c.unread.append(buf, (size_t) got);
-            continue;
-        }
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            break;
-        }
-        why = got == 0 ? "the driver closed its delivery stream"
-                       : std::string("reading the delivery stream: ") + std::strerror(errno);
+    if (!c.link->read_available(c.unread, why)) {
+        why = "the delivery stream: " + why;
         return false;
     }
     size_t at = 0;
@@ -77,29 +65,41 @@ bool DeliveryStreams::read_refusals(Connection & c, std::vector<std::string> & r
     return true;
 }
 
+bool DeliveryStreams::connect(const std::string & address, Connection & c, std::chrono::milliseconds timeout,
+                              std::string & why) {
+    std::string host, port;
+    if (!split_host_port(address, host, port, false)) {
+        why = "delivery_stream " + address + " is not HOST:PORT";
+        return false;
+    }
+    c.fd = connect_tcp(host, std::atoi(port.c_str()), timeout, why);
+    if (c.fd < 0) {
+        why = "delivery stream: " + why;
+        return false;
+    }
+    c.link = std::make_unique<Link>(c.fd);
+    if (tls_ != nullptr && !c.link->connect_tls(tls_->dialing(), host, timeout, why)) {
+        why = "delivery stream: " + why;
+        return false;
+    }
+    // a driver that stops reading fails the write at the ring's deadline instead of holding it
+    timeval limit{(time_t) (timeout.count() / 1000), (suseconds_t) (timeout.count() % 1000 * 1000)};
+    setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    return true;
+}
+
 bool DeliveryStreams::send(const std::string & address, const pb::Delivery & delivery,
                            std::chrono::milliseconds timeout, std::vector<std::string> & refused, std::string & why) {
     Connection & c = connections_[address];
-    if (c.fd < 0) {
-        std::string host, port;
-        if (!split_host_port(address, host, port, false)) {
-            why = "delivery_stream " + address + " is not HOST:PORT";
-            return false;
-        }
-        c.fd = connect_tcp(host, std::atoi(port.c_str()), timeout, why);
-        if (c.fd < 0) {
-            why = "delivery stream: " + why;
-            return false;
-        }
-        // a driver that stops reading fails the write at the ring's deadline instead of holding it
-        timeval limit{(time_t) (timeout.count() / 1000), (suseconds_t) (timeout.count() % 1000 * 1000)};
-        setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    if (c.fd < 0 && !connect(address, c, timeout, why)) {
+        drop(c);
+        return false;
     }
     if (!delivery.SerializeToString(&body_)) {
         why = "a delivery that does not serialize";
         return false;
     }
-    const bool sent = write_frame(c.fd, body_, why) && read_refusals(c, refused, why);
+    const bool sent = c.link->write_frame(body_, why) && read_refusals(c, refused, why);
     if (body_.capacity() > kKeptFrameBytes) {
         std::string().swap(body_);
     }

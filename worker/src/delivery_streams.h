@@ -13,6 +13,7 @@
 // at the next send to it. Used by the ring's one delivery thread alone, so it takes no lock.
 #pragma once
 
+#include "secure_link.h"
 #include "shard.pb.h"
 
 #include <chrono>
@@ -24,7 +25,8 @@ namespace dgr {
 
 class DeliveryStreams {
 public:
-    DeliveryStreams() = default;
+    // ``tls``: the worker's contexts (--tls): every connection is mutual TLS to the driver; null: plain
+    explicit DeliveryStreams(const TlsContexts * tls = nullptr) : tls_(tls) {}
     ~DeliveryStreams();  // closes every connection
     DeliveryStreams(const DeliveryStreams &) = delete;
     DeliveryStreams & operator=(const DeliveryStreams &) = delete;
@@ -39,7 +41,8 @@ public:
 private:
     struct Connection {
         int fd = -1;
-        std::string unread;  // bytes the driver sent that are not yet a whole frame
+        std::unique_ptr<Link> link;  // over fd: plain, or TLS
+        std::string unread;          // bytes the driver sent that are not yet a whole frame
     };
 
     // Read what the driver has sent without waiting: refusals into ``refused``; false when it closed
@@ -47,6 +50,9 @@ private:
     static bool read_refusals(Connection & c, std::vector<std::string> & refused, std::string & why);
     void drop(Connection & c);
 
+    bool connect(const std::string & address, Connection & c, std::chrono::milliseconds timeout, std::string & why);
+
+    const TlsContexts * tls_;
     std::map<std::string, Connection> connections_;
     std::string body_;  // the last delivery sent, its capacity kept for the next
 };

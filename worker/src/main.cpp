@@ -131,6 +131,10 @@ int main(int argc, char ** argv) {
         }
     }
 
+    // A peer that closed its end makes a write fail with EPIPE, never kill the worker: OpenSSL's writes
+    // on the pass ports and delivery streams (--tls) cannot ask for MSG_NOSIGNAL as our own sends do.
+    std::signal(SIGPIPE, SIG_IGN);
+
     // Block the stop signals in every thread (gRPC and ggml threads inherit the mask); main waits for them.
     sigset_t stop_signals;
     sigemptyset(&stop_signals);
@@ -180,11 +184,13 @@ int main(int argc, char ** argv) {
         dgr::ChainPolicy chain;
         chain.peers = opts.peers;
         chain.max_message_bytes = dgr::message_limit(stage.info());
+        chain.max_pass_connections = opts.max_pass_connections;
         std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
         if (!opts.tls_dir.empty()) {
             const dgr::TlsFiles tls = dgr::read_tls_dir(opts.tls_dir);
             credentials = dgr::server_credentials(tls);
             chain.credentials = dgr::channel_credentials(tls);
+            chain.raw_tls = std::make_shared<const dgr::TlsContexts>(tls);
         }
         id.transport = dgr::transport_of(opts);
         dgr::ShardService service(stage, id, chain);

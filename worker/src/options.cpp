@@ -20,6 +20,7 @@ const char * usage_text() {
            "                        [--mtp | --mtp-model FILE]\n"
            "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
            "                        [--peers HOST:PORT,HOST:*,...] [--tls DIR | --insecure]\n"
+           "                        [--max-pass-connections N]\n"
            "                        [--stop-on-stdin-eof] [--verbose]\n"
            "\n"
            "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
@@ -45,6 +46,9 @@ const char * usage_text() {
            "--tls DIR: mutual TLS on the gRPC port and on the channels this worker opens (DIR holds cert.pem,\n"
            "key.pem and ca.pem, as `dgr tls` writes them): a client without a certificate of that CA is refused.\n"
            "Without it the worker serves plaintext, on a loopback --listen only, unless --insecure says so.\n"
+           "The pass port and the ring's delivery streams then run mutual TLS too.\n"
+           "--max-pass-connections N: connections held at once on the pass port (default 16); one more\n"
+           "evicts the oldest not yet proven (TLS handshake, or a first whole pass) or is refused.\n"
            "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
            "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
 }
@@ -211,6 +215,8 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         } else if (arg == "--mtp-model") {
             out.mtp_model_path = val;
             out.mtp = true;
+        } else if (arg == "--max-pass-connections") {
+            out.max_pass_connections = parse_int(arg, val, 1, 1024);
         } else if (arg == "--tls") {
             out.tls_dir = val;
         } else if (arg == "--load") {

@@ -33,6 +33,7 @@ struct WorkerOptions {
     bool stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM
     std::string tls_dir;             // --tls: cert.pem, key.pem, ca.pem: mutual TLS on every gRPC channel
     bool insecure = false;           // --insecure: plaintext on a --listen host other hosts can reach
+    int32_t max_pass_connections = 16;  // --max-pass-connections: held at once on the pass port
     bool verbose = false;
 };
 

@@ -86,7 +86,7 @@ constexpr size_t kStoppedKept = 1024;
 }  // namespace
 
 struct RingRunner::State {
-    explicit State(Chain & c) : chain(c) {}
+    explicit State(Chain & c) : chain(c), streams(c.policy().raw_tls.get()) {}
 
     Chain & chain;
     std::mutex mu;

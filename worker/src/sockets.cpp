@@ -113,16 +113,26 @@ uint32_t frame_length(const char head[4]) {
 }
 
 FrameRead read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced) {
-    char head[4];
-    if (!read_exact(fd, head, sizeof head)) {
-        return FrameRead::Closed;
+    return read_frame_by([fd](char * buf, size_t n) { return read_exact(fd, buf, n); }, max_bytes, body, announced);
+}
+
+bool read_available(int fd, std::string & out, std::string & why) {
+    char buf[4096];
+    for (;;) {
+        const ssize_t got = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (got > 0) {
+            out.append(buf, (size_t) got);
+            continue;
+        }
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return true;
+        }
+        why = got == 0 ? "the peer closed the connection" : std::string("reading: ") + std::strerror(errno);
+        return false;
     }
-    announced = frame_length(head);
-    if (max_bytes >= 0 && (int64_t) announced > max_bytes) {
-        return FrameRead::TooLong;
-    }
-    body.resize(announced);
-    return read_exact(fd, body.data(), announced) ? FrameRead::Whole : FrameRead::Closed;
 }
 
 bool write_frame(int fd, const std::string & body, std::string & why) {

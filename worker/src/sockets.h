@@ -37,6 +37,26 @@ uint32_t frame_length(const char head[4]);
 enum class FrameRead { Whole, Closed, TooLong };
 FrameRead read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced);
 
+// read_frame over any exact reader (``read_exact(buf, n)``: false when the bytes cannot all come), such
+// as a TLS session's (secure_link.h).
+template <class ReadExact>
+FrameRead read_frame_by(ReadExact && read_exact, int64_t max_bytes, std::string & body, uint32_t & announced) {
+    char head[4];
+    if (!read_exact(head, sizeof head)) {
+        return FrameRead::Closed;
+    }
+    announced = frame_length(head);
+    if (max_bytes >= 0 && (int64_t) announced > max_bytes) {
+        return FrameRead::TooLong;
+    }
+    body.resize(announced);
+    return read_exact(body.data(), announced) ? FrameRead::Whole : FrameRead::Closed;
+}
+
+// What the peer has sent that can be read without waiting, appended to ``out``; false (``why``) when it
+// closed the connection or the read failed.
+bool read_available(int fd, std::string & out, std::string & why);
+
 // A connection's serialization buffer is kept between frames up to this size (no allocation per pass
 // or delivery), and released above it (a prefill's pass can be megabytes).
 constexpr size_t kKeptFrameBytes = 1 << 20;

@@ -23,8 +23,14 @@ namespace dgr {
 struct PassStreams::Out {
     std::mutex mu;  // one writer at a time
     int fd = -1;
-    std::string body;  // the last pass sent, its capacity kept for the next (no allocation per pass)
+    std::unique_ptr<Link> link;  // over fd: plain, or TLS (--tls)
+    std::string body;            // the last pass sent, its capacity kept for the next (no allocation per pass)
 };
+
+namespace {
+// How long a connection may take to prove itself in a TLS handshake before its thread is given back.
+constexpr std::chrono::milliseconds kHandshakeDeadline(10000);
+}  // namespace
 
 PassStreams::~PassStreams() {
     stop();
@@ -73,19 +79,70 @@ void PassStreams::accept_loop() {
                 close(fd);
                 return;
             }
-            in_.insert(fd);
+            if (!admit(fd)) {
+                close(fd);
+                continue;
+            }
         }
         no_delay(fd);
         std::thread([this, fd] { read_loop(fd); }).detach();
     }
 }
 
+bool PassStreams::admit(int fd) {
+    const int limit = chain_.policy().max_pass_connections;
+    if ((int) in_.size() >= limit) {
+        auto oldest = in_.end();
+        for (auto it = in_.begin(); it != in_.end(); ++it) {
+            if (!it->second.proven && (oldest == in_.end() || it->second.order < oldest->second.order)) {
+                oldest = it;
+            }
+        }
+        if (oldest == in_.end()) {
+            if (refused_++ % 100 == 0) {
+                std::fprintf(stderr,
+                             "dgr-shard-worker: pass port: %d connections held, each proven; refused a "
+                             "connection (%llu so far)\n",
+                             limit, (unsigned long long) refused_);
+            }
+            return false;
+        }
+        shutdown(oldest->first, SHUT_RDWR);  // its reader returns, closes it and frees its place
+        oldest->second.proven = true;        // not chosen twice while its reader winds down
+    }
+    in_[fd] = In{++accepted_, false};
+    return true;
+}
+
 void PassStreams::read_loop(int fd) {
+    {
+        Link link(fd);
+        std::string why;
+        const TlsContexts * tls = chain_.policy().raw_tls.get();
+        if (tls != nullptr && !link.accept_tls(tls->accepting(), kHandshakeDeadline, why)) {
+            if (!stopping_) {
+                std::fprintf(stderr, "dgr-shard-worker: pass port: closed a connection: %s\n", why.c_str());
+            }
+        } else {
+            if (tls != nullptr) {
+                std::lock_guard<std::mutex> lock(mu_);
+                in_[fd].proven = true;
+            }
+            read_passes(fd, link);
+        }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_.erase(fd)) {
+        close(fd);  // stop() only shuts an fd down; the fd is closed by the one thread that reads it
+    }
+}
+
+void PassStreams::read_passes(int fd, Link & link) {
     pb::ForwardRequest pass;
     std::string body;
     for (;;) {
         uint32_t n = 0;
-        const FrameRead got = read_frame(fd, max_bytes_, body, n);
+        const FrameRead got = link.read_frame(max_bytes_, body, n);
         if (got == FrameRead::TooLong) {
             std::fprintf(stderr,
                          "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
@@ -107,11 +164,11 @@ void PassStreams::read_loop(int fd) {
         if (stopping_) {
             break;
         }
+        if (!link.secure()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            in_[fd].proven = true;
+        }
         on_pass_(pass, received_ns);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (in_.erase(fd)) {
-        close(fd);  // stop() only shuts an fd down; the fd is closed by the one thread that reads it
     }
 }
 
@@ -146,18 +203,33 @@ int PassStreams::pass_port_of(const std::string & address, std::string & why) {
     return info.pass_port();
 }
 
-int PassStreams::connect_to(const std::string & address, std::string & why) {
+bool PassStreams::connect_to(const std::string & address, Out & out, std::string & why) {
     const int pass_port = pass_port_of(address, why);
     if (pass_port < 0) {
-        return -1;
+        return false;
     }
     std::string host, port;
     split_host_port(address, host, port, false);
     const int fd = connect_tcp(host, pass_port, std::chrono::milliseconds(0), why);
     if (fd < 0) {
         why = "pass port: " + why;
+        return false;
     }
-    return fd;
+    auto link = std::make_unique<Link>(fd);
+    const TlsContexts * tls = chain_.policy().raw_tls.get();
+    if (tls != nullptr && !link->connect_tls(tls->dialing(), host, kHandshakeDeadline, why)) {
+        why = "pass port: " + why;
+        link.reset();
+        close(fd);
+        return false;
+    }
+    std::lock_guard<std::mutex> outer(mu_);  // stop() reads fd under mu_ alone
+    out.fd = fd;
+    out.link = std::move(link);
+    if (stopping_) {
+        shutdown(fd, SHUT_RDWR);
+    }
+    return true;
 }
 
 ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequest & pass) {
@@ -185,18 +257,10 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
             ""};
     }
     std::string why;
-    if (out->fd < 0) {
-        const int fd = connect_to(address, why);
-        if (fd < 0) {
-            return failed(why);
-        }
-        std::lock_guard<std::mutex> outer(mu_);  // stop() reads fd under mu_ alone
-        out->fd = fd;
-        if (stopping_) {
-            shutdown(fd, SHUT_RDWR);
-        }
+    if (out->fd < 0 && !connect_to(address, *out, why)) {
+        return failed(why);
     }
-    const bool sent = write_frame(out->fd, body, why);
+    const bool sent = out->link->write_frame(body, why);
     if (body.capacity() > kKeptFrameBytes) {
         std::string().swap(body);
     }
@@ -204,6 +268,7 @@ ChainResult PassStreams::send(const std::string & address, const pb::ForwardRequ
         return ChainResult{};
     }
     std::lock_guard<std::mutex> outer(mu_);
+    out->link.reset();
     close(out->fd);
     out->fd = -1;
     return failed("the pass connection broke: " + why);
@@ -217,7 +282,7 @@ void PassStreams::stop() {
     if (listen_fd_ >= 0) {
         shutdown(listen_fd_, SHUT_RDWR);  // accept returns; the process is about to end, so no close race
     }
-    for (int fd : in_) {
+    for (const auto & [fd, in] : in_) {
         shutdown(fd, SHUT_RDWR);  // its reader's recv returns 0 and the reader closes it
     }
     for (auto & [address, out] : out_) {

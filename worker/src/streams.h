@@ -17,9 +17,17 @@
 // mutex), so more connections would add no parallelism; a session's passes stay in order on it.
 // Writers to one connection take turns. A connection that fails is closed and the next pass opens a
 // new one.
+//
+// With --tls every connection is mutual TLS (secure_link.h): a peer without a certificate of the
+// worker's CA fails the handshake and is closed before any byte reaches the stage. At most
+// --max-pass-connections are held at once, each with its reader thread; one more evicts the oldest
+// connection not yet proven (its TLS handshake, or without TLS its first whole pass, still to come) or,
+// where every one is proven, is closed at once: a flood of connections costs no thread beyond the
+// limit and cannot keep a neighbour that proves itself out.
 #pragma once
 
 #include "chain.h"
+#include "secure_link.h"
 #include "shard.pb.h"
 
 #include <atomic>
@@ -65,10 +73,17 @@ public:
 private:
     struct Out;
 
+    struct In {
+        uint64_t order = 0;   // accepted as the order-th connection
+        bool proven = false;  // handshake done (TLS) or a whole pass read (plain)
+    };
+
     int pass_port_of(const std::string & address, std::string & why);  // -1 and why when it has none
-    int connect_to(const std::string & address, std::string & why);
+    bool connect_to(const std::string & address, Out & out, std::string & why);
     void accept_loop();
+    bool admit(int fd);  // mu_ held: room for fd, evicting an unproven connection where needed
     void read_loop(int fd);
+    void read_passes(int fd, Link & link);
     void record(const std::string & body);
 
     Chain & chain_;
@@ -79,7 +94,9 @@ private:
     std::atomic<bool> stopping_{false};
     std::mutex mu_;
     std::map<std::string, std::shared_ptr<Out>> out_;
-    std::set<int> in_;        // accepted connections still read
+    std::map<int, In> in_;  // accepted connections still read
+    uint64_t accepted_ = 0;
+    uint64_t refused_ = 0;    // connections closed at once: the limit reached, every one proven
     std::string record_dir_;  // --record-passes; "": none
     std::atomic<int> recorded_{0};
 };
