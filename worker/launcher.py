@@ -93,6 +93,7 @@ class WorkerCommand:
     cpus: tuple[str, ...] = ()
     load: str | None = None  # --load, llama.cpp's load mode name; None: the worker's default
     tls: Path | None = None  # --tls: the worker's identity folder (mutual TLS); None: plaintext
+    driver_tls: Identity | None = None  # with tls: the identity the driver reaches these workers with
     extra: tuple[str, ...] = ()
 
     def argv(
@@ -391,14 +392,13 @@ def launch(
     call_deadline: float = 120.0,
     grace: float = 5.0,
     placed: Sequence[Placed] | None = None,
-    client_tls: Identity | None = None,
 ) -> Iterator[Pipeline]:
     """Start a worker per stage, wait until each listens and is healthy, yield the Pipeline, stop all.
 
     Workers start together (model loading overlaps), then each is awaited in turn against one shared
     deadline.  ``call_deadline`` bounds every later RPC (a hung worker is a failure, not a wait).
     ``placed[k]`` (optional) says where stage k runs: a command prefix and the address it listens on.
-    ``client_tls``: the driver's identity towards workers started with ``cmd.tls`` (mutual TLS).
+    Workers started with ``cmd.tls`` are reached with ``cmd.driver_tls`` (mutual TLS).
     """
     check_placement(placement)
     if placed is not None and len(placed) != len(placement):
@@ -430,7 +430,7 @@ def launch(
                 layers=stage.layers,
                 deadline=call_deadline,
                 liveness=stage.ended,
-                tls=client_tls,
+                tls=cmd.driver_tls,
             )
         for stage in pipeline.stages:
             _wait_healthy(stage, until, start_timeout)

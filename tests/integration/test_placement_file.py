@@ -45,9 +45,7 @@ def _identity(tmp: Path) -> Path:
     return path
 
 
-def _start(
-    stack: ExitStack, cmd: WorkerCommand, stubs, tmp: Path, name: str, ranges, client_tls=None
-) -> list[str]:
+def _start(stack: ExitStack, cmd: WorkerCommand, stubs, tmp: Path, name: str, ranges) -> list[str]:
     pipe = stack.enter_context(
         launch(
             cmd,
@@ -56,7 +54,6 @@ def _start(
             evidence=tmp / "operator" / name,
             env=ENV,
             start_timeout=120,
-            client_tls=client_tls,
         )
     )
     return [s.address for s in pipe.stages]
@@ -199,6 +196,7 @@ def test_attached_workers_over_mutual_tls_are_held_to_their_pinned_certificates(
         identity=_identity(tmp_path),
         lane="cpu",
         tls=worker_id.cert.parent,
+        driver_tls=driver_id,  # the operator's own launcher checks its workers' health over TLS
     )
 
     def placement_file(name: str, pins: dict[tuple[str, int], str], driver: bool = True) -> Path:
@@ -226,7 +224,7 @@ def test_attached_workers_over_mutual_tls_are_held_to_their_pinned_certificates(
         return tmp_path / name
 
     with ExitStack() as stack:
-        addrs = {g: _start(stack, cmd, stubs, tmp_path, g, r, driver_id) for g, r in GROUPS.items()}
+        addrs = {g: _start(stack, cmd, stubs, tmp_path, g, r) for g, r in GROUPS.items()}
         listed = {p: list(zip(addrs[g], GROUPS[g], strict=True)) for p, g in LISTED.items()}
 
         run = certified(ENV, "--recipe", RECIPE, "--placement-file", str(placement_file("tls.json", {})))

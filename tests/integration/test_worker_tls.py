@@ -56,16 +56,14 @@ def _identity(ca: Path, name: str) -> tls.Identity:
 
 @pytest.fixture(scope="module")
 def secured(worker_command: WorkerCommand, ca: Path) -> WorkerCommand:
-    return dataclasses.replace(worker_command, tls=ca / tls_ca.HOSTS / "worker")
+    worker = ca / tls_ca.HOSTS / "worker"
+    return dataclasses.replace(worker_command, tls=worker, driver_tls=_identity(ca, "driver"))
 
 
 @pytest.fixture(scope="module")
 def mono(secured: WorkerCommand, ca: Path, stubs, worker_env, tmp_path_factory) -> tuple[list, drive.Trace]:
-    driver = _identity(ca, "driver")
     evidence = tmp_path_factory.mktemp("mono")
-    with launch(
-        secured, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env, client_tls=driver
-    ) as p:
+    with launch(secured, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         assert p.clients[0].info().transport == "mtls"
         prompts = [p.clients[0].tokenize(text, add_special=True) for text in TEXTS]
         return prompts, drive.run_placement(p.clients, prompts, N_DECODE)
@@ -76,9 +74,8 @@ def test_staged_equals_monolithic_over_tls_on_every_route(
     name: str, mono, secured: WorkerCommand, ca: Path, stubs, worker_env, tmp_path: Path
 ) -> None:
     prompts, reference = mono
-    driver = _identity(ca, "driver")
     placement = PLACEMENTS[name]
-    with launch(secured, placement, stubs=stubs, evidence=tmp_path, env=worker_env, client_tls=driver) as p:
+    with launch(secured, placement, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         assert {c.info().transport for c in p.clients} == {"mtls"}
         for route_name, route in ROUTES.items():
             got = drive.run_placement(p.clients, prompts, N_DECODE, route=route)
@@ -91,7 +88,6 @@ def test_staged_equals_monolithic_over_tls_on_every_route(
 def test_clients_without_a_trusted_certificate_are_refused_and_change_nothing(
     secured: WorkerCommand, ca: Path, stubs, worker_env, tmp_path: Path
 ) -> None:
-    driver = _identity(ca, "driver")
     tls_ca.ensure_ca(tmp_path / "other")
     stranger = tls_ca.issue(tmp_path / "other", "driver", names=["127.0.0.1"])
     ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=3)
@@ -101,9 +97,7 @@ def test_clients_without_a_trusted_certificate_are_refused_and_change_nothing(
         "another CA": dataclasses.replace(stranger, ca=ours),
         "expired": dataclasses.replace(expired, ca=ours),
     }
-    with launch(
-        secured, [(0, N_LAYER)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env, client_tls=driver
-    ) as p:
+    with launch(secured, [(0, N_LAYER)], stubs=stubs, evidence=tmp_path / "ev", env=worker_env) as p:
         trusted = p.clients[0]
         prompt = trusted.tokenize(TEXTS[0], add_special=True)
         trusted.forward("held", 1, list(range(len(prompt))), tokens=prompt)

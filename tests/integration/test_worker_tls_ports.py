@@ -47,12 +47,10 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def staged(
     worker_command: WorkerCommand, ca: Path, stubs, worker_env, tmp_path_factory
 ) -> Iterator[Pipeline]:
-    cmd = dataclasses.replace(worker_command, tls=ca / tls_ca.HOSTS / "worker")
     driver = tls.load(ca / tls_ca.HOSTS / "driver")
+    cmd = dataclasses.replace(worker_command, tls=ca / tls_ca.HOSTS / "worker", driver_tls=driver)
     evidence = tmp_path_factory.mktemp("staged")
-    with launch(
-        cmd, [(0, 6), (6, 12)], stubs=stubs, evidence=evidence, env=worker_env, client_tls=driver
-    ) as p:
+    with launch(cmd, [(0, 6), (6, 12)], stubs=stubs, evidence=evidence, env=worker_env) as p:
         yield p
 
 

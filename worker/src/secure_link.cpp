@@ -60,6 +60,12 @@ SSL_CTX * make_context(const TlsFiles & files, bool accepting) {
                                      : "--tls: cert.pem and key.pem are not a certificate and its key");
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    // read what has arrived in one call, records and all, instead of a header and a body per record: a
+    // 64 KiB boundary is four records
+    SSL_CTX_set_read_ahead(ctx, 1);
+    // AES-128-GCM first: as strong as the handshake's P-256 keys, and four rounds fewer than AES-256
+    SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
+    SSL_CTX_set_default_read_buffer_len(ctx, 1 << 18);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
     return ctx;
 }
@@ -68,6 +74,23 @@ void set_timeouts(int fd, std::chrono::milliseconds limit) {
     timeval t{(time_t) (limit.count() / 1000), (suseconds_t) (limit.count() % 1000 * 1000)};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof t);
+}
+
+// The socket under a session: read directly, written through a buffer flushed once per frame, so the
+// records of one frame (four for a 64 KiB boundary) leave in one write and wake the reader once.
+bool attach(SSL * ssl, int fd) {
+    BIO * socket_bio = BIO_new_socket(fd, BIO_NOCLOSE);
+    BIO * buffer = BIO_new(BIO_f_buffer());
+    if (socket_bio == nullptr || buffer == nullptr || BIO_set_write_buffer_size(buffer, 1 << 18) != 1 ||
+        BIO_up_ref(socket_bio) != 1) {
+        BIO_free(socket_bio);
+        BIO_free(buffer);
+        return false;
+    }
+    BIO_push(buffer, socket_bio);  // buffer's next is the socket: one reference each, read and write
+    SSL_set0_rbio(ssl, socket_bio);
+    SSL_set0_wbio(ssl, buffer);
+    return true;
 }
 
 std::string unbracket(const std::string & host) {
@@ -104,13 +127,13 @@ bool Link::handshake(bool accepting, std::chrono::milliseconds deadline, std::st
 
 bool Link::accept_tls(SSL_CTX * ctx, std::chrono::milliseconds deadline, std::string & why) {
     ssl_ = SSL_new(ctx);
-    return ssl_ != nullptr && SSL_set_fd(ssl_, fd_) == 1 ? handshake(true, deadline, why)
-                                                         : (why = tls_error("TLS session"), false);
+    return ssl_ != nullptr && attach(ssl_, fd_) ? handshake(true, deadline, why)
+                                                : (why = tls_error("TLS session"), false);
 }
 
 bool Link::connect_tls(SSL_CTX * ctx, const std::string & host, std::chrono::milliseconds deadline, std::string & why) {
     ssl_ = SSL_new(ctx);
-    if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
+    if (ssl_ == nullptr || !attach(ssl_, fd_)) {
         why = tls_error("TLS session");
         return false;
     }
@@ -158,14 +181,22 @@ bool Link::write_frame(const std::string & body, std::string & why) {
     if (ssl_ == nullptr) {
         return dgr::write_frame(fd_, body, why);
     }
-    out_.resize(4 + body.size());
-    frame_head((uint32_t) body.size(), out_.data());
-    std::memcpy(out_.data() + 4, body.data(), body.size());
-    const int put = SSL_write(ssl_, out_.data(), (int) out_.size());
-    if (out_.capacity() > kKeptFrameBytes) {
-        std::string().swap(out_);
+    // One flush of the write buffer per frame, so one write(2). A frame that fits one record goes as one
+    // (head and body copied together: one seal); a larger one as the head's record and the body's own,
+    // with no copy of the body.
+    bool put;
+    if (body.size() + 4 <= kRecordBytes) {
+        small_.resize(4 + body.size());
+        frame_head((uint32_t) body.size(), small_.data());
+        std::memcpy(small_.data() + 4, body.data(), body.size());
+        put = SSL_write(ssl_, small_.data(), (int) small_.size()) > 0;
+    } else {
+        char head[4];
+        frame_head((uint32_t) body.size(), head);
+        put = SSL_write(ssl_, head, sizeof head) > 0 && SSL_write(ssl_, body.data(), (int) body.size()) > 0;
     }
-    if (put > 0) {
+    put = put && BIO_flush(SSL_get_wbio(ssl_)) == 1;
+    if (put) {
         return true;
     }
     why =

@@ -63,9 +63,11 @@ private:
     bool handshake(bool accepting, std::chrono::milliseconds deadline, std::string & why);
     bool read_exact(char * buf, size_t n);
 
+    static constexpr size_t kRecordBytes = 16384;  // TLS's largest record
+
     int fd_;
     SSL * ssl_ = nullptr;
-    std::string out_;  // head and body of a frame in one buffer: one TLS write, not two
+    std::string small_;  // a frame that fits one record, head and body together
 };
 
 }  // namespace dgr
