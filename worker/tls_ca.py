@@ -128,3 +128,14 @@ def _write_private(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
     with os.fdopen(fd, "wb") as out:
         out.write(raw)
+
+
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def loopback(folder: Path) -> tuple[Path, Identity]:
+    """A CA in ``folder`` and the two identities a run on one machine uses: the workers' folder (their
+    --tls) and the driver's identity (its sink serves the workers on loopback too), both for LOOPBACK."""
+    ensure_ca(folder)
+    worker = issue(folder, "worker", names=LOOPBACK)
+    return worker.cert.parent, issue(folder, "driver", names=LOOPBACK)

@@ -43,10 +43,9 @@ ROUTES = {
 
 @pytest.fixture(scope="module")
 def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
     folder = tmp_path_factory.mktemp("ca")
-    tls_ca.ensure_ca(folder)
-    for name in ("worker", "driver"):  # the driver's sink is a server too: its address is loopback
-        tls_ca.issue(folder, name, names=["127.0.0.1", "localhost"])
+    tls_ca.loopback(folder)
     return folder
 
 

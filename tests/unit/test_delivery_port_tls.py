@@ -27,10 +27,9 @@ def pb2(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
     folder = tmp_path_factory.mktemp("ca")
-    tls_ca.ensure_ca(folder)
-    for name in ("driver", "worker"):
-        tls_ca.issue(folder, name, names=["127.0.0.1"])
+    tls_ca.loopback(folder)
     return folder
 
 
