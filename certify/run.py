@@ -25,7 +25,7 @@ from certify.verdict import Result, Status, Verdict, decide
 from core.canonical import atomic_write_bytes, sha256_bytes, write_json
 from core.context import Context
 from core.environment import worker_cpus, worker_load
-from core.errors import DgrError, GateFailed, Terminated
+from core.errors import ConfigurationError, DgrError, GateFailed, Terminated
 from manifests.recipe_model import HardwareClass, Recipe
 
 if TYPE_CHECKING:  # measure pulls in the worker launcher (gRPC); the run imports it when it measures
@@ -142,6 +142,7 @@ def _run_prepared(
     run_id: str | None = None,
     start_timeout: float = 120.0,
     call_deadline: float = 120.0,
+    tls: bool = False,
 ) -> Written:
     """The run on a lane, machine and key its entry point has already checked (``certify`` and
     ``run_certification`` each check them once): plan, measure, decide, publish."""
@@ -156,6 +157,7 @@ def _run_prepared(
         threads=worker_threads(ctx.env, here.cpu_cores, recipe.most_stages),
         start_timeout=start_timeout,
         call_deadline=call_deadline,
+        tls=tls,
     )
     if sealed is not None:
         plan = _against_sealed(plan, sealed, prepared, here)
@@ -222,6 +224,14 @@ def sessions_needed(recipe: Recipe) -> int | None:
     return max(WORKER_SESSIONS, *levels) if levels else None
 
 
+def tls_options(folder: Path) -> dict[str, Any]:
+    """WorkerCommand's TLS fields for workers started over mutual TLS from a CA made in ``folder``."""
+    from worker.tls_ca import loopback
+
+    worker, driver = loopback(folder)
+    return {"tls": worker, "driver_tls": driver}
+
+
 def make_plan(
     ctx: Context,
     run: Run,
@@ -232,13 +242,17 @@ def make_plan(
     threads: int,
     start_timeout: float,
     call_deadline: float,
+    tls: bool = False,
 ) -> Plan:
     """The measurement plan: the lane's worker (and the CPU reference worker, when the hardware class
-    asks for backend agreement), the stubs, and the lane's worker environment over ours."""
+    asks for backend agreement), the stubs, and the lane's worker environment over ours.  ``tls``: each
+    worker over mutual TLS, a CA made for the run in evidence/tls (a seam fabric's issued as it is made)."""
     from certify import measure
     from lanes.runtime import worker_environment
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
+
+    secure = tls_options(run.evidence / "tls") if tls else {}
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
         return WorkerCommand(
@@ -251,6 +265,7 @@ def make_plan(
             max_sessions=sessions_needed(run.recipe),
             identity=run.evidence / "identity.json",
             lane=worker_lane,
+            **secure,
             **mtp_options(run.recipe, prepared.mtp_model),
         )
 
@@ -506,13 +521,22 @@ def certify(
     store: Path | None = None,
     placement_file: Path | None = None,
     reference: Path | None = None,
+    tls: bool = False,
 ) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5.
+
+    ``tls``: the workers it starts run mutual TLS on every port (make_plan); attached workers take the
+    placement file's identity instead, so the two do not go together (exit 2).
 
     ``reference``: a sealed reference's manifest (``dgr reference`` made it); it is provisioned and
     verified (exit 3 on any changed byte) and held to this run's identity (exit 2 naming the field)
     before any worker starts, and no monolithic worker is started."""
     recipe.require_lane(lane)
+    if tls and placement_file is not None:
+        raise ConfigurationError(
+            "--tls starts the certifier's own workers over TLS; attached workers are reached with the "
+            'placement file\'s "driver": {"tls": DIR} (docs/multi-host.md)'
+        )
     from manifests.artifact_sets import load_set, require_sealed
 
     # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.
@@ -526,7 +550,7 @@ def certify(
     if sealed is not None:
         prepared = _with_sealed(prepared, sealed, recipe)
     return _run_prepared(
-        ctx, recipe, lane, prepared, here, key, render=render, placement_file=pf, sealed=sealed
+        ctx, recipe, lane, prepared, here, key, render=render, placement_file=pf, sealed=sealed, tls=tls
     )
 
 

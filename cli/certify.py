@@ -41,6 +41,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a sealed reference's manifest (dgr reference): every placement is compared with it "
         "instead of a monolithic run, and no monolithic worker is started; recorded in the certificate",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="start every worker with mutual TLS on all its ports, from a CA made for the run in its "
+        "evidence folder, and reach it so; the certificate records each stage's transport",
+    )
     attach = parser.add_mutually_exclusive_group()
     attach.add_argument(
         "--placement-file",
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         store=store,
         placement_file=args.placement_file,
         reference=args.reference,
+        tls=args.tls,
     )
     print(
         f"verdict: {written.verdict.status.value} ({recipe.name} on {args.lane}, run {written.run_id}, "

@@ -23,6 +23,7 @@ stopped, anything still running in a namespace killed, namespaces and the root-s
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from core import proc, redact
 from core.canonical import parse_json, read_json
 from core.digits import ascii_int
-from core.errors import RuntimeFailure, ToolchainMissing
+from core.errors import ConfigurationError, RuntimeFailure, ToolchainMissing
 from pipeline.seam_model import Profiles, profiles
 from pipeline.shaper import READY, Link
 
@@ -621,6 +622,24 @@ class NetnsPipeline:
         self.pipeline.check_alive()
 
 
+def _fabric_tls(cmd: Any, fabric: Fabric, tag: str) -> Any:
+    """``cmd`` for this fabric's stages: with TLS on (the run's own CA, worker.tls_ca's layout), the
+    workers get an identity for their fabric addresses and the driver one for its address on the fabric,
+    issued now: the addresses are the fabric's, chosen as it was made."""
+    if getattr(cmd, "tls", None) is None:
+        return cmd
+    from worker import tls_ca
+
+    ca = Path(cmd.tls).parent.parent  # <ca>/hosts/<name>
+    if not (ca / tls_ca.CA_KEY).is_file():
+        raise ConfigurationError(
+            f"TLS over a seam fabric needs the run's own CA (no {tls_ca.CA_KEY} in {ca})"
+        )
+    workers = tls_ca.issue(ca, f"{tag}-workers", names=fabric.addresses)
+    driver = tls_ca.issue(ca, f"{tag}-driver", names=[fabric.driver_address])
+    return dataclasses.replace(cmd, tls=workers.cert.parent, driver_tls=driver)
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetnsPipelines:
     """Start each placement's stages in namespaces joined by links shaped from the recipe's seams."""
@@ -641,6 +660,7 @@ class NetnsPipelines:
         fabric = Fabric(links=profiles(placement), support=self.support, env=self.env, evidence=evidence)
         with fabric:
             write_json(evidence / "fabric.json", fabric.describe())
+            cmd = _fabric_tls(cmd, fabric, tag)
             placed = [
                 Placed(prefix=("ip", "netns", "exec", ns), host=addr, private=True)
                 for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)

@@ -179,6 +179,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # time, 217 s beside two busy loops).  Certifications must pass on a loaded machine anyway (the speed
 # gate's time limits aside, dgr_cli.LOAD_BOUND_CHECKS), so running beside other tests proves the same.
 WAN_RECIPE = "tiny-llama-wan"
+# `--tls`: every worker over mutual TLS (issue 43), each fabric's identities issued as it is made; on
+# 20 ms links what TLS adds per crossing (tens of microseconds) is lost in the waiting
+WAN_ARGS = ("--recipe", WAN_RECIPE, "--tls")
 WAN_TEST = "tests/integration/test_certify_wan.py"
 BACKGROUND = pytest.StashKey[dict[str, Any]]()
 
@@ -215,7 +218,7 @@ def _start_in_background(session: pytest.Session) -> None:
             folder.mkdir()  # the claim: one worker of the run starts it
         except FileExistsError:
             return
-    session.config.stash[BACKGROUND] = {WAN_RECIPE: Started(wan_env(), ("--recipe", WAN_RECIPE), folder)}
+    session.config.stash[BACKGROUND] = {WAN_RECIPE: Started(wan_env(), WAN_ARGS, folder)}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -240,7 +243,7 @@ def wan_certification(request: pytest.FixtureRequest):
     shared = _shared_folder(request.config)
     if shared is not None and shared.is_dir():
         return finished(shared)
-    return certified(wan_env(), "--recipe", WAN_RECIPE)
+    return certified(wan_env(), *WAN_ARGS)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@
   may make the verdict FAIL;
 - chained forwarding crosses n + 1 links per token, ring n, relayed 2n; on the same metro seams chained
   decodes faster than relayed (5 vs 8 crossings of 20 ms each per token);
-- the run leaves no namespace, link or worker behind.
+- the run leaves no namespace, link or worker behind;
+- it runs with `--tls`: every worker, in the fabrics and on loopback, over mutual TLS on every port,
+  with identities the run's own CA issued for each fabric's addresses (issue 43).
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model, request: pytest.Fixtur
     if not support.available:
         pytest.skip(f"seam fabrics cannot be made here: {support.reason}")
     run = request.getfixturevalue("wan_certification")  # started beside the tests before this one
-    verified(ENV, run)  # PASS, or a FAIL only from speed checks a loaded machine missed
+    said = verified(ENV, run)  # PASS, or a FAIL only from speed checks a loaded machine missed
+    # `--tls` (conftest.WAN_ARGS): every stage of every placement, in the fabrics too, over mutual TLS
+    assert {s for p in run.predicate["figures"]["placements"] for s in p["transport"]} == {"mtls"}
+    assert "transport: gRPC ports mtls: " in said
     cert, pred = run.certificate, run.predicate
     recipe = recipes.load(RECIPE, {})
     placements = {p["name"]: p for p in pred["figures"]["placements"]}

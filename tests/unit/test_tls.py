@@ -135,3 +135,10 @@ def test_a_folder_without_one_of_its_files_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigurationError, match="no key.pem"):
         tls.load(tmp_path)
+
+
+def test_certify_tls_does_not_go_with_a_placement_file(tmp_path: Path, capsys) -> None:
+    """--tls starts the certifier's own workers over TLS; attached ones take the placement file's."""
+    assert dgr(["certify", "--tls", "--placement-file", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--tls starts the certifier's own workers over TLS" in err and '"driver": {"tls": DIR}' in err
