@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from core.context import Context
+from core.errors import ConfigurationError
 
 
 def recipe_arguments(parser: argparse.ArgumentParser, lane_help: str) -> None:
@@ -47,6 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="start every worker with mutual TLS on all its ports, from a CA made for the run in its "
         "evidence folder, and reach it so; the certificate records each stage's transport",
     )
+    parser.add_argument(
+        "--worker-tls",
+        type=Path,
+        metavar="DIR",
+        help="with --write-identity: the worker host's TLS identity folder (`dgr tls`); the printed "
+        "command starts the worker with it, and the fingerprint its placement-file entries pin is printed",
+    )
     attach = parser.add_mutually_exclusive_group()
     attach.add_argument(
         "--placement-file",
@@ -64,25 +72,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tls_flags(folder: Path | None) -> list[str]:
+    return [] if folder is None else ["--tls", str(folder.resolve())]
+
+
+def _print_transport(folder: Path | None) -> None:
+    """The pin for the placement file when the worker has an identity, else how to get one."""
+    if folder is None:
+        print(
+            "a HOST other hosts can reach also needs --tls DIR (mutual TLS: `dgr tls`, and the placement "
+            'file\'s "driver": {"tls": DIR} and "fingerprint" per stage) or --insecure (plaintext, a '
+            "private network only); docs/multi-host.md"
+        )
+        return
+    from worker.tls import load
+
+    print(f'in the placement file, each stage of this host: "fingerprint": "{load(folder).fingerprint}"')
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from certify.run import certify, gate_failed
     from reports.render import render
 
     recipe, store = recipe_and_store(args, ctx)
+    if args.worker_tls is not None and args.write_identity is None:
+        raise ConfigurationError("--worker-tls goes with --write-identity (the worker command it prints)")
     if args.write_identity is not None:
         from certify.inputs import write_identity
 
         recipe.require_lane(args.lane)
         lines = write_identity(ctx, recipe, args.lane, args.write_identity, store=store)
         print(f"identity: {args.write_identity.resolve()} ({recipe.name} on {args.lane})")
-        print(f"start each stage with: {shlex.join(lines.every_stage)}")
+        print(f"start each stage with: {shlex.join(lines.every_stage + _tls_flags(args.worker_tls))}")
         if lines.last_stage_also:
             print(f"and the last stage also with: {shlex.join(lines.last_stage_also)}")
-        print(
-            "a HOST other hosts can reach also needs --tls DIR (mutual TLS: `dgr tls`, and the placement "
-            'file\'s "driver": {"tls": DIR} and "fingerprint" per stage) or --insecure (plaintext, a '
-            "private network only); docs/multi-host.md"
-        )
+        _print_transport(args.worker_tls)
         return 0
     written = certify(
         ctx,

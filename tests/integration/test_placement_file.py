@@ -188,6 +188,20 @@ def test_attached_workers_over_mutual_tls_are_held_to_their_pinned_certificates(
     tls_ca.ensure_ca(ca)
     worker_id = tls_ca.issue(ca, "worker", names=["127.0.0.1"])
     driver_id = tls_ca.issue(ca, "driver", names=["127.0.0.1"])  # the sink is served on loopback too
+    # the operator's command line with the host's identity, and the pin its entries take
+    printed = run_dgr(
+        ENV,
+        "certify",
+        "--recipe",
+        RECIPE,
+        "--write-identity",
+        str(tmp_path / "id-tls.json"),
+        "--worker-tls",
+        str(worker_id.cert.parent),
+    )
+    assert printed.returncode == 0, printed.stdout + printed.stderr
+    assert f"--tls {worker_id.cert.parent.resolve()}" in printed.stdout
+    assert f'"fingerprint": "{worker_id.fingerprint}"' in printed.stdout
     cmd = WorkerCommand(
         program=worker_command.program,
         model=worker_command.model,

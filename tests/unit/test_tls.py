@@ -137,6 +137,11 @@ def test_a_folder_without_one_of_its_files_is_named(tmp_path: Path) -> None:
         tls.load(tmp_path)
 
 
+def test_worker_tls_goes_with_write_identity(tmp_path: Path, capsys) -> None:
+    assert dgr(["certify", "--worker-tls", str(tmp_path)]) == 2
+    assert "--worker-tls goes with --write-identity" in capsys.readouterr().err
+
+
 def test_certify_tls_does_not_go_with_a_placement_file(tmp_path: Path, capsys) -> None:
     """--tls starts the certifier's own workers over TLS; attached ones take the placement file's."""
     assert dgr(["certify", "--tls", "--placement-file", str(tmp_path / "p.json")]) == 2
