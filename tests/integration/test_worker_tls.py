@@ -2,7 +2,7 @@
 
 Workers started with ``--tls`` (a CA and identities made by worker.tls_ca, as `dgr tls` makes them):
 - staged == monolithic bit for bit with TLS on every gRPC channel: relayed, chained (stage to stage and
-  to the driver's sink over TLS) and the ring's gRPC path, at 2 and 4 stages;
+  to the driver's sink over TLS) and the ring's gRPC path and streamed ring, at 2, 4 and 12 stages;
 - a client without a certificate, with one of another CA and with an expired one is refused in the
   handshake, and the session a trusted client holds is unchanged by their tries;
 - Info says the port's security; a worker asked to listen where other hosts can reach it, without
@@ -32,7 +32,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Once upon a time"]
 N_DECODE = 8
 N_LAYER = 12
-PLACEMENTS = {"2-stages": [(0, 6), (6, 12)], "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)]}
+PLACEMENTS = {
+    "2-stages": [(0, 6), (6, 12)],
+    "4-stages": [(0, 3), (3, 6), (6, 9), (9, 12)],
+    "12-stages": [(k, k + 1) for k in range(N_LAYER)],
+}
 ROUTES = {
     "relayed": routes.RELAYED,
     "chained": routes.Chained(),
