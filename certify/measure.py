@@ -374,11 +374,19 @@ def run(plan: Plan) -> Outcome:
             "reason": f"lane {plan.lane} is the reference every other lane is held to",
         }
     staged_placements(plan, ref, out)
-    finish(recipe, out)
+    finish(recipe, out, tls=tls_pair(plan.worker))
     return out
 
 
-def finish(recipe: Recipe, out: Outcome) -> None:
+def tls_pair(cmd: Any) -> tuple[Any, Any] | None:
+    """The run's workers' identity and the driver's, where it starts its workers over TLS (the transport
+    floor's TLS rows measure the same crossings with them)."""
+    from worker.tls import load
+
+    return (load(cmd.tls), cmd.driver_tls) if getattr(cmd, "tls", None) and cmd.driver_tls else None
+
+
+def finish(recipe: Recipe, out: Outcome, *, tls: tuple[Any, Any] | None = None) -> None:
     """What a run adds once every placement is in: the route change's result when it did not run,
     the physical model, and the transport floor each seam is read against (pipeline.transport_floor,
     measured here, on this machine, for each boundary size the run's seams carried)."""
@@ -389,7 +397,7 @@ def finish(recipe: Recipe, out: Outcome) -> None:
     speeds = [p.get("speed") or {} for p in out.figures["placements"]]
     sizes = {b for sp in speeds for b in sp.get("seam_bytes_per_token", [])}
     if sizes:
-        out.figures["transport_floor"] = transport_floor.measure(sizes)
+        out.figures["transport_floor"] = transport_floor.measure(sizes, tls=tls)
 
 
 def route_change_at(recipe: Recipe) -> tuple[str, int]:

@@ -42,7 +42,7 @@ def run(plan: Plan) -> Outcome:
     out.results.append(_speed_result(plan.hardware_class, sealed, mode, mono))
     out.figures["backend_agreement"] = _backend_agreement(plan, sealed, same)
     measure.staged_placements(plan, ref, out, mode=mode, agreement=limits)
-    measure.finish(plan.recipe, out)
+    measure.finish(plan.recipe, out, tls=measure.tls_pair(plan.worker))
     return out
 
 

@@ -14,7 +14,10 @@ what one crossing of the same bytes costs with nothing behind it:
   us across two), and ``tcp`` lands on either.  A seam between workers on different cores can reach
   the two-core floor, not the one-core one;
 - ``grpc``: a unary gRPC call of the same bytes to an in-process echo server with the channel options
-  the driver uses: the transport a Forward rides on, without the model.
+  the driver uses: the transport a Forward rides on, without the model;
+- ``tls_tcp`` and ``grpc_tls``, in a run whose workers run mutual TLS (``dgr certify --tls``): the
+  ``tcp`` and ``grpc`` round trips again over mutual TLS with the run's own identities, so the seam
+  tables read each crossing against the same bytes with and without TLS.
 
 Round trips are what is timed (one clock, no skew); a one-way crossing is half of one.  Both figures
 are medians with their quartiles: on a loaded machine the spread says how far to trust them.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,6 +42,9 @@ import numpy as np
 
 from pipeline.socket_io import recv_exact
 from worker.client import CHANNEL_OPTIONS
+from worker.tls import Identity, channel_credentials, server_context, server_credentials
+
+TlsPair = tuple[Identity, Identity]  # the echo's (server's) identity, then the caller's
 
 ECHO_SERVICE = "dgr.floor.Floor"
 ECHO = f"/{ECHO_SERVICE}/Echo"
@@ -76,22 +83,36 @@ def _timed_echoes(sock: socket.socket, size: int, round_trips: int, warmup: int)
     return times
 
 
-def tcp_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
-    """Seconds per loopback TCP round trip of ``size`` bytes (an echo thread on the other end)."""
+def tcp_round_trips(size: int, round_trips: int, warmup: int, tls: TlsPair | None = None) -> np.ndarray:
+    """Seconds per loopback TCP round trip of ``size`` bytes (an echo thread on the other end); with
+    ``tls`` (the echo's identity, ours) over mutual TLS."""
     server = socket.create_server(("127.0.0.1", 0))
-    echo = threading.Thread(
-        target=lambda: _echo(server.accept()[0], size, warmup + round_trips),
-        daemon=True,
-        name="dgr-floor-echo",
-    )
+    accepting = server_context(tls[0]) if tls is not None else None
+
+    def serve() -> None:
+        conn = server.accept()[0]
+        far = accepting.wrap_socket(conn, server_side=True) if accepting else conn
+        _echo(far, size, warmup + round_trips)
+
+    echo = threading.Thread(target=serve, daemon=True, name="dgr-floor-echo")
     echo.start()
     try:
-        with socket.create_connection(server.getsockname()[:2]) as sock:
-            times = _timed_echoes(sock, size, round_trips, warmup)
+        with socket.create_connection(server.getsockname()[:2]) as raw:
+            sock = _client_context(tls[1]).wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
+            with sock:
+                times = _timed_echoes(sock, size, round_trips, warmup)
         echo.join(timeout=10)
     finally:
         server.close()
     return times
+
+
+def _client_context(identity: Identity) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_verify_locations(cafile=str(identity.ca))
+    context.load_cert_chain(str(identity.cert), str(identity.key))
+    return context
 
 
 def echo_process_main(argv: list[str]) -> None:
@@ -140,8 +161,9 @@ def tcp_process_round_trips(size: int, round_trips: int, warmup: int, cpus: tupl
     return times
 
 
-def grpc_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
-    """Seconds per unary gRPC echo of ``size`` bytes on loopback (in-process server, no model)."""
+def grpc_round_trips(size: int, round_trips: int, warmup: int, tls: TlsPair | None = None) -> np.ndarray:
+    """Seconds per unary gRPC echo of ``size`` bytes on loopback (in-process server, no model); with
+    ``tls`` (the server's identity, the client's) over mutual TLS."""
 
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
         return request
@@ -151,10 +173,19 @@ def grpc_round_trips(size: int, round_trips: int, warmup: int) -> np.ndarray:
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    where = "127.0.0.1:0"
+    port = (
+        server.add_secure_port(where, server_credentials(tls[0])) if tls else server.add_insecure_port(where)
+    )
     server.start()
+    target = f"127.0.0.1:{port}"
+    channel = (
+        grpc.secure_channel(target, channel_credentials(tls[1]), options=CHANNEL_OPTIONS)
+        if tls
+        else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    )
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
+        with channel:
             call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(ECHO)
             payload = os.urandom(size)
             times = timed(lambda: call(payload, timeout=10), round_trips, warmup)
@@ -180,13 +211,19 @@ def quartiles(times: np.ndarray) -> dict[str, float]:
     return {"median": median, "q1": q1, "q3": q3}
 
 
-def measure(sizes: Iterable[int], *, round_trips: int = 300, warmup: int = 50) -> dict[str, Any]:
-    """Every floor for each distinct boundary size, with the load average they were taken under."""
+def measure(
+    sizes: Iterable[int], *, round_trips: int = 300, warmup: int = 50, tls: TlsPair | None = None
+) -> dict[str, Any]:
+    """Every floor for each distinct boundary size, with the load average they were taken under; with
+    ``tls`` (the run's workers' identity, the driver's) the TCP and gRPC floors over mutual TLS too."""
     rows: list[dict[str, Any]] = []
     for size in sorted({int(s) for s in sizes if int(s) > 0}):
         tcp = tcp_round_trips(size, round_trips, warmup)
         rpc = grpc_round_trips(size, round_trips, warmup)
         row = {"bytes": size, "tcp_round_trip_s": quartiles(tcp), "grpc_round_trip_s": quartiles(rpc)}
+        if tls is not None:
+            row["tls_tcp_round_trip_s"] = quartiles(tcp_round_trips(size, round_trips, warmup, tls))
+            row["grpc_tls_round_trip_s"] = quartiles(grpc_round_trips(size, round_trips, warmup, tls))
         for name, cpus in core_pairs().items():
             processes = tcp_process_round_trips(size, round_trips, warmup, cpus)
             row[f"tcp_{name}_round_trip_s"] = quartiles(processes)

@@ -101,6 +101,20 @@ def _process_floors(row: Mapping[str, Any], crossings: int, measured: float | No
     }
 
 
+def _tls_floors(row: Mapping[str, Any], crossings: int, measured: float | None) -> dict[str, str]:
+    """The same bytes over mutual TLS (a run with `dgr certify --tls`), gRPC and TCP, one cell apiece
+    with the seam's ratio; nothing for a run without TLS."""
+    if "grpc_tls_round_trip_s" not in row:
+        return {}
+    grpc_s = row["grpc_tls_round_trip_s"]["median"] * crossings / 2
+    tcp_s = row["tls_tcp_round_trip_s"]["median"] * crossings / 2
+    return {
+        "gRPC+TLS floor ms": _ms(grpc_s),
+        "TCP+TLS floor ms": _ms(tcp_s),
+        "measured / TCP+TLS floor": _times_floor(measured, tcp_s),
+    }
+
+
 def floor_frame(
     placements: Sequence[Mapping[str, Any]], floor: Mapping[str, Any] | None
 ) -> pd.DataFrame | None:
@@ -138,6 +152,7 @@ def floor_frame(
                     "TCP floor ms": _ms(tcp_s),
                     "measured / TCP floor": _times_floor(s["measured_s"], tcp_s),
                     **_process_floors(row, crossings, s["measured_s"]),
+                    **_tls_floors(row, crossings, s["measured_s"]),
                     "shaped bound ms": _ms(s["bound_s"]) if m.get("shaped") else "—",
                 }
             )

@@ -87,6 +87,8 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model, request: pytest.Fixtur
     # `--tls` (conftest.WAN_ARGS): every stage of every placement, in the fabrics too, over mutual TLS
     assert {s for p in run.predicate["figures"]["placements"] for s in p["transport"]} == {"mtls"}
     assert "transport: gRPC ports mtls: " in said
+    # and every seam is read against the same bytes over TLS as well as plain (the transport floor)
+    assert all("tls_tcp_round_trip_s" in row for row in run.predicate["figures"]["transport_floor"]["sizes"])
     cert, pred = run.certificate, run.predicate
     recipe = recipes.load(RECIPE, {})
     placements = {p["name"]: p for p in pred["figures"]["placements"]}
@@ -122,6 +124,7 @@ def test_certify_over_shaped_seams(cpu_build, tiny_model, request: pytest.Fixtur
     html = cert.parent / "report.html"
     text = html.read_text()
     assert "Seams against the physical bound" in text and "Scaling with the stage count" in text
+    assert "TCP+TLS floor ms" in text
     assert "20 ms one way (RTT 40 ms), 1 Gbit/s" in text
 
     # This run's workers (their command lines name its evidence folder) and the shapers it started:

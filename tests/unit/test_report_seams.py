@@ -140,3 +140,33 @@ def test_a_ring_placement_names_how_its_passes_crossed() -> None:
     # the unary record is an older certificate's: it says nothing of its deliveries
     assert set(frame["forwarding"]) == {"ring (tcp pass port, deliveries as frames)", "ring (grpc forward)"}
     assert (frame["crossings"] == 1).all()  # one crossing per seam either way: read against half a trip
+
+
+def test_floor_table_shows_the_tls_floors_of_a_run_over_tls_and_nothing_of_them_otherwise() -> None:
+    row = {
+        **FLOOR["sizes"][0],
+        "tls_tcp_round_trip_s": {"median": 3e-5, "q1": 2.8e-5, "q3": 3.3e-5},
+        "grpc_tls_round_trip_s": {"median": 5e-4, "q1": 4.7e-4, "q3": 5.4e-4},
+    }
+    chained = seams.floor_frame(_under_test(PLACEMENTS), {**FLOOR, "sizes": [row]}).query(
+        "forwarding == 'chained'"
+    )
+    first = chained.iloc[0]
+    assert (first["gRPC+TLS floor ms"], first["TCP+TLS floor ms"]) == ("0.250", "0.015")
+    assert first["measured / TCP+TLS floor"] == f"{0.0205 / 1.5e-5:.1f}×"
+    assert "TCP+TLS floor ms" not in seams.floor_frame(_under_test(PLACEMENTS), FLOOR).columns
+
+
+def test_the_tls_floors_are_measured_over_real_mutual_tls(tmp_path) -> None:
+    """pipeline.transport_floor with the run's identities: TLS rows beside the plain ones, each a real
+    round trip (the echo refuses bytes that did not come back)."""
+    from pipeline import transport_floor
+    from worker import tls_ca
+    from worker.tls import load
+
+    worker, driver = tls_ca.loopback(tmp_path)
+    got = transport_floor.measure([1024], round_trips=20, warmup=2, tls=(load(worker), driver))
+    (row,) = got["sizes"]
+    assert row["tls_tcp_round_trip_s"]["median"] > 0 and row["grpc_tls_round_trip_s"]["median"] > 0
+    plain = transport_floor.measure([1024], round_trips=5, warmup=1)["sizes"][0]
+    assert "tls_tcp_round_trip_s" not in plain
