@@ -121,9 +121,10 @@ class AttachedPipelines:
         want_id = stable_identity(self.recipe, lane, self.identity)
         clients: list[_Client] = []
         infos: list[StageInfo] = []
+        identity = load_identity(self.file.driver_tls) if self.file.driver_tls is not None else None
         try:
             for k, s in enumerate(stages):
-                presented = self._presented(name, k, s)
+                presented = self._presented(name, k, s, identity)
                 client = _Client(
                     s.address,
                     self.stubs.pb2,
@@ -131,7 +132,7 @@ class AttachedPipelines:
                     stage=k,
                     layers=s.layers,
                     deadline=self.call_deadline,
-                    tls=self._tls,
+                    tls=identity,
                 )
                 clients.append(client)
                 info = self._checked_info(
@@ -154,15 +155,10 @@ class AttachedPipelines:
             sink_host=sink,
         )
 
-    @property
-    def _tls(self) -> Identity | None:
-        return load_identity(self.file.driver_tls) if self.file.driver_tls is not None else None
-
-    def _presented(self, name: str, k: int, s: AttachedStage) -> str | None:
-        """The fingerprint of the certificate stage k presents (mutual TLS, the placement file's
-        driver identity), held to the file's pin for it; None without TLS, where a pin is refused."""
+    def _presented(self, name: str, k: int, s: AttachedStage, identity: Identity | None) -> str | None:
+        """The fingerprint of the certificate stage k presents (mutual TLS with ``identity``, the
+        placement file's driver), held to the file's pin for it; None without TLS, where a pin is refused."""
         where = f"attached worker {s.address} (placement {name}, stage {k})"
-        identity = self._tls
         if identity is None:
             if s.fingerprint is not None:
                 raise ConfigurationError(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import subprocess
 import sys
 import threading
@@ -42,7 +41,7 @@ import numpy as np
 
 from pipeline.socket_io import recv_exact
 from worker.client import CHANNEL_OPTIONS
-from worker.tls import Identity, channel_credentials, server_context, server_credentials
+from worker.tls import Identity, channel_credentials, client_context, server_context, server_credentials
 
 TlsPair = tuple[Identity, Identity]  # the echo's (server's) identity, then the caller's
 
@@ -98,21 +97,13 @@ def tcp_round_trips(size: int, round_trips: int, warmup: int, tls: TlsPair | Non
     echo.start()
     try:
         with socket.create_connection(server.getsockname()[:2]) as raw:
-            sock = _client_context(tls[1]).wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
+            sock = client_context(tls[1]).wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
             with sock:
                 times = _timed_echoes(sock, size, round_trips, warmup)
         echo.join(timeout=10)
     finally:
         server.close()
     return times
-
-
-def _client_context(identity: Identity) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_3
-    context.load_verify_locations(cafile=str(identity.ca))
-    context.load_cert_chain(str(identity.cert), str(identity.key))
-    return context
 
 
 def echo_process_main(argv: list[str]) -> None:

@@ -42,7 +42,11 @@ class Identity:
 def fingerprint(pem: bytes) -> str:
     """``sha256:HEX`` of a PEM certificate's DER encoding (what `openssl x509 -fingerprint -sha256`
     prints, without the colons): the pin a placement file names."""
-    return "sha256:" + hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem.decode("ascii"))).hexdigest()
+    return _der_fingerprint(ssl.PEM_cert_to_DER_cert(pem.decode("ascii")))
+
+
+def _der_fingerprint(der: bytes) -> str:
+    return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
 def load(folder: Path) -> Identity:
@@ -75,8 +79,7 @@ def presented_fingerprint(address: str, identity: Identity, *, timeout: float = 
     RuntimeFailure naming the address when there is no such handshake (refused, another CA, not TLS)."""
     host, _, port = address.rpartition(":")
     bare = host.strip("[]")
-    context = ssl.create_default_context(cafile=str(identity.ca))
-    context.load_cert_chain(str(identity.cert), str(identity.key))
+    context = client_context(identity)
     context.set_alpn_protocols(["h2"])  # what a gRPC server speaks
     try:
         with socket.create_connection((bare, int(port)), timeout=timeout) as raw:
@@ -86,7 +89,17 @@ def presented_fingerprint(address: str, identity: Identity, *, timeout: float = 
         raise RuntimeFailure(f"no mutual TLS handshake with {address}: {exc}") from None
     if der is None:
         raise RuntimeFailure(f"{address} presented no certificate in its TLS handshake")
-    return "sha256:" + hashlib.sha256(der).hexdigest()
+    return _der_fingerprint(der)
+
+
+def client_context(identity: Identity) -> ssl.SSLContext:
+    """The dialing side of mutual TLS on a raw TCP connection: TLS 1.3, the peer's chain checked against
+    the identity's CA and its name against the address dialed, this end's certificate presented."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_verify_locations(cafile=str(identity.ca))
+    context.load_cert_chain(str(identity.cert), str(identity.key))
+    return context
 
 
 def server_context(identity: Identity) -> ssl.SSLContext:

@@ -140,6 +140,7 @@ void PassStreams::read_loop(int fd) {
 void PassStreams::read_passes(int fd, Link & link) {
     pb::ForwardRequest pass;
     std::string body;
+    bool proven = link.secure();  // a TLS peer proved itself in the handshake; a plain one by a whole pass
     for (;;) {
         uint32_t n = 0;
         const FrameRead got = link.read_frame(max_bytes_, body, n);
@@ -164,9 +165,9 @@ void PassStreams::read_passes(int fd, Link & link) {
         if (stopping_) {
             break;
         }
-        if (!link.secure()) {
+        if (!proven) {  // once per connection: no lock on the passes after its first
             std::lock_guard<std::mutex> lock(mu_);
-            in_[fd].proven = true;
+            in_[fd].proven = proven = true;
         }
         on_pass_(pass, received_ns);
     }
