@@ -50,6 +50,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         report.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER") or "main"))
 
 
+@pytest.fixture(scope="session")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA with the workers' and the driver's loopback identities (worker.tls_ca.loopback), for the TLS
+    tests and bench; a module of its own may make a CA of its own under the same name."""
+    from worker import tls_ca
+
+    folder = tmp_path_factory.mktemp("ca")
+    tls_ca.loopback(folder)
+    return folder
+
+
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
     """A Context whose workspace and archive cache are private to the test."""

@@ -39,14 +39,6 @@ CROSSING_GOAL = 1.25
 RING_GOAL = 0.9
 
 
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
-    folder = tmp_path_factory.mktemp("ca")
-    tls_ca.loopback(folder)
-    return folder
-
-
 def test_bench_one_crossing_over_tls_against_plain(benchmark, cpu_build, ca: Path) -> None:
     rounds = bench_rounds(ROUNDS)
     argv = [

@@ -45,14 +45,6 @@ ROUTES = {
 }
 
 
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
-    folder = tmp_path_factory.mktemp("ca")
-    tls_ca.loopback(folder)
-    return folder
-
-
 def _identity(ca: Path, name: str) -> tls.Identity:
     return tls.load(ca / tls_ca.HOSTS / name)
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from pipeline import drive, routes
+from tests.tls_helpers import trusting_client
 from worker import tls, tls_ca
 from worker.launcher import Pipeline, WorkerCommand, launch
 
@@ -32,14 +33,6 @@ N_LAYER = 12
 TEXT = "The quick brown fox jumps over the lazy dog."
 REACHED = "dropped a message that is not a streamed ring's pass"  # the stage's word for a pass it read
 FLOOD = 1000
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
-    folder = tmp_path_factory.mktemp("ca")
-    tls_ca.loopback(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +67,6 @@ def _wait_for(predicate, timeout: float = 20.0) -> bool:
     return predicate()
 
 
-def _client_context(ca: Path, identity: tls.Identity | None) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(cafile=str(ca / tls.CA))  # it trusts the worker: only its own side can fail
-    if identity is not None:
-        context.load_cert_chain(str(identity.cert), str(identity.key))
-    return context
-
-
 def _send_over_tls(port: int, context: ssl.SSLContext, data: bytes) -> None:
     """Handshake, send, and read until the worker closes or 2 s pass (an error is the refusal)."""
     try:
@@ -102,9 +87,9 @@ def test_a_pass_port_lets_through_only_clients_of_its_ca(
     tls_ca.ensure_ca(tmp_path / "other")
     ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=3)
     hostile = {
-        "no certificate": _client_context(ca, None),
-        "another CA": _client_context(ca, tls_ca.issue(tmp_path / "other", "driver", names=["127.0.0.1"])),
-        "expired": _client_context(
+        "no certificate": trusting_client(ca, None),
+        "another CA": trusting_client(ca, tls_ca.issue(tmp_path / "other", "driver", names=["127.0.0.1"])),
+        "expired": trusting_client(
             ca, tls_ca.issue(ca, "expired", names=["127.0.0.1"], days=1, valid_from=ago)
         ),
     }
@@ -124,7 +109,7 @@ def test_a_pass_port_lets_through_only_clients_of_its_ca(
     assert _reached(staged) == before
     log = staged.stages[1].stderr_path.read_text(errors="replace")
     assert log.count("pass port: closed a connection: TLS handshake") >= len(hostile) + 1
-    _send_over_tls(port, _client_context(ca, tls.load(ca / tls_ca.HOSTS / "driver")), frame)
+    _send_over_tls(port, trusting_client(ca, tls.load(ca / tls_ca.HOSTS / "driver")), frame)
     assert _wait_for(lambda: _reached(staged) == before + 1), (
         "the trusted client's pass never reached the stage"
     )
@@ -137,7 +122,7 @@ def test_a_recorded_connection_replayed_is_refused(staged: Pipeline, ca: Path, s
         relay = threading.Thread(target=_record_one, args=(proxy, port, recorded), daemon=True)
         relay.start()
         before = _reached(staged)
-        driver = _client_context(ca, tls.load(ca / tls_ca.HOSTS / "driver"))
+        driver = trusting_client(ca, tls.load(ca / tls_ca.HOSTS / "driver"))
         _send_over_tls(proxy.getsockname()[1], driver, _pass_frame(stubs))
         relay.join(30)
     assert _wait_for(lambda: _reached(staged) == before + 1) and len(recorded) > 100

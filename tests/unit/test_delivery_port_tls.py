@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.delivery_port import DeliveryPort
 from pipeline.socket_io import frame
+from tests.tls_helpers import trusting_client
 from tests.unit.fake_stages import load_stubs
 from worker import tls, tls_ca
 
@@ -23,22 +24,6 @@ from worker import tls, tls_ca
 @pytest.fixture(scope="module")
 def pb2(tmp_path_factory: pytest.TempPathFactory):
     return load_stubs(tmp_path_factory.mktemp("stubs")).pb2
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA with the workers' and the driver's loopback identities (tls_ca.loopback)."""
-    folder = tmp_path_factory.mktemp("ca")
-    tls_ca.loopback(folder)
-    return folder
-
-
-def _client(ca: Path, identity: tls.Identity | None) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(cafile=str(ca / tls.CA))
-    if identity is not None:
-        context.load_cert_chain(str(identity.cert), str(identity.key))
-    return context
 
 
 def _deliver(address: str, context: ssl.SSLContext | None, body: bytes) -> None:
@@ -68,9 +53,13 @@ def test_only_a_last_stage_of_the_drivers_ca_delivers(pb2, ca: Path, tmp_path: P
         ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=3)
         hostile = {
             "plain TCP": None,
-            "no certificate": _client(ca, None),
-            "another CA": _client(ca, tls_ca.issue(tmp_path / "other", "worker", names=["127.0.0.1"])),
-            "expired": _client(ca, tls_ca.issue(ca, "expired", names=["127.0.0.1"], days=1, valid_from=ago)),
+            "no certificate": trusting_client(ca, None),
+            "another CA": trusting_client(
+                ca, tls_ca.issue(tmp_path / "other", "worker", names=["127.0.0.1"])
+            ),
+            "expired": trusting_client(
+                ca, tls_ca.issue(ca, "expired", names=["127.0.0.1"], days=1, valid_from=ago)
+            ),
         }
         for what, context in hostile.items():
             _deliver(address, context, pb2.Delivery(request_id=what).SerializeToString())
@@ -78,7 +67,7 @@ def test_only_a_last_stage_of_the_drivers_ca_delivers(pb2, ca: Path, tmp_path: P
         assert taken == [] and port.frames == 0
         _deliver(
             address,
-            _client(ca, tls.load(ca / tls_ca.HOSTS / "worker")),
+            trusting_client(ca, tls.load(ca / tls_ca.HOSTS / "worker")),
             pb2.Delivery(request_id="ok").SerializeToString(),
         )
         until = time.monotonic() + 10
