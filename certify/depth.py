@@ -8,6 +8,10 @@ worker and on each placement it names, the placements held to it by three gates.
 * ``kv-at-depth``: the KV bytes the stages allocate for the scenario's context, as each worker reports
   them (llama.cpp's memory breakdown, not a formula), sum to what the monolithic worker allocates: a
   stage that holds another stage's layers, or drops some of its own, is caught here.
+* ``state-at-depth`` (architectures with compressed caches, certify/state.py): every stage's workers
+  count the compressed and sliding-window state their passes filled (``--census``); each placement's
+  counts, layer by layer, equal the monolithic worker's, which meet the recipe's ``exercised``
+  conditioning.
 * ``route-change-at-depth``: on one placement (the recipe's route-change placement where the scenario
   runs it, else its first), the route epoch changes halfway through the decode after the longest
   prompt; the stages must refuse the old KV and, after re-prefilling the whole history, choose the
@@ -33,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from certify import depth_prompt, gates, metrics
+from certify import depth_prompt, gates, metrics, state
 from certify.measure import Outcome, Plan, logit_figures, reach, route_change_gate
 from certify.verdict import Result, Status
 from manifests.recipe_model import Depth, Placement, RouteChange
@@ -60,6 +64,7 @@ class _AtDepth:
     other: DepthTrace | None = None
     other_route: str = ""
     route_change: drive.RouteChange | None = None  # on the placement the scenario switches routes on
+    census: bool = False  # its workers counted the state they filled (--census)
 
 
 def run(plan: Plan, out: Outcome) -> None:
@@ -78,7 +83,8 @@ def run(plan: Plan, out: Outcome) -> None:
         out.figures["depth"] = {"applies": False, "reason": reason, "scenario": scenario_record(depth)}
         out.results.append(Result(name="depth", status=Status.SKIPPED, reason=reason))
         return
-    cmd = dataclasses.replace(plan.worker, ctx_size=depth.context, batch=depth.ubatch)
+    census = plan.recipe.architecture in state.CENSUS_ARCHITECTURES
+    cmd = dataclasses.replace(plan.worker, ctx_size=depth.context, batch=depth.ubatch, census=census)
     mono, prompts = _monolithic(plan, cmd, depth)
     figures: dict[str, Any] = {
         "applies": True,
@@ -183,7 +189,10 @@ def _traces(
         n: run_at_depth(clients, prompt, depth.decode_tokens, route=route, reach=to, boundary_dtype=dtype)
         for n, prompt in sorted(prompts.items())
     }
-    return _AtDepth(infos=drive.describe(clients), traces=traces, seconds=time.perf_counter() - t0)
+    infos = drive.describe(clients)
+    return _AtDepth(
+        infos=infos, traces=traces, seconds=time.perf_counter() - t0, census=any(i.census for i in infos)
+    )
 
 
 def parity_figures(ref: Mapping[int, DepthTrace], cur: Mapping[int, DepthTrace]) -> dict[str, Any]:
@@ -234,7 +243,11 @@ def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[d
         ),
     ]
     parity_result = gates.evaluate(DEPTH_PARITY, p.name, checks, parity, duration_s=staged.seconds)
-    return record, [parity_result, kv_result(p, record, plan.recipe.depth)]
+    results = [parity_result, kv_result(p, record, plan.recipe.depth)]
+    if plan.recipe.architecture in state.CENSUS_ARCHITECTURES:
+        exercised = plan.recipe.depth.exercised if plan.recipe.depth is not None else None
+        results.append(state.judge(p, state.census_of(mono.infos), staged.infos, exercised))
+    return record, results
 
 
 def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Result:
@@ -257,8 +270,10 @@ def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Resul
 
 
 def _record(run: _AtDepth) -> dict[str, Any]:
-    """What the report shows of one placement's run at depth, per prompt length."""
+    """What the report shows of one placement's run at depth, per prompt length, and the state its
+    workers counted (certify/state.py; empty where they kept no census)."""
     return {
+        "state": state.summary(state.census_of(run.infos), state.KINDS if run.census else ()),
         "kv_bytes": kv_bytes_of(run.infos),
         "n_ctx": [int(i.n_ctx) for i in run.infos],
         "prompts": [

@@ -289,7 +289,7 @@ def _measure(
     """Attach (when a placement file is given) and measure; returns the outcome, the attached
     pipelines and the device the lane's workers ran on.  Whatever stops it, run.json records how the
     run ended and a DgrError's hint says where the evidence is before the error goes on."""
-    from certify import depth, measure
+    from certify import depth, measure, state
     from lanes.runtime import lane_device
 
     attached, skipped = None, []
@@ -308,6 +308,7 @@ def _measure(
             outcome = measure_sealed.run(plan)
         else:
             outcome = measure.run(plan)
+        state.prompts_census(plan, outcome)
         depth.run(plan, outcome)
         outcome.results += skipped
         # A GPU lane's workers that fell back to the CPU certify nothing about that lane.

@@ -96,6 +96,16 @@ class RouteChange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Exercised:
+    """What the scenario must fill of a model's compressed state, as the workers count it
+    (certify/state.py): every ratio-128 layer at least ``compressed_entries_min`` compressed entries, and
+    the lightning indexer selecting at most ``indexer_selected_max`` of its widest row's candidates."""
+
+    compressed_entries_min: int
+    indexer_selected_max: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Depth:
     """The context scenario (docs/gates.md, "Depth"): each placement's workers allocate ``context``
     positions, run one generated prompt of each length in ``prompt_tokens`` in passes of ``ubatch``
@@ -110,6 +120,7 @@ class Depth:
     decode_tokens: int
     seed: int
     placements: tuple[str, ...] = ()
+    exercised: Exercised | None = None  # the state census's conditioning (state-at-depth); None: not held
 
     @property
     def longest(self) -> int:

@@ -82,3 +82,40 @@ def _rows(name: str, run: Mapping[str, Any], judged: Mapping[str, Any] | None) -
             row["greedy match"] = f"{parity['greedy_match']:.2f}"
         out.append(row)
     return out
+
+
+def state_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
+    """What each run filled of the model's compressed state, as its workers counted it (certify/state.py):
+    the recipe's own prompts, then the monolithic worker and each placement at depth.  None where no
+    run kept a census."""
+    rows = []
+    prompts = figures.get("state") or {}
+    if prompts.get("applies"):
+        rows.append(_state_row("recipe's prompts (monolithic)", prompts["positions_max"], prompts))
+    d = figures.get("depth") or {}
+    if d.get("applies"):
+        positions = max(d["scenario"]["prompt_tokens"]) + d["scenario"]["decode_tokens"]
+        for name, run in [
+            ("monolithic", d["monolithic"]),
+            *((p["name"], p) for p in d.get("placements", [])),
+        ]:
+            if run.get("state", {}).get("layers"):
+                rows.append(_state_row(f"{name} at depth", positions, run["state"]))
+    return pd.DataFrame(rows) if rows else None
+
+
+def _state_row(name: str, positions: int, census: Mapping[str, Any]) -> dict[str, Any]:
+    kinds = census.get("kinds", {})
+    hca, csa = kinds.get("hca") or {}, kinds.get("csa") or {}
+    fraction = csa.get("selected_fraction_max")
+    return {
+        "run": name,
+        "positions": positions,
+        "ratio-128 entries (least layer)": hca.get("entries_min", 0),
+        "ratio-4 entries (least layer)": csa.get("entries_min", 0),
+        "indexer candidates (widest row)": csa.get("candidates_max", 0),
+        "selected of them": "—" if fraction is None else f"{fraction:.1%}",
+        "rows that left candidates out": csa.get("excluding_rows", 0),
+        "window entries": max(hca.get("window_max", 0), csa.get("window_max", 0)),
+        "window cells": max(hca.get("raw_cells", 0), csa.get("raw_cells", 0)),
+    }

@@ -90,6 +90,24 @@ class StageInfo:
     cpus: str = ""  # the CPU list the worker's threads are held to (--cpus); "": free (or an older worker)
     # the gRPC port's security: "mtls", "plaintext-loopback", "plaintext-insecure"; "": an older worker
     transport: str = ""
+    # --census workers: per layer, the compressed and sliding-window state their passes filled so far
+    census: tuple[LayerState, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerState:
+    """One layer's state as a --census worker counted it (worker/src/state_census.h): the compressed
+    entries its attention saw, the indexer's candidates and selections (csa), the sliding window."""
+
+    layer: int
+    kind: str  # "csa" (ratio-4, indexed) or "hca" (ratio-128)
+    entries_held: int
+    rows: int
+    candidates_max: int
+    selected_at_max: int
+    excluding_rows: int
+    window_max: int
+    raw_cells: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,6 +331,7 @@ class StageClient:
             pass_port=r.pass_port,
             cpus=r.cpus,
             transport=r.transport,
+            census=tuple(_layer_state(s) for s in r.census),
             memory=Memory(
                 weight_bytes=m.weight_bytes,
                 kv_bytes=m.kv_bytes,
@@ -455,3 +474,17 @@ class StageClient:
             drafted=drafted,
         )
         return self._stub.Forward.future(request, timeout=self.deadline if deadline is None else deadline)
+
+
+def _layer_state(s: wire.LayerState) -> LayerState:
+    return LayerState(
+        layer=s.layer,
+        kind=s.kind,
+        entries_held=s.entries_held,
+        rows=s.rows,
+        candidates_max=s.candidates_max,
+        selected_at_max=s.selected_at_max,
+        excluding_rows=s.excluding_rows,
+        window_max=s.window_max,
+        raw_cells=s.raw_cells,
+    )

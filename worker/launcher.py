@@ -92,6 +92,7 @@ class WorkerCommand:
     # stage free to run anywhere (worker/README.md, "CPU affinity")
     cpus: tuple[str, ...] = ()
     load: str | None = None  # --load, llama.cpp's load mode name; None: the worker's default
+    census: bool = False  # --census: the workers count the compressed state their passes fill
     tls: Path | None = None  # --tls: the worker's identity folder (mutual TLS); None: plaintext
     driver_tls: Identity | None = None  # with tls: the identity the driver reaches these workers with
     extra: tuple[str, ...] = ()
@@ -127,6 +128,8 @@ class WorkerCommand:
             args += ["--lane", self.lane]
         if self.tls is not None:
             args += ["--tls", os.fspath(self.tls)]
+        if self.census:
+            args += ["--census"]
         if last:
             args += self.drafting_args()
         return args + list(self.extra)

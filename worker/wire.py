@@ -55,6 +55,19 @@ class InfoReply(Protocol):
     pass_port: int
     cpus: str
     transport: str
+    census: Sequence[LayerState]
+
+
+class LayerState(Protocol):
+    layer: int
+    kind: str
+    entries_held: int
+    rows: int
+    candidates_max: int
+    selected_at_max: int
+    excluding_rows: int
+    window_max: int
+    raw_cells: int
 
 
 class LayerCapture(Protocol):

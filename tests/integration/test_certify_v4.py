@@ -168,8 +168,10 @@ def _held_at_depth(predicate: dict, html: str) -> None:
         assert p["kv_bytes_sum"] == p["kv_bytes_monolithic"] == depth["monolithic"]["kv_bytes"][0] > 0
         assert len(p["kv_bytes"]) == len(p["stages"]) and all(b > 0 for b in p["kv_bytes"])
     statuses = {r["name"]: r["status"] for r in predicate["results"]}
-    assert all(statuses[f"{gate}/{n}"] == "PASS" for n in names for gate in ("depth-parity", "kv-at-depth"))
+    gates = ("depth-parity", "kv-at-depth", "state-at-depth")
+    assert all(statuses[f"{gate}/{n}"] == "PASS" for n in names for gate in gates)
     assert "Depth: the recipe's context scenario" in html
+    _state_exercised(predicate["figures"], html)
     # a route change after the 4,352-token prompt: the old KV refused, the whole history re-prefilled
     # under the new epoch, the tokens the monolithic worker chose after the same switch, and the cost
     rc = depth["route_change"]
@@ -183,3 +185,24 @@ def _held_at_depth(predicate: dict, html: str) -> None:
         f"\ntiny-v4 route change at depth: {rc['reprefill_tokens']} positions re-prefilled in {seconds:.2f} s"
     )
     assert "Route change at depth (three-hash-split)" in html
+
+
+def _state_exercised(figures: dict, html: str) -> None:
+    """Issue 41: the workers' census in the certificate. The recipe's own prompts (a few dozen tokens)
+    fill no ratio-128 block; at depth every ratio-128 layer holds >= 32 compressed entries, the indexer
+    selects < 25% of its widest row's candidates, and every placement counts what the monolithic worker
+    counted."""
+    short = figures["state"]
+    assert short["applies"] and short["kinds"]["hca"]["entries_min"] == 0
+    deep = figures["depth"]["monolithic"]["state"]["kinds"]
+    assert deep["hca"]["entries_min"] >= 32 and deep["csa"]["selected_fraction_max"] < 0.25
+    assert deep["csa"]["excluding_rows"] > 0
+    for p in figures["depth"]["placements"]:
+        assert p["state"]["kinds"] == deep, p["name"]
+    hca, csa = deep["hca"], deep["csa"]
+    print(
+        f"\ntiny-v4 state exercised: ratio-128 entries {short['kinds']['hca']['entries_min']} with the "
+        f"recipe's prompts, {hca['entries_min']} at depth; the indexer selected "
+        f"{csa['selected_fraction_max']:.2%} of {csa['candidates_max']} candidates"
+    )
+    assert "State exercised" in html

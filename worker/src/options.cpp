@@ -20,7 +20,7 @@ const char * usage_text() {
            "                        [--mtp | --mtp-model FILE]\n"
            "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
            "                        [--peers HOST:PORT,HOST:*,...] [--tls DIR | --insecure]\n"
-           "                        [--max-pass-connections N]\n"
+           "                        [--max-pass-connections N] [--census]\n"
            "                        [--stop-on-stdin-eof] [--verbose]\n"
            "\n"
            "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
@@ -49,6 +49,8 @@ const char * usage_text() {
            "The pass port and the ring's delivery streams then run mutual TLS too.\n"
            "--max-pass-connections N: connections held at once on the pass port (default 16); one more\n"
            "evicts the oldest not yet proven (TLS handshake, or a first whole pass) or is refused.\n"
+           "--census: count, per layer, the compressed and sliding-window state the passes fill (DeepSeek V4's\n"
+           "CSA/HCA caches and indexer; Info's census; worker/src/state_census.h). Off by default.\n"
            "--mtp-model FILE: as --mtp, with the block read from an MTP-only GGUF (the pinned converter's\n"
            "--mtp output: the block, its own token embedding and output head) instead of the main file.\n";
 }
@@ -164,6 +166,10 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
         }
         if (arg == "--mtp") {
             out.mtp = true;
+            continue;
+        }
+        if (arg == "--census") {
+            out.census = true;
             continue;
         }
         if (arg == "--stop-on-stdin-eof") {

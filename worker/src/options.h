@@ -22,6 +22,7 @@ struct WorkerOptions {
     int32_t pass_port = 0;           // TCP port of streamed ring passes (on the --listen host); 0: any free one
     std::string record_passes_dir;   // --record-passes: write each pass read there (the fuzz corpus); "": none
     bool mtp = false;                // last stage: load the nextn block and draft with it
+    bool census = false;             // --census: count the compressed state the passes fill (state_census.h)
     std::string mtp_model_path;      // --mtp-model: the block comes as an MTP-only GGUF of its own (implies mtp)
     int32_t n_gpu_layers = -1;       // llama's default: offload everything the lane can
     std::string load_mode;           // --load: llama's load mode name; "": none for host weights, else auto (weights.h)

@@ -41,6 +41,18 @@ static grpc::Status guarded(const char * rpc, Fn && fn) {
     }
 }
 
+static void put_layer_state(const LayerState & s, pb::LayerState * out) {
+    out->set_layer(s.layer);
+    out->set_kind(s.kind);
+    out->set_entries_held(s.entries_held);
+    out->set_rows(s.rows);
+    out->set_candidates_max(s.candidates_max);
+    out->set_selected_at_max(s.selected_at_max);
+    out->set_excluding_rows(s.excluding_rows);
+    out->set_window_max(s.window_max);
+    out->set_raw_cells(s.raw_cells);
+}
+
 // Moves the bytes into the message: a result is sent once, so its buffer need not be copied.
 static void put_tensor(TensorOut && t, pb::Tensor * out) {
     out->set_dtype(t.dtype == DType::F16 ? pb::F16 : pb::F32);
@@ -85,6 +97,9 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         m->set_has_token_embedding(in.has_token_embd);
         m->set_has_output_head(in.has_output_head);
         reply->set_identity_json(id_.identity_json);
+        for (const LayerState & s : stage_.census()) {
+            put_layer_state(s, reply->add_census());
+        }
     });
 }
 

@@ -41,7 +41,7 @@ static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DTy
     return t;
 }
 
-Stage::Stage(const WorkerOptions & opts) : opts_(opts) {
+Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? new StateCensus() : nullptr) {
     llama_model_params mp = llama_model_default_params();
     mp.layer_begin = opts.layer_begin;
     mp.layer_end = opts.layer_end;
@@ -222,6 +222,10 @@ llama_context_params Stage::context_params() const {
     cp.n_threads_batch = opts_.n_threads;
     cp.embeddings = false;
     cp.no_perf = true;
+    if (census_) {
+        cp.cb_eval = &StateCensus::observe;
+        cp.cb_eval_user_data = census_.get();
+    }
     return cp;
 }
 
@@ -232,6 +236,10 @@ void Stage::release_context(llama_context * ctx) {
 
 size_t Stage::n_sessions() {
     return n_sessions_.load();
+}
+
+std::vector<LayerState> Stage::census() const {
+    return census_ ? census_->snapshot() : std::vector<LayerState>{};
 }
 
 bool Stage::reset(const std::string & session_id) {

@@ -12,6 +12,7 @@
 #include "llama.h"
 #include "options.h"
 #include "stage_types.h"
+#include "state_census.h"
 
 #include <atomic>
 #include <chrono>
@@ -43,6 +44,7 @@ public:
     std::vector<int32_t> tokenize(const std::string & text, bool add_special);
     std::string detokenize(const std::vector<int32_t> & tokens);
     size_t n_sessions();
+    std::vector<LayerState> census() const;  // --census: what the passes filled so far; else empty
 
 private:
     struct Session {
@@ -80,6 +82,7 @@ private:
     StageInfo info_;
     std::atomic<size_t> n_sessions_{0};       // readable without the mutex (Health during a Forward)
     std::unique_ptr<ComputeThread> compute_;  // null at one thread: the caller's thread computes
+    std::unique_ptr<StateCensus> census_;     // --census only
 };
 
 }  // namespace dgr

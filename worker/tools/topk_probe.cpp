@@ -18,6 +18,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "llama.h"
+#include "tensor_rows.h"
 
 #include <nlohmann/json.hpp>
 
@@ -212,31 +213,6 @@ Selection describe(const ggml_tensor * t, int64_t k) {
     return s;
 }
 
-// The input's values, row by row, whatever its strides (it may be a view) and backend.
-std::vector<std::vector<float>> read_rows(const ggml_tensor * src, std::vector<char> & staging) {
-    if (src->type != GGML_TYPE_F32 && src->type != GGML_TYPE_F16) {
-        throw std::runtime_error(std::string("selection input ") + src->name + " is " + ggml_type_name(src->type));
-    }
-    staging.resize(ggml_nbytes(src));
-    ggml_backend_tensor_get(src, staging.data(), 0, staging.size());
-    std::vector<std::vector<float>> rows;
-    for (int64_t i3 = 0; i3 < src->ne[3]; ++i3) {
-        for (int64_t i2 = 0; i2 < src->ne[2]; ++i2) {
-            for (int64_t i1 = 0; i1 < src->ne[1]; ++i1) {
-                std::vector<float> row((size_t) src->ne[0]);
-                for (int64_t i0 = 0; i0 < src->ne[0]; ++i0) {
-                    const char * at =
-                        staging.data() + i0 * src->nb[0] + i1 * src->nb[1] + i2 * src->nb[2] + i3 * src->nb[3];
-                    row[(size_t) i0] =
-                        src->type == GGML_TYPE_F32 ? *(const float *) at : ggml_fp16_to_fp32(*(const ggml_fp16_t *) at);
-                }
-                rows.push_back(std::move(row));
-            }
-        }
-    }
-    return rows;
-}
-
 Boundary boundary(const std::vector<float> & row, int64_t k) {
     std::vector<float> finite;
     for (float v : row) {
@@ -283,7 +259,7 @@ void observe(const ggml_tensor * t, Probe & p) {
     if (it == p.selections.end()) {
         it = p.selections.emplace(key, describe(t, k)).first;
     }
-    const auto rows = read_rows(t->src[0], p.staging);
+    const auto rows = dgr::read_rows(t->src[0], p.staging);
     for (size_t r = 0; r < rows.size(); ++r) {
         const Where at{p.batch.sequence, p.batch.position + (int) (r % (size_t) t->src[0]->ne[1])};
         tally(it->second, boundary(rows[r], k), at);
