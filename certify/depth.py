@@ -284,6 +284,7 @@ def _record(run: _AtDepth) -> dict[str, Any]:
                 "prefill_tok_s": t.prefill_tok_s,
                 "decode_tok_s": (len(t.tokens) - 1) / t.decode_seconds if t.decode_seconds > 0 else None,
                 "judged_positions": len(t.positions),
+                "held_bytes": list(t.held_bytes),
             }
             for n, t in sorted(run.traces.items())
         ],

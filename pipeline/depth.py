@@ -10,6 +10,7 @@ the driver's, pass by pass, on the route's driver-fed spec, so the same rows exi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ class DepthTrace:
     prefill_passes: int
     prefill_seconds: float
     decode_seconds: float
+    # each stage's session state at the end, as the worker would save it (KV rows and cells of its
+    # layers, compressed caches included): what holding this context costs, measured
+    held_bytes: tuple[int, ...] = ()
 
     @property
     def prefill_tok_s(self) -> float:
@@ -61,8 +65,9 @@ def run_at_depth(
             drive.abandon_session(stages, session)
             raise
         opened.drain()
+    held = tuple(s.session(session).state_bytes for s in stages)
     drive.reset_session(stages, session)
-    return trace
+    return dataclasses.replace(trace, held_bytes=held)
 
 
 def _session(

@@ -117,3 +117,38 @@ def stage_seam_time(rows: Sequence[tuple[str, Sequence[float], Sequence[float]]]
     parts.append(swatch(left, ly, STAGE_COLOUR, "stage compute"))
     parts.append(swatch(left + 130, ly, SEAM_COLOUR, "seam (transfer + RPC overhead)"))
     return svg(width, height, title, parts)
+
+
+PALETTE = (STAGE_COLOUR, SEAM_COLOUR, BAR_COLOUR, "#b279a2", "#72b7b2", "#9d755d", FAIL_COLOUR, "#bab0ac")
+
+
+def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, title: str, unit: str) -> Markup:
+    """One line per (name, points): y against x, both axes from 0, the x ticks at the points' own x (the
+    prompt lengths a scenario ran), each point labelled with its value; a legend under the plot."""
+    series = [(name, sorted(points)) for name, points in series if points]
+    if not series:
+        return Markup("")
+    width, left, top, plot_h = 760, 90, 34, 170
+    xs = sorted({x for _, points in series for x, _ in points})
+    x_peak, y_peak = max(xs + [1e-9]), max([y for _, p in series for _, y in p] + [1e-9])
+    plot_w = width - left - 60
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return left + x / x_peak * plot_w, top + plot_h - y / y_peak * plot_h
+
+    base = top + plot_h
+    parts = [f'<line x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}" stroke="#222"/>']
+    parts += [
+        f'<text x="{_num(at(x, 0)[0])}" y="{base + 16}" text-anchor="middle">{x:,.0f}</text>' for x in xs
+    ]
+    for i, (name, points) in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
+        path = " ".join(f"{_num(px)},{_num(py)}" for px, py in (at(x, y) for x, y in points))
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, y in points:
+            px, py = at(x, y)
+            parts.append(f'<circle cx="{_num(px)}" cy="{_num(py)}" r="3" fill="{colour}"/>')
+            parts.append(f'<text x="{_num(px + 5)}" y="{_num(py - 5)}">{escape(_label(y, unit))}</text>')
+        parts.append(swatch(left + (i % 3) * 220, base + 40 + (i // 3) * 18, colour, name))
+    height = base + 48 + ((len(series) - 1) // 3) * 18
+    return svg(width, height, title, parts)

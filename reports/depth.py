@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from markupsafe import Markup
+
+from reports import charts
 
 
 def depth_note(depth: Mapping[str, Any] | None) -> str | None:
@@ -71,6 +74,7 @@ def _rows(name: str, run: Mapping[str, Any], judged: Mapping[str, Any] | None) -
             "KV total": f"{sum(kv):,}",
             "prefill tok/s": f"{prompt['prefill_tok_s']:.1f}",
             "decode tok/s": "—" if prompt.get("decode_tok_s") is None else f"{prompt['decode_tok_s']:.1f}",
+            "state held": f"{sum(prompt['held_bytes']):,}" if prompt.get("held_bytes") else "—",
         }
         prefill = (judged or {}).get("prefill") or {}
         if prefill.get("prompt_tokens") == prompt["tokens"]:
@@ -119,3 +123,24 @@ def _state_row(name: str, positions: int, census: Mapping[str, Any]) -> dict[str
         "window entries": max(hca.get("window_max", 0), csa.get("window_max", 0)),
         "window cells": max(hca.get("raw_cells", 0), csa.get("raw_cells", 0)),
     }
+
+
+def depth_charts(depth: Mapping[str, Any] | None) -> list[Markup]:
+    """What holding a longer context costs, per run: the session state the stages held at the end of
+    each prompt (summed over the stages, as the workers measured it) and the decode speed there."""
+    if not depth or not depth.get("applies"):
+        return []
+    runs = [("monolithic", depth["monolithic"]), *((p["name"], p) for p in depth.get("placements", []))]
+    held, decode = [], []
+    for name, run in runs:
+        prompts = run.get("prompts", [])
+        held.append(
+            (name, [(p["tokens"], sum(p["held_bytes"]) / 2**20) for p in prompts if p.get("held_bytes")])
+        )
+        decode.append((name, [(p["tokens"], p["decode_tok_s"]) for p in prompts if p.get("decode_tok_s")]))
+    return [
+        charts.lines(
+            held, title="Session state held at the end of each prompt (all stages), MiB", unit="MiB"
+        ),
+        charts.lines(decode, title="Decode tokens/s after each prompt length", unit="tok/s"),
+    ]

@@ -324,6 +324,7 @@ def render(stmt: Mapping[str, Any], *, signer: Mapping[str, Any]) -> str:
         depth_gate=table(gate_frame(results, "depth-parity"), classes="gate"),
         depth_kv_gate=table(gate_frame(results, "kv-at-depth"), classes="gate"),
         depth_rows=_optional_table(depth.depth_frame(figures.get("depth"))),
+        depth_charts=depth.depth_charts(figures.get("depth")),
         state_gate=table(gate_rows_frame(results, "state-at-depth"), classes="gate"),
         state_rows=_optional_table(depth.state_frame(figures)),
         floor_note=seams.floor_note(figures.get("transport_floor")),

@@ -150,3 +150,24 @@ def test_a_stage_too_small_for_the_scenario_is_named() -> None:
     needs = r"stage 1 \(layers 2:4\) holds 4096 positions, the run needs 4100"
     with pytest.raises(ConfigurationError, match=needs):
         fits(infos, 4100)
+
+
+def test_the_depth_charts_draw_one_line_per_run_through_each_prompt_length() -> None:
+    from reports.depth import depth_charts
+
+    def run(name: str, held: list[int]) -> dict[str, Any]:
+        prompts = [
+            {"tokens": n, "held_bytes": [h, h], "decode_tok_s": 100.0 - n / 100}
+            for n, h in zip((512, 2048), held, strict=True)
+        ]
+        return {"name": name, "prompts": prompts}
+
+    figures = {
+        "applies": True,
+        "monolithic": run("monolithic", [1, 4]),
+        "placements": [run("two-middle", [2, 8])],
+    }
+    held, decode = depth_charts(figures)
+    assert held.count("<polyline") == decode.count("<polyline") == 2
+    assert "two-middle" in held and ">512<" in held and ">2,048<" in held and "tok/s" in decode
+    assert depth_charts({"applies": False}) == []

@@ -62,6 +62,13 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(certified: tuple[Pa
         assert [q["passes"] for q in p["prompts"]] == [2, 7]
         # the longest prompt's prefill again, pipelined: the same logits, its speed beside the relayed one
         assert p["prefill"]["bitwise"] and p["prefill"]["passes"] == 7 and p["prefill"]["pipelined_tok_s"] > 0
+        # the session state each stage held at the end of each prompt (the Session RPC): the stages'
+        # sum is the monolithic worker's, and the longer prompt holds more
+        held = [sum(q["held_bytes"]) for q in p["prompts"]]
+        assert (
+            held == [sum(q["held_bytes"]) for q in depth["monolithic"]["prompts"]] and 0 < held[0] < held[1]
+        )
+        assert all(len(q["held_bytes"]) == len(p["stages"]) for q in p["prompts"])
     names = {r["name"]: r["status"] for r in _predicate(w)["results"]}
     assert names["depth-parity/twelve-single"] == "PASS" and names["kv-at-depth/two-middle"] == "PASS"
     # the recipe's route-change placement is not run at depth: the scenario's first placement switches
@@ -71,6 +78,10 @@ def test_a_certification_runs_its_depth_scenario_and_says_so(certified: tuple[Pa
     assert names["route-change-at-depth/two-middle"] == "PASS"
     html = w.html.read_text()
     assert "Depth: the recipe's context scenario" in html and "Every stage allocates 512 positions" in html
+    assert (
+        "Session state held at the end of each prompt" in html and "Decode tokens/s after each prompt" in html
+    )
+    assert html.count("<polyline") == 2 * 3  # monolithic and both placements, in each chart
     # `dgr balance --certificate` reads the same figure from the verified certificate
     line = route_change_cost(fake_context(root), w.certificate, "tiny-fake")
     assert line.startswith(
