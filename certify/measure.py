@@ -30,6 +30,7 @@ from pipeline import drive, physics, routes, transport_floor
 from worker.client import StageClient
 from worker.launcher import WorkerCommand, launch
 from worker.stubs import Stubs
+from worker.tls import Identity
 
 DTYPE_BYTES = {"f32": 4, "f16": 2}
 TOKEN_ID_BYTES = 4  # one int32 token id per position: the hash-routing sideband
@@ -378,12 +379,12 @@ def run(plan: Plan) -> Outcome:
     return out
 
 
-def tls_pair(cmd: Any) -> tuple[Any, Any] | None:
+def tls_pair(cmd: WorkerCommand) -> tuple[Identity, Identity] | None:
     """The run's workers' identity and the driver's, where it starts its workers over TLS (the transport
     floor's TLS rows measure the same crossings with them)."""
     from worker.tls import load
 
-    return (load(cmd.tls), cmd.driver_tls) if getattr(cmd, "tls", None) and cmd.driver_tls else None
+    return (load(cmd.tls), cmd.driver_tls) if cmd.tls is not None and cmd.driver_tls is not None else None
 
 
 def finish(recipe: Recipe, out: Outcome, *, tls: tuple[Any, Any] | None = None) -> None:

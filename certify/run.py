@@ -229,7 +229,7 @@ def tls_options(folder: Path) -> dict[str, Any]:
     from worker.tls_ca import loopback
 
     worker, driver = loopback(folder)
-    return {"tls": worker, "driver_tls": driver}
+    return {"tls": worker, "driver_tls": driver, "tls_ca": folder}
 
 
 def make_plan(

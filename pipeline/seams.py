@@ -48,6 +48,7 @@ from pipeline.shaper import READY, Link
 
 if TYPE_CHECKING:  # the probe runs in minimal environments (a test runs it as nobody): no recipe loader
     from manifests.recipe_model import Placement
+    from worker.launcher import WorkerCommand
 
 log = redact.logger("dgr.seams")
 
@@ -622,18 +623,19 @@ class NetnsPipeline:
         self.pipeline.check_alive()
 
 
-def _fabric_tls(cmd: Any, fabric: Fabric, tag: str) -> Any:
-    """``cmd`` for this fabric's stages: with TLS on (the run's own CA, worker.tls_ca's layout), the
-    workers get an identity for their fabric addresses and the driver one for its address on the fabric,
-    issued now: the addresses are the fabric's, chosen as it was made."""
-    if getattr(cmd, "tls", None) is None:
+def _fabric_tls(cmd: WorkerCommand, fabric: Fabric, tag: str) -> WorkerCommand:
+    """``cmd`` for this fabric's stages: with TLS on (the run's own CA, ``cmd.tls_ca``), the workers get
+    an identity for their fabric addresses and the driver one for its address on the fabric, issued now:
+    the addresses are the fabric's, chosen as it was made."""
+    if cmd.tls is None:
         return cmd
     from worker import tls_ca
 
-    ca = Path(cmd.tls).parent.parent  # <ca>/hosts/<name>
-    if not (ca / tls_ca.CA_KEY).is_file():
+    ca = cmd.tls_ca
+    if ca is None or not (ca / tls_ca.CA_KEY).is_file():
         raise ConfigurationError(
-            f"TLS over a seam fabric needs the run's own CA (no {tls_ca.CA_KEY} in {ca})"
+            f"TLS over a seam fabric needs the run's own CA to issue the fabric's identities "
+            f"(no {tls_ca.CA_KEY} in {ca or 'a CA the run made'})"
         )
     workers = tls_ca.issue(ca, f"{tag}-workers", names=fabric.addresses)
     driver = tls_ca.issue(ca, f"{tag}-driver", names=[fabric.driver_address])
@@ -652,7 +654,7 @@ class NetnsPipelines:
     call_deadline: float = 120.0
 
     @contextmanager
-    def start(self, cmd: Any, placement: Placement, tag: str) -> Generator[NetnsPipeline]:
+    def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> Generator[NetnsPipeline]:
         from core.canonical import write_json
         from worker.launcher import Placed, launch
 

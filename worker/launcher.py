@@ -95,6 +95,9 @@ class WorkerCommand:
     census: bool = False  # --census: the workers count the compressed state their passes fill
     tls: Path | None = None  # --tls: the worker's identity folder (mutual TLS); None: plaintext
     driver_tls: Identity | None = None  # with tls: the identity the driver reaches these workers with
+    # with tls, where the run made its own CA (worker.tls_ca): the folder that may issue more identities
+    # (a seam fabric's addresses); None where the identities came from elsewhere (a placement file)
+    tls_ca: Path | None = None
     extra: tuple[str, ...] = ()
 
     def argv(
