@@ -76,8 +76,8 @@ void set_timeouts(int fd, std::chrono::milliseconds limit) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof t);
 }
 
-// The socket under a session: read directly, written through a buffer flushed once per frame, so the
-// records of one frame (four for a 64 KiB boundary) leave in one write and wake the reader once.
+// The socket under a session: read directly, written through a buffer that write_frame flushes (once for
+// a small frame; per record for a large one, so the reader opens each record while the next is sealed).
 bool attach(SSL * ssl, int fd) {
     BIO * socket_bio = BIO_new_socket(fd, BIO_NOCLOSE);
     BIO * buffer = BIO_new(BIO_f_buffer());
@@ -181,9 +181,11 @@ bool Link::write_frame(const std::string & body, std::string & why) {
     if (ssl_ == nullptr) {
         return dgr::write_frame(fd_, body, why);
     }
-    // One flush of the write buffer per frame, so one write(2). A frame that fits one record goes as one
-    // (head and body copied together: one seal); a larger one as the head's record and the body's own,
-    // with no copy of the body.
+    // A frame that fits one record goes as one (head and body copied together: one seal, one write(2)).
+    // A larger one goes as the head's record, then the body's records each flushed as soon as it is
+    // sealed, with no copy of the body: the reader opens record k while this side seals record k+1
+    // (a 64 KiB crossing 78 -> 61 us on the quiet 2-core box against one flush per frame; records of
+    // 8 KiB were slower again: docs/measurements/issue-43).
     bool put;
     if (body.size() + 4 <= kRecordBytes) {
         small_.resize(4 + body.size());
@@ -193,7 +195,11 @@ bool Link::write_frame(const std::string & body, std::string & why) {
     } else {
         char head[4];
         frame_head((uint32_t) body.size(), head);
-        put = SSL_write(ssl_, head, sizeof head) > 0 && SSL_write(ssl_, body.data(), (int) body.size()) > 0;
+        put = SSL_write(ssl_, head, sizeof head) > 0;
+        for (size_t at = 0; put && at < body.size(); at += kRecordBytes) {
+            const size_t n = std::min(kRecordBytes, body.size() - at);
+            put = SSL_write(ssl_, body.data() + at, (int) n) > 0 && BIO_flush(SSL_get_wbio(ssl_)) == 1;
+        }
     }
     put = put && BIO_flush(SSL_get_wbio(ssl_)) == 1;
     if (put) {
