@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "name": "dgr-tiny-llama",
     "ftype": "f32",
     "weight_scales": False,
+    "file_stem": "tiny-llama",  # the split files' names: <file_stem>-<variant>-0000K-of-0000N.gguf
 }
 FTYPES = {"f32": 0, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_Q8_0
 # With ``weight_scales``: per-layer tensors llama.cpp's generic pass loads as per-tensor scales
@@ -52,7 +53,8 @@ SCALES = {"attn_q.scale": 0.5, "ffn_down.scale": 2.0, "attn_q.input_scale": 1.0}
 
 
 def file_names(params: Mapping[str, Any], variant: str) -> list[str]:
-    return split_names(f"tiny-llama-{variant}", int({**DEFAULTS, **params}["splits"]))
+    p = {**DEFAULTS, **params}
+    return split_names(f"{p['file_stem']}-{variant}", int(p["splits"]))
 
 
 def selects_top_k(params: Mapping[str, Any]) -> bool:
@@ -114,7 +116,7 @@ def _open_writer(gguf: Any, out_dir: Path, p: Mapping[str, Any], dims: _Dims, va
     splits = int(p["splits"])
     per_file = -(-n_tensors // splits)
     return gguf.GGUFWriter(
-        out_dir / f"tiny-llama-{variant}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
+        out_dir / f"{p['file_stem']}-{variant}.gguf", "llama", split_max_tensors=per_file if splits > 1 else 0
     )
 
 
