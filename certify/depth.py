@@ -123,14 +123,19 @@ def _monolithic(plan: Plan, cmd: WorkerCommand, depth: Depth) -> tuple[_AtDepth,
     with plan.where().start(cmd, mono, f"depth-{mono.name}") as pipe:
         prompts = depth_prompt.prompts(depth.seed, depth.prompt_tokens, pipe.clients[0].tokenize)
         at = _traces(pipe.clients, routes.RELAYED, reach(pipe), prompts, depth, "f32")
-        switched = _switch(pipe.clients, prompts[depth.longest], depth, "f32")
+        switched = _switch(pipe.clients, at.traces[depth.longest], prompts[depth.longest], depth, "f32")
         return dataclasses.replace(at, route_change=switched), prompts
 
 
-def _switch(clients: Sequence[Any], prompt: list[int], depth: Depth, dtype: str) -> drive.RouteChange:
-    """The route change at depth: the epoch changes halfway through the decode after ``prompt``."""
+def _switch(
+    clients: Sequence[Any], trace: DepthTrace, prompt: list[int], depth: Depth, dtype: str
+) -> drive.RouteChange:
+    """The route change at depth: the epoch changes halfway through the decode after ``prompt``; the
+    uninterrupted session is ``trace``, the same prompt's run at depth on these stages."""
     half = max(1, depth.decode_tokens // 2)
-    return drive.route_change(clients, prompt, depth.decode_tokens, half, boundary_dtype=dtype)
+    return drive.route_change(
+        clients, prompt, depth.decode_tokens, half, boundary_dtype=dtype, uninterrupted=trace.tokens
+    )
 
 
 def _staged(
@@ -144,7 +149,7 @@ def _staged(
         again = run_at_depth(pipe.clients, longest, 1, route=other, reach=reach(pipe), boundary_dtype=dtype)
         changed = None
         if p.name == switching_placement(plan.recipe.at_depth, plan.recipe.route_change):
-            changed = _switch(pipe.clients, longest, depth, dtype)
+            changed = _switch(pipe.clients, at.traces[depth.longest], longest, depth, dtype)
     return dataclasses.replace(at, other=again, other_route=other.name, route_change=changed)
 
 

@@ -505,11 +505,16 @@ def route_change(
     *,
     after: Sequence[StageClient] | None = None,
     boundary_dtype: str = "f32",
+    uninterrupted: Sequence[int] | None = None,
 ) -> RouteChange:
     """Decode ``switch_at`` tokens under epoch 1, switch to epoch 2 (on ``after``, default the same
-    stages), re-prefill prompt + tokens so far, finish; compare with one uninterrupted session."""
+    stages), re-prefill prompt + tokens so far, finish; compare with one uninterrupted session.
+    ``uninterrupted``: that session's ``n_decode`` tokens where the caller already ran it on these stages
+    (the depth scenario's own trace), so a long prompt is not prefilled once more for it."""
     if not 1 <= switch_at < n_decode:
         raise ConfigurationError(f"switch_at must be within 1..{n_decode - 1}")
+    if uninterrupted is not None and len(uninterrupted) != n_decode:
+        raise ConfigurationError(f"an uninterrupted session of {n_decode} tokens, got {len(uninterrupted)}")
     after = list(after) if after is not None else list(stages)
     infos, infos_after = describe(stages), describe(after)
     fits(infos, len(prompt) + n_decode)
@@ -518,7 +523,9 @@ def route_change(
     ref_session, session = _session("ref"), _session("route")
     with RELAYED.open(stages, infos) as before_route, RELAYED.open(after, infos_after) as after_route:
         try:
-            reference, _ = _greedy(before_route, prompt, n_decode, options, session=ref_session, epoch=1)
+            reference = list(uninterrupted) if uninterrupted is not None else None
+            if reference is None:
+                reference, _ = _greedy(before_route, prompt, n_decode, options, session=ref_session, epoch=1)
             before, _ = _greedy(before_route, prompt, switch_at, options, session=session, epoch=1)
             miss = _old_kv_refused(after[0], session, len(prompt) + switch_at - 1, before[-1], boundary_dtype)
             history = list(prompt) + before

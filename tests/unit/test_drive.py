@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from core.errors import ConfigurationError
 from pipeline import drive
 from tests.unit.fake_stages import TOY, fake_command, fake_env, load_stubs
 from worker.client import StageFailed
@@ -137,6 +139,11 @@ def test_route_change_reprefills_to_the_same_tokens(stubs, tmp_path: Path) -> No
     ):
         same = drive.route_change(first.clients, PROMPTS[0], 10, 4)
         moved = drive.route_change(first.clients, PROMPTS[0], 10, 4, after=second.clients)
+        # the uninterrupted session given (a depth trace's) is not run again: the switch is the same
+        given = drive.route_change(first.clients, PROMPTS[0], 10, 4, uninterrupted=same.reference)
+        with pytest.raises(ConfigurationError, match="an uninterrupted session of 10 tokens, got 9"):
+            drive.route_change(first.clients, PROMPTS[0], 10, 4, uninterrupted=same.reference[:9])
+    assert given == dataclasses.replace(same, reprefill_seconds=given.reprefill_seconds)
     assert same.identical and moved.identical and same.reference == moved.reference
     assert same.reprefill_tokens == len(PROMPTS[0]) + 4
     assert same.cache_miss == "FAILED_PRECONDITION" and moved.cache_miss == "NOT_FOUND"
