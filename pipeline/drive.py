@@ -511,10 +511,7 @@ def route_change(
     stages), re-prefill prompt + tokens so far, finish; compare with one uninterrupted session.
     ``uninterrupted``: that session's ``n_decode`` tokens where the caller already ran it on these stages
     (the depth scenario's own trace), so a long prompt is not prefilled once more for it."""
-    if not 1 <= switch_at < n_decode:
-        raise ConfigurationError(f"switch_at must be within 1..{n_decode - 1}")
-    if uninterrupted is not None and len(uninterrupted) != n_decode:
-        raise ConfigurationError(f"an uninterrupted session of {n_decode} tokens, got {len(uninterrupted)}")
+    _check_switch(n_decode, switch_at, uninterrupted)
     after = list(after) if after is not None else list(stages)
     infos, infos_after = describe(stages), describe(after)
     fits(infos, len(prompt) + n_decode)
@@ -548,6 +545,13 @@ def route_change(
         cache_miss=miss,
         reprefill_seconds=passes[0].step.wall_seconds,
     )
+
+
+def _check_switch(n_decode: int, switch_at: int, uninterrupted: Sequence[int] | None) -> None:
+    if not 1 <= switch_at < n_decode:
+        raise ConfigurationError(f"switch_at must be within 1..{n_decode - 1}")
+    if uninterrupted is not None and len(uninterrupted) != n_decode:
+        raise ConfigurationError(f"an uninterrupted session of {n_decode} tokens, got {len(uninterrupted)}")
 
 
 def _old_kv_refused(first: StageClient, session: str, position: int, token: int, boundary_dtype: str) -> str:
