@@ -12,13 +12,13 @@ dgr-compute, and the sessions decode as they do alone.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 from pipeline import drive, routes
 from pipeline.concurrency import decode_together, diverging
 from tests.integration.conftest import our_workers
+from tests.proc_ticks import Ticks, cpu_ticks
 from worker.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -28,19 +28,6 @@ N_DECODE = 48
 SESSIONS = 4
 # a thread that did at least this share of the worker's CPU time computed (the rest parse and send)
 COMPUTED = 0.1
-
-
-Ticks = dict[int, tuple[str, int]]
-
-
-def _cpu_ticks(pid: int) -> Ticks:
-    """Thread id -> (name, user + system clock ticks so far)."""
-    ticks = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks[int(task.name)] = ((task / "comm").read_text().strip(), int(fields[11]) + int(fields[12]))
-    return ticks
 
 
 def _threads_that_computed(before: Ticks, after: Ticks) -> list[str]:
@@ -57,12 +44,12 @@ def test_every_pass_computes_on_one_team(threads, worker_command, stubs, worker_
         pid = p.pids[0]
         prompt = p.clients[0].tokenize(TEXT, add_special=True)
         alone = decode_together(p.clients, prompt, N_DECODE, 1).sessions[0]
-        before = _cpu_ticks(pid)
+        before = cpu_ticks(pid)
         together = decode_together(p.clients, prompt, N_DECODE, SESSIONS)  # on several gRPC threads
-        relayed = _threads_that_computed(before, _cpu_ticks(pid))
-        before = _cpu_ticks(pid)
+        relayed = _threads_that_computed(before, cpu_ticks(pid))
+        before = cpu_ticks(pid)
         ring = drive.run_placement(p.clients, [prompt], N_DECODE, route=routes.Ring()).prompts[0].tokens
-        ringed = _threads_that_computed(before, _cpu_ticks(pid))
+        ringed = _threads_that_computed(before, cpu_ticks(pid))
     assert diverging(together, alone) == []
     assert ring == alone.tokens
     # the team may leave a member idle through a small graph, never more threads than the team
