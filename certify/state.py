@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from certify import gates
+from certify.measure import Outcome, Plan
 from certify.verdict import Result, Status
 from manifests.recipe_model import Exercised, Placement
 from pipeline import drive
@@ -90,7 +91,7 @@ def _indexer(layers: Sequence[LayerState]) -> dict[str, Any]:
     }
 
 
-def prompts_census(plan: Any, out: Any) -> None:
+def prompts_census(plan: Plan, out: Outcome) -> None:
     """The recipe's own prompts (prefill and decode as the parity gate runs them) on a monolithic worker
     started with --census: ``out.figures["state"]``.  Workers attached or a sealed reference are not
     ours to start with it; a model whose architecture names no compressed cache has nothing to count."""
