@@ -64,7 +64,11 @@ class _AtDepth:
     other: DepthTrace | None = None
     other_route: str = ""
     route_change: drive.RouteChange | None = None  # on the placement the scenario switches routes on
-    census: bool = False  # its workers counted the state they filled (--census)
+
+    @property
+    def census(self) -> bool:
+        """Its workers counted the state they filled (--census)."""
+        return any(i.census for i in self.infos)
 
 
 def run(plan: Plan, out: Outcome) -> None:
@@ -194,10 +198,7 @@ def _traces(
         n: run_at_depth(clients, prompt, depth.decode_tokens, route=route, reach=to, boundary_dtype=dtype)
         for n, prompt in sorted(prompts.items())
     }
-    infos = drive.describe(clients)
-    return _AtDepth(
-        infos=infos, traces=traces, seconds=time.perf_counter() - t0, census=any(i.census for i in infos)
-    )
+    return _AtDepth(infos=drive.describe(clients), traces=traces, seconds=time.perf_counter() - t0)
 
 
 def parity_figures(ref: Mapping[int, DepthTrace], cur: Mapping[int, DepthTrace]) -> dict[str, Any]:

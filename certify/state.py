@@ -54,39 +54,25 @@ def summary(census: Sequence[LayerState], kinds_counted: Sequence[str] = ()) -> 
     every layer's own counts.  A kind in ``kinds_counted`` that no layer showed filled nothing: zeros."""
     kinds: dict[str, Any] = {}
     for kind in sorted({*kinds_counted, *(s.kind for s in census)}):
-        layers = [s for s in census if s.kind == kind] or [LayerState(layer=-1, kind=kind, **_NOTHING)]
+        layers = [s for s in census if s.kind == kind]
         kinds[kind] = {
-            "layers": [s.layer for s in layers if s.layer >= 0],
-            "entries_min": min(s.entries_held for s in layers),
-            "entries_max": max(s.entries_held for s in layers),
-            "window_max": max(s.window_max for s in layers),
-            "raw_cells": max(s.raw_cells for s in layers),
+            "layers": [s.layer for s in layers],
+            "entries_min": min((s.entries_held for s in layers), default=0),
+            "entries_max": max((s.entries_held for s in layers), default=0),
+            "window_max": max((s.window_max for s in layers), default=0),
+            "raw_cells": max((s.raw_cells for s in layers), default=0),
         }
         if kind == "csa":
             kinds[kind] |= _indexer(layers)
     return {"kinds": kinds, "layers": [dataclasses.asdict(s) for s in census]}
 
 
-_NOTHING = dict.fromkeys(
-    (
-        "entries_held",
-        "rows",
-        "candidates_max",
-        "selected_at_max",
-        "excluding_rows",
-        "window_max",
-        "raw_cells",
-    ),
-    0,
-)
-
-
 def _indexer(layers: Sequence[LayerState]) -> dict[str, Any]:
     """The lightning indexer's widest rows: candidates, selections, and the largest share selected."""
     fractions = [s.selected_at_max / s.candidates_max for s in layers if s.candidates_max > 0]
     return {
-        "candidates_max": max(s.candidates_max for s in layers),
-        "selected_fraction_max": max(fractions) if fractions else None,
+        "candidates_max": max((s.candidates_max for s in layers), default=0),
+        "selected_fraction_max": max(fractions, default=None),
         "excluding_rows": sum(s.excluding_rows for s in layers),
     }
 

@@ -62,6 +62,11 @@ def depth_frame(depth: Mapping[str, Any] | None) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
+def runs(depth: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The scenario's runs in the order the report shows them: the monolithic worker, then each placement."""
+    return [("monolithic", depth["monolithic"]), *((p["name"], p) for p in depth.get("placements", []))]
+
+
 def _rows(name: str, run: Mapping[str, Any], judged: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     kv = run.get("kv_bytes", [])
     out = []
@@ -99,10 +104,7 @@ def state_frame(figures: Mapping[str, Any]) -> pd.DataFrame | None:
     d = figures.get("depth") or {}
     if d.get("applies"):
         positions = max(d["scenario"]["prompt_tokens"]) + d["scenario"]["decode_tokens"]
-        for name, run in [
-            ("monolithic", d["monolithic"]),
-            *((p["name"], p) for p in d.get("placements", [])),
-        ]:
+        for name, run in runs(d):
             if run.get("state", {}).get("layers"):
                 rows.append(_state_row(f"{name} at depth", positions, run["state"]))
     return pd.DataFrame(rows) if rows else None
@@ -130,9 +132,8 @@ def depth_charts(depth: Mapping[str, Any] | None) -> list[Markup]:
     each prompt (summed over the stages, as the workers measured it) and the decode speed there."""
     if not depth or not depth.get("applies"):
         return []
-    runs = [("monolithic", depth["monolithic"]), *((p["name"], p) for p in depth.get("placements", []))]
     held, decode = [], []
-    for name, run in runs:
+    for name, run in runs(depth):
         prompts = run.get("prompts", [])
         held.append(
             (name, [(p["tokens"], sum(p["held_bytes"]) / 2**20) for p in prompts if p.get("held_bytes")])
