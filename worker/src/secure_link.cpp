@@ -191,7 +191,7 @@ bool Link::write_frame(const std::string & body, std::string & why) {
         small_.resize(4 + body.size());
         frame_head((uint32_t) body.size(), small_.data());
         std::memcpy(small_.data() + 4, body.data(), body.size());
-        put = SSL_write(ssl_, small_.data(), (int) small_.size()) > 0;
+        put = SSL_write(ssl_, small_.data(), (int) small_.size()) > 0 && BIO_flush(SSL_get_wbio(ssl_)) == 1;
     } else {
         char head[4];
         frame_head((uint32_t) body.size(), head);
@@ -201,7 +201,6 @@ bool Link::write_frame(const std::string & body, std::string & why) {
             put = SSL_write(ssl_, body.data() + at, (int) n) > 0 && BIO_flush(SSL_get_wbio(ssl_)) == 1;
         }
     }
-    put = put && BIO_flush(SSL_get_wbio(ssl_)) == 1;
     if (put) {
         return true;
     }
