@@ -298,6 +298,9 @@ def _placement_record(p: Placement, lane: str, dtype: str, role: str, trace: dri
         "cpus": [i.cpus for i in infos],  # each stage's --cpus as it reports it; "": free to run anywhere
         # each stage's gRPC port as it reports it (Info): mtls, plaintext-loopback, plaintext-insecure
         "transport": [i.transport for i in infos],
+        # each stage's pass port frames as it reports them (Info): tls, mac (where its neighbour allows
+        # them too), plaintext
+        "pass_frames": [i.pass_frames for i in infos],
         "weight_bytes": [i.memory.weight_bytes for i in infos],
         # the KV cache each stage holds for one session context of n_ctx positions (the catalog's
         # KV bytes per token of context)

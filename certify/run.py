@@ -142,7 +142,7 @@ def _run_prepared(
     run_id: str | None = None,
     start_timeout: float = 120.0,
     call_deadline: float = 120.0,
-    tls: bool = False,
+    tls: str | None = None,
 ) -> Written:
     """The run on a lane, machine and key its entry point has already checked (``certify`` and
     ``run_certification`` each check them once): plan, measure, decide, publish."""
@@ -224,12 +224,13 @@ def sessions_needed(recipe: Recipe) -> int | None:
     return max(WORKER_SESSIONS, *levels) if levels else None
 
 
-def tls_options(folder: Path) -> dict[str, Any]:
-    """WorkerCommand's TLS fields for workers started over mutual TLS from a CA made in ``folder``."""
+def tls_options(folder: Path, pass_frames: str = "tls") -> dict[str, Any]:
+    """WorkerCommand's TLS fields for workers started over mutual TLS from a CA made in ``folder``, their
+    pass ports in ``pass_frames`` ("tls" records, or "mac": authenticated frames)."""
     from worker.tls_ca import loopback
 
     worker, driver = loopback(folder)
-    return {"tls": worker, "driver_tls": driver, "tls_ca": folder}
+    return {"tls": worker, "driver_tls": driver, "tls_ca": folder, "pass_frames": pass_frames}
 
 
 def make_plan(
@@ -242,17 +243,18 @@ def make_plan(
     threads: int,
     start_timeout: float,
     call_deadline: float,
-    tls: bool = False,
+    tls: str | None = None,
 ) -> Plan:
     """The measurement plan: the lane's worker (and the CPU reference worker, when the hardware class
     asks for backend agreement), the stubs, and the lane's worker environment over ours.  ``tls``: each
-    worker over mutual TLS, a CA made for the run in evidence/tls (a seam fabric's issued as it is made)."""
+    worker over mutual TLS, a CA made for the run in evidence/tls (a seam fabric's issued as it is made),
+    its pass ports in "tls" records or "mac" frames; None: plaintext on loopback."""
     from certify import measure
     from lanes.runtime import worker_environment
     from worker.launcher import WorkerCommand
     from worker.stubs import load as load_stubs
 
-    secure = tls_options(run.evidence / "tls") if tls else {}
+    secure = tls_options(run.evidence / "tls", tls) if tls else {}
 
     def command(program: tuple[str, ...], worker_lane: str) -> WorkerCommand:
         return WorkerCommand(
@@ -522,12 +524,13 @@ def certify(
     store: Path | None = None,
     placement_file: Path | None = None,
     reference: Path | None = None,
-    tls: bool = False,
+    tls: str | None = None,
 ) -> Written:
     """The whole pipeline for one (recipe, lane); the caller turns a FAIL verdict into exit 5.
 
-    ``tls``: the workers it starts run mutual TLS on every port (make_plan); attached workers take the
-    placement file's identity instead, so the two do not go together (exit 2).
+    ``tls``: the workers it starts run mutual TLS on every port, their pass ports in "tls" records or
+    "mac" frames (make_plan); attached workers take the placement file's identity instead, so the two do
+    not go together (exit 2).
 
     ``reference``: a sealed reference's manifest (``dgr reference`` made it); it is provisioned and
     verified (exit 3 on any changed byte) and held to this run's identity (exit 2 naming the field)

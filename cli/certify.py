@@ -44,9 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tls",
-        action="store_true",
+        nargs="?",
+        const="tls",
+        choices=("tls", "mac"),
+        metavar="FRAMES",
         help="start every worker with mutual TLS on all its ports, from a CA made for the run in its "
-        "evidence folder, and reach it so; the certificate records each stage's transport",
+        "evidence folder, and reach it so; `--tls mac`: their pass ports in authenticated frames (not "
+        "encrypted; docs/multi-host.md); the certificate records each stage's transport",
     )
     parser.add_argument(
         "--worker-tls",

@@ -35,13 +35,15 @@ WORKER_TARGET = "dgr-shard-worker"
 # What the pipeline runs: libllama, the benchmark, the split/quantize tools, the shard worker, the
 # top-k selection probes (worker/tools/: a model's selection margins, ggml_top_k's tie order), the
 # probe of the worker's greedy pick, the ring floor, the check of asynchronous reads (the Vulkan
-# capture crash) and the link floor (a raw connection's crossing, plain and over TLS).
+# capture crash), the link floor (a raw connection's crossing, plain and over TLS) and the pass probe (a
+# hostile client of authenticated frames).
 TOPK_PROBE_TARGET = "dgr-topk-probe"
 TOPK_TIES_TARGET = "dgr-topk-ties"
 ARGMAX_PROBE_TARGET = "dgr-argmax-probe"
 RING_FLOOR_TARGET = "dgr-ring-floor"  # a ring of stage processes with nothing of ours in the way
 ASYNC_READS_TARGET = "dgr-async-reads"  # several async tensor reads into host memory, synchronized once
 LINK_FLOOR_TARGET = "dgr-link-floor"  # one crossing of a pass port's connection, plain and over TLS
+PASS_PROBE_TARGET = "dgr-pass-probe"  # a hostile client of a pass port in authenticated frames
 TARGETS: tuple[str, ...] = (
     "llama",
     "llama-bench",
@@ -54,6 +56,7 @@ TARGETS: tuple[str, ...] = (
     RING_FLOOR_TARGET,
     ASYNC_READS_TARGET,
     LINK_FLOOR_TARGET,
+    PASS_PROBE_TARGET,
 )
 # Files under worker/ that never reach the compiler (Python client side, caches).
 _NOT_WORKER_SOURCES = (".py", ".pyc", ".pyi", ".md")  # the Python side and prose: no binary changes

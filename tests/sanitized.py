@@ -33,6 +33,7 @@ WORKER_TESTS = (
     "tests/integration/test_worker_session.py",
     "tests/integration/test_worker_tls.py",  # TLS on the gRPC port, the pass ports, the deliveries
     "tests/integration/test_worker_tls_ports.py",
+    "tests/integration/test_mac_frames.py",  # authenticated frames on the pass ports, and hostile ones
     "tests/integration/test_ring.py",
     "tests/integration/test_chained.py",
     "tests/integration/test_staged_parity.py",

@@ -90,6 +90,9 @@ class StageInfo:
     cpus: str = ""  # the CPU list the worker's threads are held to (--cpus); "": free (or an older worker)
     # the gRPC port's security: "mtls", "plaintext-loopback", "plaintext-insecure"; "": an older worker
     transport: str = ""
+    # the pass port's frames: "tls", "mac" (authenticated frames where the other end allows them too),
+    # "plaintext"; "": an older worker
+    pass_frames: str = ""
     # --census workers: per layer, the compressed and sliding-window state their passes filled so far
     census: tuple[LayerState, ...] = ()
 
@@ -331,6 +334,7 @@ class StageClient:
             pass_port=r.pass_port,
             cpus=r.cpus,
             transport=r.transport,
+            pass_frames=r.pass_frames,
             census=tuple(_layer_state(s) for s in r.census),
             memory=Memory(
                 weight_bytes=m.weight_bytes,

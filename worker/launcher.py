@@ -98,6 +98,9 @@ class WorkerCommand:
     # with tls, where the run made its own CA (worker.tls_ca): the folder that may issue more identities
     # (a seam fabric's addresses); None where the identities came from elsewhere (a placement file)
     tls_ca: Path | None = None
+    # with tls, the pass ports' frames: "tls" records (encrypted) or "mac", authenticated frames where both
+    # stages of a seam allow them (--pass-frames; worker/src/mac_frames.h)
+    pass_frames: str = "tls"
     extra: tuple[str, ...] = ()
 
     def argv(
@@ -131,6 +134,8 @@ class WorkerCommand:
             args += ["--lane", self.lane]
         if self.tls is not None:
             args += ["--tls", os.fspath(self.tls)]
+        if self.pass_frames != "tls":
+            args += ["--pass-frames", self.pass_frames]
         if self.census:
             args += ["--census"]
         if last:

@@ -55,6 +55,7 @@ class InfoReply(Protocol):
     pass_port: int
     cpus: str
     transport: str
+    pass_frames: str
     census: Sequence[LayerState]
 
 

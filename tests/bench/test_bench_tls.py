@@ -1,12 +1,16 @@
-"""What mutual TLS costs the streamed ring (issue 43), in one run: authentication against none.
+"""What authenticating the seams costs the streamed ring (issue 43), in one run: authentication against
+none.
 
 1. One crossing: ``dgr-link-floor`` (worker/tools/link_floor.cpp) echoes frames of the V4-sized 64 KiB
    boundary and of a 1 KiB one between two processes on loopback, through the pass port's own code
-   (secure_link.h), plain and over TLS side by side in every round; a crossing is half a round trip.
-   Goal: TLS <= 1.25x plain at both sizes (paired: each round's ratio, then the median).
-2. The ring: the tiny model's token-only streamed ring at 2, 4 and 12 stages, workers plain and with
-   --tls (pass ports, deliveries and every gRPC call over TLS), interleaved over the rounds. Goal: the
-   12-stage ring with TLS >= 0.9x the ring without (paired).
+   (secure_link.h), plain, over TLS records and in authenticated frames (mac_frames.h) side by side in
+   every round; a crossing is half a round trip. Goal: authenticated <= 1.25x plain at both sizes
+   (paired: each round's ratio, then the median), met by the authenticated frames; TLS records, which
+   also encrypt, are shown beside them.
+2. The ring: the tiny model's token-only streamed ring at 2, 4 and 12 stages, workers plain, with
+   --tls (pass ports, deliveries and every gRPC call over TLS), and with --tls --pass-frames mac (the
+   pass ports in authenticated frames), interleaved over the rounds. Goal: the 12-stage ring with
+   authentication >= 0.9x the ring without (paired), for both.
 
 Figures of this machine: the only assertion is that every run decoded and every round trip came back.
 Run: ``nox -s bench -- -s -k tls``.
@@ -58,20 +62,23 @@ def test_bench_one_crossing_over_tls_against_plain(benchmark, cpu_build, ca: Pat
 
     got = benchmark.pedantic(run, rounds=1, iterations=1)
     lines = [
-        f"{'bytes':>7} {'plain us':>9} {'tls us':>8} {'paired':>7} {'rounds':>10} goal <= {CROSSING_GOAL}"
+        f"{'bytes':>7} {'plain us':>9} {'tls us':>8} {'tls/plain':>10} {'rounds':>10} {'mac us':>8} "
+        f"{'mac/plain':>10} {'rounds':>10}  goal <= {CROSSING_GOAL}"
     ]
     for row in got["sizes"]:
-        ratios = row["tls_over_plain"]
+        tls_r, mac_r = row["tls_over_plain"], row["mac_over_plain"]
         lines.append(
             f"{row['bytes']:7d} {np.median(row['plain_us']):9.1f} {np.median(row['tls_us']):8.1f} "
-            f"{np.median(ratios):7.2f} {min(ratios):4.2f}-{max(ratios):4.2f}"
+            f"{np.median(tls_r):10.2f} {min(tls_r):4.2f}-{max(tls_r):4.2f} {np.median(row['mac_us']):8.1f} "
+            f"{np.median(mac_r):10.2f} {min(mac_r):4.2f}-{max(mac_r):4.2f}"
         )
     print(
         f"\n[bench tls] one crossing of a pass port's connection ({got['trips']} round trips per size, "
-        f"way and round; {rounds} rounds; {os.cpu_count()} cpus)\n  " + "\n  ".join(lines)
+        f"way and round; {rounds} rounds; {os.cpu_count()} cpus; tls: TLS records, mac: authenticated "
+        f"frames)\n  " + "\n  ".join(lines)
     )
     benchmark.extra_info.update(crossings=got["sizes"])
-    assert all(u > 0 for row in got["sizes"] for u in row["plain_us"] + row["tls_us"])
+    assert all(u > 0 for row in got["sizes"] for u in row["plain_us"] + row["tls_us"] + row["mac_us"])
 
 
 def test_bench_streamed_ring_over_tls_against_plain(
@@ -82,7 +89,11 @@ def test_bench_streamed_ring_over_tls_against_plain(
     secured = dataclasses.replace(
         plain, tls=ca / tls_ca.HOSTS / "worker", driver_tls=tls.load(ca / tls_ca.HOSTS / "driver")
     )
-    ways = {"plain": plain, "mutual TLS": secured}
+    ways = {
+        "plain": plain,
+        "mutual TLS": secured,
+        "mac frames": dataclasses.replace(secured, pass_frames="mac"),
+    }
     by_round: dict[tuple[str, str], list[list[float]]] = {(n, w): [] for n in PLACEMENTS for w in ways}
     with ExitStack() as running:
         groups = {
@@ -106,18 +117,26 @@ def test_bench_streamed_ring_over_tls_against_plain(
                     by_round[key].append(decode_ring(pipeline, prompt).tok_s)
 
         benchmark.pedantic(sweep, rounds=1, iterations=1)
-    lines = [f"{'placement':<11} {'plain tok/s':>12} {'TLS tok/s':>10} {'TLS/plain':>9} {'rounds':>10}"]
+    lines = [
+        f"{'placement':<11} {'plain tok/s':>12} {'TLS tok/s':>10} {'TLS/plain':>9} {'rounds':>10} "
+        f"{'mac tok/s':>10} {'mac/plain':>9} {'rounds':>10}"
+    ]
     info = {}
     for n in PLACEMENTS:
-        a, b = by_round[(n, "plain")], by_round[(n, "mutual TLS")]
-        ratio, (low, high) = paired_ratio(b, a), paired_spread(b, a)
-        info[n] = {"plain_tok_s": median_iqr(pooled(a)).median, "tls_tok_s": median_iqr(pooled(b)).median}
-        info[n]["paired_tls_over_plain"] = ratio
-        speeds = f"{info[n]['plain_tok_s']:12.1f} {info[n]['tls_tok_s']:10.1f}"
-        lines.append(f"{n:<11} {speeds} {ratio:9.2f} {low:4.2f}-{high:4.2f}")
+        a = by_round[(n, "plain")]
+        info[n] = {"plain_tok_s": median_iqr(pooled(a)).median}
+        line = f"{n:<11} {info[n]['plain_tok_s']:12.1f}"
+        for way, key in (("mutual TLS", "tls"), ("mac frames", "mac")):
+            b = by_round[(n, way)]
+            ratio, (low, high) = paired_ratio(b, a), paired_spread(b, a)
+            info[n][f"{key}_tok_s"] = median_iqr(pooled(b)).median
+            info[n][f"paired_{key}_over_plain"] = ratio
+            line += f" {info[n][f'{key}_tok_s']:10.1f} {ratio:9.2f} {low:4.2f}-{high:4.2f}"
+        lines.append(line)
     print(
-        f"\n[bench tls] token-only streamed ring, tiny-llama, 1 thread per worker, loopback, free; TLS/plain "
-        f"paired over {rounds} rounds (goal at 12 stages >= {RING_GOAL})\n  " + "\n  ".join(lines)
+        f"\n[bench tls] token-only streamed ring, tiny-llama, 1 thread per worker, loopback, free; TLS and "
+        f"authenticated frames (mac) against plain, paired over {rounds} rounds (goal at 12 stages >= "
+        f"{RING_GOAL})\n  " + "\n  ".join(lines)
     )
     benchmark.extra_info.update(table=info)
     assert all(v > 0 for runs in by_round.values() for v in pooled(runs))

@@ -125,6 +125,7 @@ class Servicer(pbg.ShardWorkerServicer):
             max_rewind=self.args.max_rewind,
             mtp=self.args.mtp and self.end == t.n_layer,
             transport="plaintext-insecure" if self.args.insecure else "plaintext-loopback",
+            pass_frames="plaintext",
             memory=pb.MemoryAccount(
                 weight_bytes=(self.end - self.begin) * t.w[0].nbytes
                 + (t.embed.nbytes if self.begin == 0 else 0)

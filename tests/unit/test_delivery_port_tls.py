@@ -5,7 +5,6 @@ stop() ends a connection still in its handshake."""
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
 import threading
@@ -16,7 +15,7 @@ import pytest
 
 from pipeline.delivery_port import DeliveryPort
 from pipeline.socket_io import frame
-from tests.tls_helpers import trusting_client
+from tests.tls_helpers import trusting_client, untrusted_clients
 from tests.unit.fake_stages import load_stubs
 from worker import tls, tls_ca
 
@@ -49,18 +48,7 @@ def test_only_a_last_stage_of_the_drivers_ca_delivers(pb2, ca: Path, tmp_path: P
     )
     address = port.start()
     try:
-        tls_ca.ensure_ca(tmp_path / "other")
-        ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=3)
-        hostile = {
-            "plain TCP": None,
-            "no certificate": trusting_client(ca, None),
-            "another CA": trusting_client(
-                ca, tls_ca.issue(tmp_path / "other", "worker", names=["127.0.0.1"])
-            ),
-            "expired": trusting_client(
-                ca, tls_ca.issue(ca, "expired", names=["127.0.0.1"], days=1, valid_from=ago)
-            ),
-        }
+        hostile = {"plain TCP": None, **untrusted_clients(ca, tmp_path, name="worker")}
         for what, context in hostile.items():
             _deliver(address, context, pb2.Delivery(request_id=what).SerializeToString())
         time.sleep(0.3)

@@ -4,6 +4,7 @@ and clients with the right identity, none, another CA's and an expired one."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import ssl
@@ -147,3 +148,24 @@ def test_certify_tls_does_not_go_with_a_placement_file(tmp_path: Path, capsys) -
     assert dgr(["certify", "--tls", "--placement-file", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--tls starts the certifier's own workers over TLS" in err and '"driver": {"tls": DIR}' in err
+
+
+def test_certify_tls_names_the_pass_ports_frames(tmp_path: Path, capsys) -> None:
+    """`--tls mac` asks for authenticated frames on the pass ports; any other word is a usage error."""
+    assert dgr(["certify", "--tls", "mac", "--placement-file", str(tmp_path / "p.json")]) == 2
+    assert "--tls starts the certifier's own workers over TLS" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # argparse's own usage error
+        dgr(["certify", "--tls", "aes"])
+    assert usage.value.code == 2 and "invalid choice: 'aes'" in capsys.readouterr().err
+
+
+def test_tls_options_carry_the_pass_frames_to_the_worker_command(tmp_path: Path) -> None:
+    from certify.run import tls_options
+    from worker.launcher import WorkerCommand
+
+    plain = WorkerCommand(program=("w",), model=tmp_path / "m.gguf")
+    for frames, flags in (("tls", []), ("mac", ["--pass-frames", "mac"])):
+        argv = dataclasses.replace(plain, **tls_options(tmp_path / frames, frames)).argv((0, 1))
+        assert "--tls" in argv
+        tail = argv[argv.index("--tls") + 2 :]
+        assert tail[: len(flags)] == flags and ("--pass-frames" in argv) == bool(flags), frames

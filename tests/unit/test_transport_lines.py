@@ -26,7 +26,33 @@ def test_placements_are_grouped_by_their_stages_transport() -> None:
         "gRPC ports mtls: mono, two",
         f"gRPC ports {transport.UNRECORDED}: old, older",
         "gRPC ports plaintext-insecure: metro",
-        transport.RAW_PORTS,
+        f"the ring's pass ports {transport.FRAMES_UNRECORDED}: mono, two, metro, odd, old, older",
+        transport.DELIVERY_PORT,
+    ]
+
+
+def test_a_seam_runs_authenticated_frames_only_where_both_its_stages_allow_them() -> None:
+    pred = _pred(
+        [
+            {"name": "mono-mac", "pass_frames": ["mac"]},
+            {"name": "two-mac", "pass_frames": ["mac", "mac"]},
+            {"name": "one-mac", "pass_frames": ["mac", "tls"]},
+            {"name": "ring-half", "pass_frames": ["mac", "mac", "tls"]},
+            {"name": "plain", "pass_frames": ["plaintext"] * 3},
+            {"name": "broken", "pass_frames": ["plaintext", "tls"]},
+            {"name": "older", "pass_frames": ["mac", ""]},
+        ]
+    )
+    frames = [line for line in transport.lines(pred) if line.startswith("the ring's pass ports")]
+    mac, tls = transport.SEAM_FRAMES[("mac", "mac")], transport.SEAM_FRAMES[("tls", "tls")]
+    refused = "refused (a plaintext stage beside a TLS one)"
+    assert frames == [
+        f"the ring's pass ports {transport.FRAMES_UNRECORDED}: older",
+        f"the ring's pass ports {mac}: mono-mac, two-mac",
+        f"the ring's pass ports mixed: {mac}, {tls}: ring-half",
+        f"the ring's pass ports {tls}: one-mac",
+        "the ring's pass ports plaintext TCP: plain",
+        f"the ring's pass ports {refused}: broken",
     ]
 
 
@@ -43,4 +69,4 @@ def test_each_attached_workers_presented_certificate_is_a_line() -> None:
     got = transport.lines(pred)
     assert got[1] == f"attached worker 10.0.0.2:7001 presented {fp} (pinned in the placement file)"
     assert got[2] == f"attached worker 10.0.0.3:7001 presented {fp} (not pinned)"
-    assert len(got) == 4 and got[-1] == transport.RAW_PORTS
+    assert len(got) == 5 and got[-1] == transport.DELIVERY_PORT

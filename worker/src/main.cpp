@@ -190,9 +190,10 @@ int main(int argc, char ** argv) {
             const dgr::TlsFiles tls = dgr::read_tls_dir(opts.tls_dir);
             credentials = dgr::server_credentials(tls);
             chain.credentials = dgr::channel_credentials(tls);
-            chain.raw_tls = std::make_shared<const dgr::TlsContexts>(tls);
+            chain.raw_tls = std::make_shared<const dgr::TlsContexts>(tls, opts.pass_frames == "mac");
         }
         id.transport = dgr::transport_of(opts);
+        id.pass_frames = dgr::pass_frames_of(opts);
         dgr::ShardService service(stage, id, chain);
 
         int port = 0;

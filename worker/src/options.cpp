@@ -20,7 +20,7 @@ const char * usage_text() {
            "                        [--mtp | --mtp-model FILE]\n"
            "                        [--n-gpu-layers N] [--identity FILE] [--lane NAME]\n"
            "                        [--peers HOST:PORT,HOST:*,...] [--tls DIR | --insecure]\n"
-           "                        [--max-pass-connections N] [--census]\n"
+           "                        [--pass-frames tls|mac] [--max-pass-connections N] [--census]\n"
            "                        [--stop-on-stdin-eof] [--verbose]\n"
            "\n"
            "One pipeline stage owning layers [BEGIN, END) of the model (END may be 'end' or -1 for the last\n"
@@ -47,6 +47,9 @@ const char * usage_text() {
            "key.pem and ca.pem, as `dgr tls` writes them): a client without a certificate of that CA is refused.\n"
            "Without it the worker serves plaintext, on a loopback --listen only, unless --insecure says so.\n"
            "The pass port and the ring's delivery streams then run mutual TLS too.\n"
+           "--pass-frames mac: with --tls, a pass port connection whose other end allows it too carries\n"
+           "authenticated frames (an AES-GMAC tag per 16 KiB, keyed by the TLS handshake) instead of TLS\n"
+           "records: cheaper per crossing, but the boundary crosses unencrypted. Default tls (encrypted).\n"
            "--max-pass-connections N: connections held at once on the pass port (default 16); one more\n"
            "evicts the oldest not yet proven (TLS handshake, or a first whole pass) or is refused.\n"
            "--census: count, per layer, the compressed and sliding-window state the passes fill (DeepSeek V4's\n"
@@ -132,6 +135,10 @@ bool is_loopback_host(const std::string & host) {
     return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+std::string pass_frames_of(const WorkerOptions & opts) {
+    return opts.tls_dir.empty() ? "plaintext" : opts.pass_frames;
+}
+
 std::string transport_of(const WorkerOptions & opts) {
     if (!opts.tls_dir.empty()) {
         return "mtls";
@@ -143,6 +150,9 @@ std::string transport_of(const WorkerOptions & opts) {
 static void check_transport(const WorkerOptions & out) {
     if (!out.tls_dir.empty() && out.insecure) {
         throw UsageError("--tls and --insecure: choose one");
+    }
+    if (out.pass_frames == "mac" && out.tls_dir.empty()) {
+        throw UsageError("--pass-frames mac needs --tls DIR (its keys come from the TLS handshake)");
     }
     const std::string host = out.listen.substr(0, out.listen.rfind(':'));
     if (out.tls_dir.empty() && !out.insecure && !is_loopback_host(host)) {
@@ -225,6 +235,11 @@ bool parse_options(int argc, char ** argv, WorkerOptions & out) {
             out.max_pass_connections = parse_int(arg, val, 1, 1024);
         } else if (arg == "--tls") {
             out.tls_dir = val;
+        } else if (arg == "--pass-frames") {
+            if (val != "tls" && val != "mac") {
+                throw UsageError("--pass-frames: tls or mac, got '" + val + "'");
+            }
+            out.pass_frames = val;
         } else if (arg == "--load") {
             check_load_mode(val);
             out.load_mode = val;

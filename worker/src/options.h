@@ -34,6 +34,7 @@ struct WorkerOptions {
     bool stop_on_stdin_eof = false;  // stdin's end means the launcher is gone: stop as on SIGTERM
     std::string tls_dir;             // --tls: cert.pem, key.pem, ca.pem: mutual TLS on every gRPC channel
     bool insecure = false;           // --insecure: plaintext on a --listen host other hosts can reach
+    std::string pass_frames = "tls";    // --pass-frames: "tls" records, or "mac" frames where both ends allow
     int32_t max_pass_connections = 16;  // --max-pass-connections: held at once on the pass port
     bool verbose = false;
 };
@@ -47,6 +48,8 @@ bool is_loopback_host(const std::string & host);
 
 // What Info reports of the gRPC port: "mtls", "plaintext-loopback" or "plaintext-insecure".
 std::string transport_of(const WorkerOptions & opts);
+// What Info reports of the pass port's frames: "tls", "mac" (allowed; mac_frames.h) or "plaintext".
+std::string pass_frames_of(const WorkerOptions & opts);
 
 // Parses argv; throws UsageError with a message naming the bad argument.
 // Returns false when --help was asked (usage already printed).

@@ -35,6 +35,19 @@ std::unique_ptr<BIO, FreeBio> pem(const std::string & text) {
     return std::unique_ptr<BIO, FreeBio>(BIO_new_mem_buf(text.data(), (int) text.size()));
 }
 
+// ALPN on the accepting end that allows authenticated frames: chosen when the dialing end offers them;
+// otherwise no protocol, and the connection runs TLS records.
+int choose_mac_frames(SSL *, const unsigned char ** out, unsigned char * out_len, const unsigned char * offered,
+                      unsigned int offered_len, void *) {
+    unsigned char * chosen = nullptr;
+    if (SSL_select_next_proto(&chosen, out_len, kMacFramesAlpn, sizeof kMacFramesAlpn - 1, offered, offered_len) !=
+        OPENSSL_NPN_NEGOTIATED) {
+        return SSL_TLSEXT_ERR_NOACK;
+    }
+    *out = chosen;
+    return SSL_TLSEXT_ERR_OK;
+}
+
 // The identity's certificate and key, and its CA as the only trust anchor; TLS 1.3, peer required.
 SSL_CTX * make_context(const TlsFiles & files, bool accepting) {
     SSL_CTX * ctx = SSL_CTX_new(accepting ? TLS_server_method() : TLS_client_method());
@@ -67,6 +80,19 @@ SSL_CTX * make_context(const TlsFiles & files, bool accepting) {
     SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
     SSL_CTX_set_default_read_buffer_len(ctx, 1 << 18);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    // no session tickets: nothing resumes, and no record may follow the handshake on a connection that
+    // goes on in authenticated frames
+    SSL_CTX_set_num_tickets(ctx, 0);
+    return ctx;
+}
+
+SSL_CTX * allowing_mac_frames(SSL_CTX * ctx, bool accepting) {
+    if (accepting) {
+        SSL_CTX_set_alpn_select_cb(ctx, choose_mac_frames, nullptr);
+    } else if (SSL_CTX_set_alpn_protos(ctx, kMacFramesAlpn, sizeof kMacFramesAlpn - 1) != 0) {  // 0: set
+        SSL_CTX_free(ctx);
+        throw std::runtime_error(tls_error("ALPN"));
+    }
     return ctx;
 }
 
@@ -98,8 +124,10 @@ std::string unbracket(const std::string & host) {
 }
 }  // namespace
 
-TlsContexts::TlsContexts(const TlsFiles & files)
-    : accepting_(make_context(files, true)), dialing_(make_context(files, false)) {}
+TlsContexts::TlsContexts(const TlsFiles & files, bool mac_frames)
+    : accepting_(mac_frames ? allowing_mac_frames(make_context(files, true), true) : make_context(files, true)),
+      dialing_pass_(mac_frames ? allowing_mac_frames(make_context(files, false), false) : make_context(files, false)),
+      dialing_(make_context(files, false)) {}
 
 Link::~Link() {
     if (ssl_ != nullptr) {
@@ -109,11 +137,13 @@ Link::~Link() {
 
 bool Link::handshake(bool accepting, std::chrono::milliseconds deadline, std::string & why) {
     set_timeouts(fd_, deadline);  // a peer that sends nothing gives its thread back at the deadline
+    // no read-ahead during the handshake: what follows it on authenticated frames stays in the socket
+    SSL_set_read_ahead(ssl_, 0);
     const int rc = accepting ? SSL_accept(ssl_) : SSL_connect(ssl_);
     const int saved = errno;
     set_timeouts(fd_, std::chrono::milliseconds(0));  // none: a kept connection waits between rings
     if (rc == 1) {
-        return true;
+        return choose_frames(accepting, why);
     }
     const long verified = SSL_get_verify_result(ssl_);
     why = verified != X509_V_OK   ? std::string("TLS handshake: ") + X509_verify_cert_error_string(verified)
@@ -123,6 +153,26 @@ bool Link::handshake(bool accepting, std::chrono::milliseconds deadline, std::st
               : std::string("TLS handshake: ") + (saved != 0 ? std::strerror(saved) : "the peer closed");
     ERR_clear_error();
     return false;
+}
+
+bool Link::choose_frames(bool accepting, std::string & why) {
+    const unsigned char * chosen = nullptr;
+    unsigned int chosen_len = 0;
+    SSL_get0_alpn_selected(ssl_, &chosen, &chosen_len);
+    if (chosen_len == 0) {
+        SSL_set_read_ahead(ssl_, 1);  // TLS records, read as they arrive
+        return true;
+    }
+    if (chosen_len != sizeof kMacFramesAlpn - 2 || std::memcmp(chosen, kMacFramesAlpn + 1, chosen_len) != 0) {
+        why = "TLS handshake: the peer chose a protocol this worker does not speak";
+        return false;
+    }
+    if (SSL_has_pending(ssl_) == 1) {
+        why = "authenticated frames: TLS records followed the handshake";
+        return false;
+    }
+    mac_ = std::make_unique<MacFrames>();
+    return mac_->key(ssl_, accepting, why);
 }
 
 bool Link::accept_tls(SSL_CTX * ctx, std::chrono::milliseconds deadline, std::string & why) {
@@ -171,6 +221,9 @@ bool Link::read_exact(char * buf, size_t n) {
 }
 
 FrameRead Link::read_frame(int64_t max_bytes, std::string & body, uint32_t & announced) {
+    if (mac_ != nullptr) {
+        return mac_->read_frame(fd_, max_bytes, body, announced);
+    }
     if (ssl_ == nullptr) {
         return dgr::read_frame(fd_, max_bytes, body, announced);
     }
@@ -178,6 +231,9 @@ FrameRead Link::read_frame(int64_t max_bytes, std::string & body, uint32_t & ann
 }
 
 bool Link::write_frame(const std::string & body, std::string & why) {
+    if (mac_ != nullptr) {
+        return mac_->write_frame(fd_, body, why);
+    }
     if (ssl_ == nullptr) {
         return dgr::write_frame(fd_, body, why);
     }
@@ -210,6 +266,10 @@ bool Link::write_frame(const std::string & body, std::string & why) {
 }
 
 bool Link::read_available(std::string & out, std::string & why) {
+    if (mac_ != nullptr) {  // only delivery streams read this way, and they dial in TLS records
+        why = "authenticated frames are read a frame at a time";
+        return false;
+    }
     if (ssl_ == nullptr) {
         return dgr::read_available(fd_, out, why);
     }

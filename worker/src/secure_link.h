@@ -6,9 +6,12 @@
 // Why TLS (OpenSSL, TLS 1.3) and not frames of our own with a MAC: the record layer already gives
 // authenticated, ordered, replay-proof frames keyed per connection by a handshake both ends can check
 // against the CA the gRPC port uses, and AES-GCM runs on the CPU's AES instructions. What it costs per
-// crossing is measured in `nox -s bench` (tests/bench).
+// crossing is measured in `nox -s bench` (tests/bench). Where both ends of a pass port's connection
+// allow it (--pass-frames mac), the handshake's keys authenticate frames without encrypting them
+// instead (mac_frames.h): cheaper per crossing, readable on the wire.
 #pragma once
 
+#include "mac_frames.h"
 #include "sockets.h"
 #include "tls.h"
 
@@ -21,12 +24,15 @@
 
 namespace dgr {
 
-// The two OpenSSL contexts of a worker's identity: accepting (pass port) and dialing (the next stage's
-// pass port, the driver's delivery port). Throws std::runtime_error when the files do not load.
+// The OpenSSL contexts of a worker's identity: accepting (pass port), dialing a pass port (the next
+// stage's), and dialing the driver's delivery port (always TLS records: the driver reads no other).
+// ``mac_frames``: the pass port contexts allow authenticated frames, chosen when the other end allows
+// them too. Throws std::runtime_error when the files do not load.
 class TlsContexts {
 public:
-    explicit TlsContexts(const TlsFiles & files);
+    explicit TlsContexts(const TlsFiles & files, bool mac_frames = false);
     SSL_CTX * accepting() const { return accepting_.get(); }
+    SSL_CTX * dialing_pass() const { return dialing_pass_.get(); }
     SSL_CTX * dialing() const { return dialing_.get(); }
 
 private:
@@ -34,6 +40,7 @@ private:
         void operator()(SSL_CTX * ctx) const { SSL_CTX_free(ctx); }
     };
     std::unique_ptr<SSL_CTX, Free> accepting_;
+    std::unique_ptr<SSL_CTX, Free> dialing_pass_;
     std::unique_ptr<SSL_CTX, Free> dialing_;
 };
 
@@ -58,15 +65,21 @@ public:
 
     int fd() const { return fd_; }
     bool secure() const { return ssl_ != nullptr; }
+    // Authenticated frames (mac_frames.h) after the handshake, instead of TLS records.
+    bool mac_frames() const { return mac_ != nullptr; }
+    // The handshake's session: what keys a twin of this connection's frames (worker/tools/pass_probe.cpp).
+    SSL * session() const { return ssl_; }
 
 private:
     bool handshake(bool accepting, std::chrono::milliseconds deadline, std::string & why);
+    bool choose_frames(bool accepting, std::string & why);
     bool read_exact(char * buf, size_t n);
 
     static constexpr size_t kRecordBytes = 16384;  // TLS's largest record
 
     int fd_;
     SSL * ssl_ = nullptr;
+    std::unique_ptr<MacFrames> mac_;
     std::string small_;  // a frame that fits one record, head and body together
 };
 

@@ -88,6 +88,7 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         reply->set_pass_port(streams_.port());
         reply->set_cpus(in.cpus);
         reply->set_transport(id_.transport);
+        reply->set_pass_frames(id_.pass_frames);
         auto * m = reply->mutable_memory();
         m->set_weight_bytes(in.memory.weight_bytes);
         m->set_kv_bytes(in.memory.kv_bytes);

@@ -17,7 +17,8 @@ struct BuildIdentity {
     std::string lane;
     std::string model_path;
     std::string identity_json;
-    std::string transport;  // the gRPC port's security (options.h, transport_of)
+    std::string transport;    // the gRPC port's security (options.h, transport_of)
+    std::string pass_frames;  // the pass port's frames (options.h, pass_frames_of)
 };
 
 class ShardService final : public dgr::shard::v1::ShardWorker::Service {

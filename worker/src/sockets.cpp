@@ -135,13 +135,23 @@ bool read_available(int fd, std::string & out, std::string & why) {
     }
 }
 
-bool write_frame(int fd, const std::string & body, std::string & why) {
-    char head[4];
-    frame_head((uint32_t) body.size(), head);
-    iovec parts[2] = {{head, sizeof head}, {const_cast<char *>(body.data()), body.size()}};
+// Moves ``msg``'s iovecs past ``done`` bytes (a partial send or receive), dropping those finished.
+static void advance(msghdr & msg, size_t done) {
+    while (msg.msg_iovlen > 0 && done >= msg.msg_iov[0].iov_len) {
+        done -= msg.msg_iov[0].iov_len;
+        ++msg.msg_iov;
+        --msg.msg_iovlen;
+    }
+    if (msg.msg_iovlen > 0) {
+        msg.msg_iov[0].iov_base = static_cast<char *>(msg.msg_iov[0].iov_base) + done;
+        msg.msg_iov[0].iov_len -= done;
+    }
+}
+
+bool send_all(int fd, iovec * parts, int count, std::string & why) {
     msghdr msg{};
     msg.msg_iov = parts;
-    msg.msg_iovlen = 2;
+    msg.msg_iovlen = (size_t) count;
     while (msg.msg_iovlen > 0) {
         const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
         if (sent < 0) {
@@ -152,18 +162,16 @@ bool write_frame(int fd, const std::string & body, std::string & why) {
                                                           : std::strerror(errno);
             return false;
         }
-        size_t left = (size_t) sent;
-        while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
-            left -= msg.msg_iov[0].iov_len;
-            ++msg.msg_iov;
-            --msg.msg_iovlen;
-        }
-        if (msg.msg_iovlen > 0) {
-            msg.msg_iov[0].iov_base = static_cast<char *>(msg.msg_iov[0].iov_base) + left;
-            msg.msg_iov[0].iov_len -= left;
-        }
+        advance(msg, (size_t) sent);
     }
     return true;
+}
+
+bool write_frame(int fd, const std::string & body, std::string & why) {
+    char head[4];
+    frame_head((uint32_t) body.size(), head);
+    iovec parts[2] = {{head, sizeof head}, {const_cast<char *>(body.data()), body.size()}};
+    return send_all(fd, parts, 2, why);
 }
 
 }  // namespace dgr

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <netdb.h>
+#include <sys/uio.h>
 
 #include <chrono>
 #include <cstddef>
@@ -26,6 +27,10 @@ int connect_tcp(const std::string & host, int port, std::chrono::milliseconds ti
 // the read failed.
 bool read_exact(int fd, char * buf, size_t n);
 
+// Every byte of ``parts`` in order, retrying partial writes (the iovecs are consumed); a closed peer is an
+// error (``why``), not SIGPIPE.
+bool send_all(int fd, iovec * parts, int count, std::string & why);
+
 // The frame's 4-byte head for a body of ``n`` bytes, and the body length a head announces.
 void frame_head(uint32_t n, char head[4]);
 uint32_t frame_length(const char head[4]);
@@ -33,8 +38,9 @@ uint32_t frame_length(const char head[4]);
 // One frame's body off ``fd`` into ``body``, a connection's buffer kept between frames (no allocation per
 // pass); ``announced``: the length the frame's head gave. TooLong: over ``max_bytes`` (negative: no
 // bound), and nothing of the body is read: the caller closes the connection. Closed: the peer closed,
-// the socket was shut down or a read failed, mid-frame included.
-enum class FrameRead { Whole, Closed, TooLong };
+// the socket was shut down or a read failed, mid-frame included. Forged: on authenticated frames
+// (mac_frames.h), a chunk whose tag does not check; nothing of the frame may be used.
+enum class FrameRead { Whole, Closed, TooLong, Forged };
 FrameRead read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced);
 
 // read_frame over any exact reader (``read_exact(buf, n)``: false when the bytes cannot all come), such

@@ -74,12 +74,12 @@ void PassStreams::accept_loop() {
             return;  // the listener was shut down (stop) or failed
         }
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            std::unique_lock<std::mutex> lock(mu_);
             if (stopping_) {
                 close(fd);
                 return;
             }
-            if (!admit(fd)) {
+            if (!admit(lock, fd)) {
                 close(fd);
                 continue;
             }
@@ -89,7 +89,7 @@ void PassStreams::accept_loop() {
     }
 }
 
-bool PassStreams::admit(int fd) {
+bool PassStreams::admit(std::unique_lock<std::mutex> & lock, int fd) {
     const int limit = chain_.policy().max_pass_connections;
     if ((int) in_.size() >= limit) {
         auto oldest = in_.end();
@@ -109,6 +109,12 @@ bool PassStreams::admit(int fd) {
         }
         shutdown(oldest->first, SHUT_RDWR);  // its reader returns, closes it and frees its place
         oldest->second.proven = true;        // not chosen twice while its reader winds down
+        // and gives its thread back before this connection takes one: a flood faster than evicted
+        // readers end would otherwise hold their threads beyond the limit meanwhile
+        gone_.wait_for(lock, kHandshakeDeadline, [&] { return stopping_ || (int) in_.size() < limit; });
+        if (stopping_ || (int) in_.size() >= limit) {
+            return false;
+        }
     }
     in_[fd] = In{++accepted_, false};
     return true;
@@ -128,6 +134,10 @@ void PassStreams::read_loop(int fd) {
                 std::lock_guard<std::mutex> lock(mu_);
                 in_[fd].proven = true;
             }
+            if (link.mac_frames()) {  // said once per connection: what crosses it can be read on the way
+                std::fprintf(stderr, "dgr-shard-worker: pass port: a connection in authenticated frames (not "
+                                     "encrypted)\n");
+            }
             read_passes(fd, link);
         }
     }
@@ -135,6 +145,7 @@ void PassStreams::read_loop(int fd) {
     if (in_.erase(fd)) {
         close(fd);  // stop() only shuts an fd down; the fd is closed by the one thread that reads it
     }
+    gone_.notify_all();
 }
 
 void PassStreams::read_passes(int fd, Link & link) {
@@ -149,6 +160,10 @@ void PassStreams::read_passes(int fd, Link & link) {
                          "dgr-shard-worker: pass port: a %u-byte pass is over this model's limit of %d; "
                          "closing the connection\n",
                          n, max_bytes_);
+        }
+        if (got == FrameRead::Forged) {
+            std::fprintf(stderr, "dgr-shard-worker: pass port: a frame that does not authenticate (altered, "
+                                 "replayed or reordered); closing the connection\n");
         }
         if (got != FrameRead::Whole) {
             break;
@@ -218,7 +233,7 @@ bool PassStreams::connect_to(const std::string & address, Out & out, std::string
     }
     auto link = std::make_unique<Link>(fd);
     const TlsContexts * tls = chain_.policy().raw_tls.get();
-    if (tls != nullptr && !link->connect_tls(tls->dialing(), host, kHandshakeDeadline, why)) {
+    if (tls != nullptr && !link->connect_tls(tls->dialing_pass(), host, kHandshakeDeadline, why)) {
         why = "pass port: " + why;
         link.reset();
         close(fd);
@@ -286,6 +301,7 @@ void PassStreams::stop() {
     for (const auto & [fd, in] : in_) {
         shutdown(fd, SHUT_RDWR);  // its reader's recv returns 0 and the reader closes it
     }
+    gone_.notify_all();  // an accept waiting for an evicted reader gives up
     for (auto & [address, out] : out_) {
         if (out->fd >= 0) {
             shutdown(out->fd, SHUT_RDWR);  // a writer blocked in sendmsg fails at once

@@ -31,6 +31,7 @@
 #include "shard.pb.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -81,7 +82,9 @@ private:
     int pass_port_of(const std::string & address, std::string & why);  // -1 and why when it has none
     bool connect_to(const std::string & address, Out & out, std::string & why);
     void accept_loop();
-    bool admit(int fd);  // mu_ held: room for fd, evicting an unproven connection where needed
+    // mu_ held (``lock``): room for fd, evicting an unproven connection where needed and waiting for its
+    // reader to end
+    bool admit(std::unique_lock<std::mutex> & lock, int fd);
     void read_loop(int fd);
     void read_passes(int fd, Link & link);
     void record(const std::string & body);
@@ -94,7 +97,8 @@ private:
     std::atomic<bool> stopping_{false};
     std::mutex mu_;
     std::map<std::string, std::shared_ptr<Out>> out_;
-    std::map<int, In> in_;  // accepted connections still read
+    std::map<int, In> in_;          // accepted connections still read
+    std::condition_variable gone_;  // a reader ended (read_loop), its connection out of in_
     uint64_t accepted_ = 0;
     uint64_t refused_ = 0;    // connections closed at once: the limit reached, every one proven
     std::string record_dir_;  // --record-passes; "": none

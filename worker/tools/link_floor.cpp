@@ -1,16 +1,18 @@
-// dgr-link-floor: what one crossing of a worker's raw connection costs, plain and over mutual TLS
-// (issue 43): the pass port's own code (secure_link.h over sockets.h), two processes on loopback, no
+// dgr-link-floor: what one crossing of a worker's raw connection costs, plain, over mutual TLS and in
+// authenticated frames (issue 43): the pass port's own code (secure_link.h over sockets.h), two processes on loopback, no
 // model and no protobuf in the way.
 //
 //   dgr-link-floor --tls DIR [--bytes 1024,65536] [--trips 2000] [--rounds 8]
 //
 // A child process accepts on 127.0.0.1 and echoes every frame back; the parent sends a frame of each
-// size and waits for its echo, ``trips`` times per size and round, once over a plain connection and
-// once over TLS (DIR: cert.pem, key.pem, ca.pem, as `dgr tls` writes them, valid for 127.0.0.1), the two
-// side by side in every round so a drifting machine moves both. A crossing is half a round trip.
+// size and waits for its echo, ``trips`` times per size and round, over a plain connection, over TLS
+// records and in authenticated frames (mac_frames.h; DIR: cert.pem, key.pem, ca.pem, as `dgr tls`
+// writes them, valid for 127.0.0.1), the three side by side in every round so a drifting machine moves
+// all. A crossing is half a round trip.
 //
-// stdout: one JSON object: for each size, the median crossing of each round in microseconds, plain and
-// tls, and each round's tls/plain ratio. Exit 2 on bad usage, 1 when a connection fails.
+// stdout: one JSON object: for each size, the median crossing of each round in microseconds (plain,
+// tls, mac), and each round's tls/plain and mac/plain ratios. Exit 2 on bad usage, 1 when a connection
+// fails or does not run the frames it was opened for.
 #include "secure_link.h"
 #include "sockets.h"
 #include "tls.h"
@@ -31,6 +33,9 @@
 #include <vector>
 
 namespace {
+
+constexpr int kKinds = 3;  // plain, TLS records, authenticated frames
+const char * const kKindNames[kKinds] = {"plain", "tls", "mac"};
 
 struct Options {
     std::string tls_dir;
@@ -87,7 +92,7 @@ Options parse(int argc, char ** argv) {
 }
 
 // The echoing child: every frame read goes straight back, on each connection in turn, until the
-// parent closes it; ``tls`` (the connection's index is odd) says which kind the parent opened.
+// parent closes it; the connection's index says which kind the parent opened (plain, TLS, mac frames).
 [[noreturn]] void echo(int listener, const dgr::TlsContexts & contexts, int connections) {
     std::string body, why;
     for (int k = 0; k < connections; ++k) {
@@ -97,7 +102,7 @@ Options parse(int argc, char ** argv) {
         }
         dgr::no_delay(fd);
         dgr::Link link(fd);
-        if (k % 2 == 1 && !link.accept_tls(contexts.accepting(), std::chrono::milliseconds(10000), why)) {
+        if (k % kKinds != 0 && !link.accept_tls(contexts.accepting(), std::chrono::milliseconds(10000), why)) {
             std::fprintf(stderr, "dgr-link-floor: echo: %s\n", why.c_str());
             _exit(1);
         }
@@ -131,12 +136,44 @@ double crossing_us(dgr::Link & link, size_t size, int trips) {
     return us[us.size() / 2];
 }
 
+// A connection of ``kind`` to the echo on ``port``, checked to run the frames it was opened for; exits 1
+// when it cannot.
+class Opened {
+public:
+    Opened(const dgr::TlsContexts & contexts, int port, int kind) {
+        std::string why;
+        fd_ = dgr::connect_tcp("127.0.0.1", port, std::chrono::milliseconds(10000), why);
+        link_ = std::make_unique<dgr::Link>(fd_);
+        SSL_CTX * ctx = kind == 1 ? contexts.dialing() : contexts.dialing_pass();
+        if (fd_ < 0 || (kind != 0 && !link_->connect_tls(ctx, "127.0.0.1", std::chrono::milliseconds(10000), why))) {
+            std::fprintf(stderr, "dgr-link-floor: connect: %s\n", why.c_str());
+            std::exit(1);
+        }
+        if (link_->mac_frames() != (kind == 2)) {
+            std::fprintf(stderr, "dgr-link-floor: a %s connection did not run %s frames\n", kKindNames[kind],
+                         kKindNames[kind]);
+            std::exit(1);
+        }
+    }
+    ~Opened() {
+        link_.reset();
+        close(fd_);
+    }
+    Opened(const Opened &) = delete;
+    Opened & operator=(const Opened &) = delete;
+    dgr::Link & link() { return *link_; }
+
+private:
+    int fd_ = -1;
+    std::unique_ptr<dgr::Link> link_;
+};
+
 }  // namespace
 
 int main(int argc, char ** argv) {
     const Options o = parse(argc, argv);
     std::signal(SIGPIPE, SIG_IGN);
-    const dgr::TlsContexts contexts(dgr::read_tls_dir(o.tls_dir));
+    const dgr::TlsContexts contexts(dgr::read_tls_dir(o.tls_dir), true);
     const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in here{};
     here.sin_family = AF_INET;
@@ -148,7 +185,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     const int port = ntohs(here.sin_port);
-    const int connections = 2 * o.rounds * (int) o.sizes.size();
+    const int connections = kKinds * o.rounds * (int) o.sizes.size();
     const pid_t child = fork();
     if (child == 0) {
         echo(listener, contexts, connections);
@@ -156,28 +193,25 @@ int main(int argc, char ** argv) {
     close(listener);
     std::printf("{\"trips\": %d, \"sizes\": [", o.trips);
     for (size_t s = 0; s < o.sizes.size(); ++s) {
-        std::string plain, secure, ratio;
+        std::string us[kKinds], tls_ratio, mac_ratio;
         for (int r = 0; r < o.rounds; ++r) {
-            double us[2];
-            for (int kind = 0; kind < 2; ++kind) {  // plain, then TLS: side by side in each round
-                std::string why;
-                const int fd = dgr::connect_tcp("127.0.0.1", port, std::chrono::milliseconds(10000), why);
-                dgr::Link link(fd);
-                if (fd < 0 || (kind == 1 && !link.connect_tls(contexts.dialing(), "127.0.0.1",
-                                                              std::chrono::milliseconds(10000), why))) {
-                    std::fprintf(stderr, "dgr-link-floor: connect: %s\n", why.c_str());
-                    return 1;
-                }
-                us[kind] = crossing_us(link, o.sizes[s], o.trips);
-                close(fd);
+            double round_us[kKinds];
+            for (int kind = 0; kind < kKinds; ++kind) {  // side by side in each round
+                Opened opened(contexts, port, kind);
+                round_us[kind] = crossing_us(opened.link(), o.sizes[s], o.trips);
             }
             const char * sep = r == 0 ? "" : ", ";
-            plain += sep + std::to_string(us[0]);
-            secure += sep + std::to_string(us[1]);
-            ratio += sep + std::to_string(us[1] / us[0]);
+            for (int kind = 0; kind < kKinds; ++kind) {
+                us[kind] += sep + std::to_string(round_us[kind]);
+            }
+            tls_ratio += sep + std::to_string(round_us[1] / round_us[0]);
+            mac_ratio += sep + std::to_string(round_us[2] / round_us[0]);
         }
-        std::printf("%s{\"bytes\": %zu, \"plain_us\": [%s], \"tls_us\": [%s], \"tls_over_plain\": [%s]}",
-                    s == 0 ? "" : ", ", o.sizes[s], plain.c_str(), secure.c_str(), ratio.c_str());
+        std::printf("%s{\"bytes\": %zu", s == 0 ? "" : ", ", o.sizes[s]);
+        for (int kind = 0; kind < kKinds; ++kind) {
+            std::printf(", \"%s_us\": [%s]", kKindNames[kind], us[kind].c_str());
+        }
+        std::printf(", \"tls_over_plain\": [%s], \"mac_over_plain\": [%s]}", tls_ratio.c_str(), mac_ratio.c_str());
     }
     std::printf("]}\n");
     int status = 0;
