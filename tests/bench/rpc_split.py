@@ -73,17 +73,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_listening(port: int, server: subprocess.Popen, deadline_s: float = 60.0) -> None:
+def _wait_listening(host: str, port: int, server: subprocess.Popen, deadline_s: float = 60.0) -> None:
     until = time.monotonic() + deadline_s
     while time.monotonic() < until:
         if server.poll() is not None:
-            raise RuntimeError(f"ggml-rpc-server on port {port} exited with {server.returncode}")
+            raise RuntimeError(f"ggml-rpc-server on {host}:{port} exited with {server.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"ggml-rpc-server on port {port} did not listen within {deadline_s:.0f} s")
+    raise RuntimeError(f"ggml-rpc-server on {host}:{port} did not listen within {deadline_s:.0f} s")
 
 
 def _on_huge_pages(env: Mapping[str, str]) -> dict[str, str]:
@@ -99,25 +99,46 @@ def _held(argv: list[str], cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus, *argv] if cpus else argv
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where one process runs: a command prefix (``ip netns exec NS``) and the address it listens on."""
+
+    prefix: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+
+
+SERVER_PORT = 50052  # in a namespace of its own every port is free
+
+
 @contextmanager
 def servers(
-    binary: Path, n: int, *, threads: int, env: Mapping[str, str], log: Path, cpus: str | None = None
+    binary: Path,
+    n: int,
+    *,
+    threads: int,
+    env: Mapping[str, str],
+    log: Path,
+    cpus: str | None = None,
+    places: Sequence[Place] = (),
 ) -> Iterator[list[str]]:
-    """``n`` RPC servers on 127.0.0.1, one CPU thread each by default, held to ``cpus`` if given; their
-    addresses, stopped on exit."""
+    """``n`` RPC servers, one CPU thread each by default, held to ``cpus`` if given, on 127.0.0.1 or at
+    ``places`` (one each: in a shaped fabric's namespaces); their addresses, stopped on exit."""
     procs: list[subprocess.Popen] = []
     addresses: list[str] = []
     with contextlib.ExitStack() as logs:
         logs.callback(_stop, procs)  # first in, last out: every server started is stopped, whatever fails
         for k in range(n):
-            port = _free_port()
+            place = places[k] if places else Place()
+            port = SERVER_PORT if places else _free_port()
             out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
-            argv = _held([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], cpus)
+            argv = _held([str(binary), "-H", place.host, "-p", str(port), "-t", str(threads)], cpus)
             procs.append(
-                subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_on_huge_pages(env))
+                subprocess.Popen(
+                    [*place.prefix, *argv], stdout=out, stderr=subprocess.STDOUT, env=_on_huge_pages(env)
+                )
             )
-            _wait_listening(port, procs[-1])
-            addresses.append(f"127.0.0.1:{port}")
+            _wait_listening(place.host, port, procs[-1])
+            addresses.append(f"{place.host}:{port}")
         yield addresses
 
 
@@ -143,9 +164,11 @@ def tg(
     rpc: Sequence[str] = (),
     gpu_layers: int = 0,
     cpus: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> list[float]:
     """llama-bench's tg tok/s samples: the whole model here, or ``gpu_layers`` of its layers on the RPC
-    servers (split between them by their free memory: equally on one host); held to ``cpus`` if given."""
+    servers (split between them by their free memory: equally on one host); held to ``cpus`` if given,
+    run under ``prefix`` (``ip netns exec NS``: a shaped fabric's stage 0) if given."""
     argv = [
         str(bench),
         "-m",
@@ -167,7 +190,7 @@ def tg(
         argv += ["--rpc", ",".join(rpc), "-ngl", str(gpu_layers)]
     else:
         argv += ["-ngl", "0"]
-    out = proc.run(_held(argv, cpus), env=_on_huge_pages(env), no_output_timeout=300).output
+    out = proc.run([*prefix, *_held(argv, cpus)], env=_on_huge_pages(env), no_output_timeout=600).output
     rows = json.loads(out[out.index("[") : out.rindex("]") + 1])
     row = next((r for r in rows if r.get("n_prompt") == 0 and r.get("n_gen") == n_gen), None)
     assert row is not None, f"llama-bench printed no tg{n_gen} row: {out[-500:]}"

@@ -13,6 +13,11 @@ to run anywhere, and every process of both sides held to one CPU (our --cpus, th
 since where a stage wakes moves a split's speed on a shared box (worker/README.md, "CPU affinity").
 Figures, not a pass/fail property: the only assertions are that every configuration decoded.
 
+Beyond the tiny model on loopback (issue 46; tests/bench/rpc_shapes.py): gemma3-270m-q4 (real weights,
+Q4_K, 18 layers) on loopback, free, over 8 paired rounds; and the tiny model on a shaped fabric (each
+process in its own network namespace, every link a rack's or a metro WAN's), ours and theirs on the
+same links with the same splits, interleaved rounds.
+
 Run: ``nox -s bench -- -k rpc_split -s`` (the RPC build takes minutes cold, once per machine).
 """
 
@@ -21,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from certify.metrics import median_iqr
-from pipeline import drive, routes
-from tests.bench import rpc_split
+from pipeline import drive, routes, seams
+from tests.bench import rpc_shapes, rpc_split
 from tests.bench.ways import bench_rounds, paired_ratio, paired_spread, pooled
 from worker.launcher import launch
 
@@ -40,9 +47,17 @@ OURS = {1: [(0, 12)], 2: [(0, 6), (6, 12)], 4: [(0, 3), (3, 6), (6, 9), (9, 12)]
 THEIRS = {1: (0, 0), 2: (1, 6), 4: (3, 9)}  # ways: (RPC servers, layers on them)
 
 
-def _ours(clients, prompt, logits: bool = False) -> list[float]:
+def _ours(
+    clients, prompt, logits: bool = False, n_gen: int = N_GEN, reach: routes.Reach = routes.LOOPBACK
+) -> list[float]:
     s = drive.measure_speed(
-        clients, prompt, N_GEN + 1, repetitions=REPETITIONS, warmup=1, route=routes.Ring(logits=logits)
+        clients,
+        prompt,
+        n_gen + 1,
+        repetitions=REPETITIONS,
+        warmup=1,
+        route=routes.Ring(logits=logits),
+        reach=reach,
     )
     return list(s.decode_tok_s)
 
@@ -169,8 +184,168 @@ def test_our_split_against_llama_cpp_rpc(
         f"{load_before[0]:.2f}, after {load_after[0]:.2f}, {os.cpu_count()} cpus\n  " + "\n  ".join(lines)
     )
     benchmark.extra_info.update(tables=tables, load_before=list(load_before), load_after=list(load_after))
+    title = f"tiny-llama f32, loopback: decode tok/s against ways, tg{N_GEN}, {THREADS} thread per process"
+    folder = rpc_shapes.plot_folder(tmp_path)
+    print(
+        f"  plot: {rpc_shapes.plot(folder, 'rpc-split-tiny-loopback', title, sides[0].ours, sides[0].theirs)}"
+    )
     samples = [
         v for side in sides for rounds in (*side.ours.values(), *side.theirs.values()) for v in pooled(rounds)
     ]
     samples += [v for side in sides for runs in side.ours_logits.values() for v in runs]
     assert all(v > 0 for v in samples)
+
+
+GEMMA_LAYERS = 18
+GEMMA_ROUNDS = 8  # the issue's paired rounds; DGR_BENCH_ROUNDS overrides it
+
+
+def _theirs(tools, model, split: rpc_shapes.Split, rpc, n_gen: int, env, prefix=()) -> list[float]:
+    """llama-bench's tg samples for ``split``: its servers' share of the layers on the first of ``rpc``."""
+    return rpc_split.tg(
+        tools.bench,
+        model,
+        n_gen=n_gen,
+        repetitions=REPETITIONS,
+        threads=THREADS,
+        env=env,
+        rpc=rpc[: split.servers],
+        gpu_layers=split.server_layers,
+        prefix=prefix,
+    )
+
+
+def _side_by_side(
+    ways, ours: dict[int, list[list[float]]], theirs: dict[int, list[list[float]]]
+) -> list[str]:
+    """One line per ways: each side's median tok/s, and ours/theirs paired (lowest-highest round)."""
+    head = f"{'ways':>4} {'ours tok/s':>10} {'llama.cpp RPC':>13} {'ours/theirs':>11} {'paired':>6}"
+    lines = [f"{head} {'rounds':>9}"]
+    for w in ways:
+        o, t = median_iqr(pooled(ours[w])).median, median_iqr(pooled(theirs[w])).median
+        low, high = paired_spread(ours[w], theirs[w])
+        paired = paired_ratio(ours[w], theirs[w])
+        lines.append(f"{w:>4} {o:10.1f} {t:13.1f} {o / t:11.2f} {paired:6.2f} {low:4.2f}-{high:4.2f}")
+    return lines
+
+
+def test_our_split_against_llama_cpp_rpc_on_real_weights(
+    benchmark, real_ctx, gemma_store, worker_command, stubs, worker_env, tmp_path
+) -> None:
+    tools = rpc_split.build(real_ctx)
+    rounds = bench_rounds(GEMMA_ROUNDS)
+    model = Path(gemma_store.provisioned.first)
+    splits = rpc_shapes.even_splits(GEMMA_LAYERS, (1, 2, 4))
+    cmd = dataclasses.replace(worker_command, model=model, threads=THREADS)
+    ours: dict[int, list[list[float]]] = {w: [] for w in splits}
+    theirs: dict[int, list[list[float]]] = {w: [] for w in splits}
+    with contextlib.ExitStack() as running:
+        clients = {
+            w: running.enter_context(
+                launch(cmd, s.ours, stubs=stubs, env=worker_env, evidence=tmp_path / f"o{w}")
+            ).clients
+            for w, s in splits.items()
+        }
+        rpc = running.enter_context(
+            rpc_split.servers(tools.server, 3, threads=THREADS, env=worker_env, log=tmp_path / "rpc")
+        )
+        prompt = clients[1][0].tokenize("", add_special=True) or [2]
+
+        def sweep() -> None:
+            for _ in range(rounds):
+                for w, s in splits.items():
+                    theirs[w].append(_theirs(tools, model, s, rpc, N_GEN, worker_env))
+                    ours[w].append(_ours(clients[w], prompt))
+
+        benchmark.pedantic(sweep, rounds=1, iterations=1)
+    cuts = "; ".join(
+        f"{w}: {s.ours}, theirs {s.server_layers} layers on {s.servers} servers" for w, s in splits.items()
+    )
+    print(
+        f"\n[bench rpc split] gemma3-270m-q4 (Q4_K, {GEMMA_LAYERS} layers), {THREADS} thread per process, "
+        f"loopback, free, tg{N_GEN}, {rounds} rounds of {REPETITIONS} runs each way; ours: a ring "
+        f"delivering tokens only; theirs: llama-bench --rpc -ngl (way 1: each side alone); splits {cuts}; "
+        f"{os.cpu_count()} cpus\n  " + "\n  ".join(_side_by_side(splits, ours, theirs))
+    )
+    benchmark.extra_info.update(ours=ours, theirs=theirs)
+    title = f"gemma3-270m-q4, loopback: decode tok/s against ways, tg{N_GEN}, {THREADS} thread per process"
+    folder = rpc_shapes.plot_folder(tmp_path)
+    print(f"  plot: {rpc_shapes.plot(folder, 'rpc-split-gemma-loopback', title, ours, theirs)}")
+    assert all(v > 0 for side in (ours, theirs) for runs in side.values() for v in pooled(runs))
+
+
+SHAPED_GEN = 16  # tokens per run on a shaped link: a metro token is tens of milliseconds
+SHAPED_ROUNDS = 3
+
+
+@dataclasses.dataclass
+class Shaped:
+    """One link class's samples by ways, ours and theirs by round."""
+
+    name: str
+    link: Any
+    ours: dict[int, list[list[float]]]
+    theirs: dict[int, list[list[float]]]
+
+
+def _on_fabric(name, link, support, tools, splits, rounds, model, cmd, stubs, env, evidence) -> Shaped:
+    """Every split of ``splits`` on one fabric of ``link``s, ours and theirs interleaved by round."""
+    got = Shaped(name=name, link=link, ours={w: [] for w in splits}, theirs={w: [] for w in splits})
+    fabric = seams.Fabric(links=rpc_shapes.profiles(link, max(splits)), support=support, env=env)
+    with fabric, contextlib.ExitStack() as running:
+        placed = rpc_shapes.places(fabric)
+        reach = routes.Reach(addresses=None, sink_host=fabric.driver_address)
+        clients = {
+            w: running.enter_context(
+                launch(cmd, s.ours, stubs=stubs, env=env, evidence=evidence / f"o{w}", placed=placed[:w])
+            ).clients
+            for w, s in splits.items()
+        }
+        rpc = running.enter_context(
+            rpc_shapes.rpc_servers_on(fabric, tools, env=env, log=evidence / "rpc", threads=THREADS)
+        )
+        prompt = clients[min(splits)][0].tokenize("", add_special=True) or [1]
+        for _ in range(rounds):
+            for w, s in splits.items():
+                got.theirs[w].append(
+                    _theirs(tools, model, s, rpc, SHAPED_GEN, env, prefix=rpc_shapes.stage0_prefix(fabric))
+                )
+                got.ours[w].append(_ours(clients[w], prompt, n_gen=SHAPED_GEN, reach=reach))
+    return got
+
+
+def test_our_split_against_llama_cpp_rpc_on_shaped_links(
+    benchmark, real_ctx, tiny_model, worker_command, stubs, worker_env, tmp_path
+) -> None:
+    support = seams.probe(worker_env)
+    if not support.available:
+        pytest.skip(f"no shaped fabric here: {support.reason}")
+    tools = rpc_split.build(real_ctx)
+    rounds = bench_rounds(SHAPED_ROUNDS)
+    splits = rpc_shapes.even_splits(12, (2, 4))
+    cmd = dataclasses.replace(worker_command, threads=THREADS)
+    report: list[Shaped] = []
+
+    def sweep() -> None:
+        for name, link in rpc_shapes.LINKS.items():
+            evidence = tmp_path / name
+            args = (tools, splits, rounds, tiny_model.first, cmd, stubs, worker_env, evidence)
+            report.append(_on_fabric(name, link, support, *args))
+
+    benchmark.pedantic(sweep, rounds=1, iterations=1)
+    for got in report:
+        print(
+            f"\n[bench rpc split] tiny-llama f32, shaped fabric ({got.name}: {got.link.delay_s * 1e3:.0f} "
+            f"ms one way, {(got.link.rate_bps or 0) / 1e6:.0f} Mbit/s into every node; backend "
+            f"{support.backend}), {THREADS} thread per process, tg{SHAPED_GEN}, {rounds} rounds of "
+            f"{REPETITIONS} runs each way; ours: stage k in namespace k, a ring delivering tokens only; "
+            f"theirs: llama-bench in namespace 0, RPC server k in namespace k\n  "
+            + "\n  ".join(_side_by_side(splits, got.ours, got.theirs))
+        )
+        benchmark.extra_info[got.name] = {"ours": got.ours, "theirs": got.theirs}
+        title = f"tiny-llama f32, {got.name} links: decode tok/s against ways, tg{SHAPED_GEN}"
+        where = rpc_shapes.plot(
+            rpc_shapes.plot_folder(tmp_path), f"rpc-split-tiny-{got.name}", title, got.ours, got.theirs
+        )
+        print(f"  plot: {where}")
+        assert all(v > 0 for side in (got.ours, got.theirs) for runs in side.values() for v in pooled(runs))
