@@ -33,7 +33,7 @@ size_t tag_bytes(size_t body) {
 // the last chunk and the tags behind it together.
 bool receive_until(int fd, std::string & body, std::string & tags, size_t & arrived, size_t need) {
     while (arrived < need) {
-        iovec parts[2];
+        iovec parts[2] = {};
         int count = 0;
         if (arrived < body.size()) {
             parts[count++] = {body.data() + arrived, body.size() - arrived};
@@ -120,27 +120,28 @@ bool MacFrames::write_frame(int fd, const std::string & body, std::string & why)
     frame_head((uint32_t) body.size(), head);
     char * data = const_cast<char *>(body.data());
     sent_tags_.clear();
-    size_t at = 0;
-    do {
+    for (size_t at = 0;;) {
         const size_t take = std::min(kChunkBytes, body.size() - at);
-        iovec parts[3];
+        iovec parts[3] = {};
         const int count = chunk_parts(parts, at == 0 ? head : nullptr, data + at, take);
         at += take;
-        bool put;
-        if (at < body.size()) {  // sent before it is tagged: the peer takes it in meanwhile
-            iovec sending[2] = {parts[0], parts[1]};
-            put = send_all(fd, sending, count, why) && send_.append_tag(parts, count, sent_tags_);
-        } else {  // the last chunk, with every tag of the frame behind it
-            put = send_.append_tag(parts, count, sent_tags_);
+        if (at == body.size()) {  // the last chunk, with every tag of the frame behind it
+            if (!send_.append_tag(parts, count, sent_tags_)) {
+                why = "authenticated frames: tagging failed";
+                return false;
+            }
             parts[count] = {sent_tags_.data(), sent_tags_.size()};
-            put = put && send_all(fd, parts, count + 1, why);
+            return send_all(fd, parts, count + 1, why);
         }
-        if (!put) {
-            why = why.empty() ? "authenticated frames: tagging failed" : why;
+        iovec sending[2] = {parts[0], parts[1]};  // sent before it is tagged: the peer takes it in meanwhile
+        if (!send_all(fd, sending, count, why)) {
             return false;
         }
-    } while (at < body.size());
-    return true;
+        if (!send_.append_tag(parts, count, sent_tags_)) {
+            why = "authenticated frames: tagging failed";
+            return false;
+        }
+    }
 }
 
 FrameRead MacFrames::read_frame(int fd, int64_t max_bytes, std::string & body, uint32_t & announced) {
@@ -161,7 +162,7 @@ FrameRead MacFrames::read_frame(int fd, int64_t max_bytes, std::string & body, u
         if (!receive_until(fd, body, read_tags_, arrived, at + take)) {
             return FrameRead::Closed;
         }
-        iovec parts[2];
+        iovec parts[2] = {};
         const int count = chunk_parts(parts, at == 0 ? head : nullptr, body.data() + at, take);
         if (!receive_.append_tag(parts, count, expected_tags_)) {
             return FrameRead::Forged;
