@@ -106,13 +106,16 @@ bool MacFrames::key(SSL * ssl, bool accepting, std::string & why) {
     }
     const unsigned char * dialer_sends = keys;
     const unsigned char * acceptor_sends = keys + MacKey::kKeyBytes;
-    const bool keyed =
-        send_.set(accepting ? acceptor_sends : dialer_sends) && receive_.set(accepting ? dialer_sends : acceptor_sends);
+    const bool keyed = accepting ? set_keys(acceptor_sends, dialer_sends) : set_keys(dialer_sends, acceptor_sends);
     OPENSSL_cleanse(keys, sizeof keys);
     if (!keyed) {
         why = "authenticated frames: ChaCha20-Poly1305 is not available";
     }
     return keyed;
+}
+
+bool MacFrames::set_keys(const unsigned char * send, const unsigned char * receive) {
+    return send_.set(send) && receive_.set(receive);
 }
 
 bool MacFrames::write_frame(int fd, const std::string & body, std::string & why) {

@@ -61,6 +61,9 @@ public:
     // Keys from the established session ``ssl``: the dialing end's sending key is the accepting end's
     // receiving key. False with ``why`` when the exporter fails.
     bool key(SSL * ssl, bool accepting, std::string & why);
+    // Both directions' keys given, kKeyBytes each: what key() does with the exporter's, and the fuzz
+    // target's fixed keys (worker/fuzz/mac_frames_fuzz.cpp).
+    bool set_keys(const unsigned char * send, const unsigned char * receive);
 
     bool write_frame(int fd, const std::string & body, std::string & why);
     // As sockets.h's read_frame; Forged when a tag does not check (nothing of the frame may be used).
