@@ -48,7 +48,7 @@ from pipeline.shaper import READY, Link
 
 if TYPE_CHECKING:  # the probe runs in minimal environments (a test runs it as nobody): no recipe loader
     from manifests.recipe_model import Placement
-    from worker.launcher import WorkerCommand
+    from worker.launcher import Placed, WorkerCommand
 
 log = redact.logger("dgr.seams")
 
@@ -426,6 +426,16 @@ class Fabric:
         assert self.support.backend is not None
         return self.support.backend
 
+    def places(self) -> list[Placed]:
+        """Where stage k's worker runs on this fabric: in namespace k, listening on its address there (a
+        host only this machine reaches)."""
+        from worker.launcher import Placed
+
+        return [
+            Placed(prefix=("ip", "netns", "exec", ns), host=addr, private=True)
+            for ns, addr in zip(self.namespaces, self.addresses, strict=True)
+        ]
+
     def describe(self) -> dict[str, Any]:
         stages = zip(self.namespaces, self.addresses, self.links.stages, strict=True)
         return {
@@ -656,17 +666,13 @@ class NetnsPipelines:
     @contextmanager
     def start(self, cmd: WorkerCommand, placement: Placement, tag: str) -> Generator[NetnsPipeline]:
         from core.canonical import write_json
-        from worker.launcher import Placed, launch
+        from worker.launcher import launch
 
         evidence = self.evidence / tag
         fabric = Fabric(links=profiles(placement), support=self.support, env=self.env, evidence=evidence)
         with fabric:
             write_json(evidence / "fabric.json", fabric.describe())
             cmd = _fabric_tls(cmd, fabric, tag)
-            placed = [
-                Placed(prefix=("ip", "netns", "exec", ns), host=addr, private=True)
-                for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)
-            ]
             with launch(
                 cmd,
                 placement.stages,
@@ -675,6 +681,6 @@ class NetnsPipelines:
                 env=self.env,
                 start_timeout=self.start_timeout,
                 call_deadline=self.call_deadline,
-                placed=placed,
+                placed=fabric.places(),
             ) as pipeline:
                 yield NetnsPipeline(pipeline=pipeline, fabric=fabric)

@@ -11,25 +11,34 @@ in namespace k (k >= 1), so a boundary crosses the same links either way.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline.seam_model import Profiles
+from pipeline.seam_model import Profiles, link_of
 from pipeline.shaper import Link
 from tests.bench import rpc_split
-from worker.launcher import Placed
 
-# The WAN recipe's link classes (manifests/recipes/tiny-llama-wan.json): one way, and each access rate.
-LINKS = {
-    "rack": Link.of(delay_ms=1, jitter_ms=0, rate_mbit=10000),
-    "metro": Link.of(delay_ms=20, jitter_ms=0, rate_mbit=1000),
-}
+WAN_RECIPE = "tiny-llama-wan"
+
+
+def links() -> dict[str, Link]:
+    """The WAN recipe's link classes, each read from its 2-stage chained placement: one-way delay and
+    access rate, without the recipe's jitter (a paired ratio of runs this short reads cleaner without
+    it; docs/performance.md says so)."""
+    from manifests.recipe_model import load
+
+    wan = load(WAN_RECIPE)
+    return {
+        name: dataclasses.replace(link_of(wan.placements[f"{name}-2-chained"].seam(0)), jitter_s=0.0)
+        for name in ("rack", "metro")
+    }
 
 
 @dataclass(frozen=True)
@@ -54,14 +63,6 @@ def even_splits(n_layer: int, ways: Sequence[int]) -> dict[int, Split]:
     return out
 
 
-def places(fabric: Any) -> list[Placed]:
-    """Our stage k's place on ``fabric`` (pipeline.seams.Fabric)."""
-    return [
-        Placed(prefix=("ip", "netns", "exec", ns), host=addr, private=True)
-        for ns, addr in zip(fabric.namespaces, fabric.addresses, strict=True)
-    ]
-
-
 def profiles(link: Link, n_stages: int) -> Profiles:
     return Profiles(driver=link, stages=(link,) * n_stages)
 
@@ -70,20 +71,16 @@ def profiles(link: Link, n_stages: int) -> Profiles:
 def rpc_servers_on(
     fabric: Any, tools: rpc_split.RpcTools, *, env, log: Path, threads: int
 ) -> Iterator[list[str]]:
-    """RPC server k in namespace k, for k = 1 .. the fabric's last stage; their addresses in order."""
-    at = [
-        rpc_split.Place(prefix=("ip", "netns", "exec", ns), host=addr)
-        for ns, addr in zip(fabric.namespaces[1:], fabric.addresses[1:], strict=True)
-    ]
-    with ExitStack() as running:
-        yield running.enter_context(
-            rpc_split.servers(tools.server, len(at), threads=threads, env=env, log=log, places=at)
-        )
+    """RPC server k where our stage k runs (pipeline.seams.Fabric.places), for k = 1 .. the fabric's last
+    stage; their addresses in order."""
+    at = fabric.places()[1:]
+    with rpc_split.servers(tools.server, len(at), threads=threads, env=env, log=log, places=at) as addresses:
+        yield addresses
 
 
 def stage0_prefix(fabric: Any) -> tuple[str, ...]:
     """llama-bench's prefix on ``fabric``: stage 0's namespace."""
-    return ("ip", "netns", "exec", fabric.namespaces[0])
+    return fabric.places()[0].prefix
 
 
 def plot(

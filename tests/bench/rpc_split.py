@@ -29,6 +29,7 @@ from core.context import Context
 from fetch.source import ensure_pristine
 from lanes import cmake
 from lanes.base import BuildOptions
+from worker.launcher import Placed
 
 TARGETS = ("ggml-rpc-server", "llama-bench")
 
@@ -99,14 +100,6 @@ def _held(argv: list[str], cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus, *argv] if cpus else argv
 
 
-@dataclass(frozen=True)
-class Place:
-    """Where one process runs: a command prefix (``ip netns exec NS``) and the address it listens on."""
-
-    prefix: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-
-
 SERVER_PORT = 50052  # in a namespace of its own every port is free
 
 
@@ -119,26 +112,27 @@ def servers(
     env: Mapping[str, str],
     log: Path,
     cpus: str | None = None,
-    places: Sequence[Place] = (),
+    places: Sequence[Placed] = (),
 ) -> Iterator[list[str]]:
     """``n`` RPC servers, one CPU thread each by default, held to ``cpus`` if given, on 127.0.0.1 or at
-    ``places`` (one each: in a shaped fabric's namespaces); their addresses, stopped on exit."""
+    ``places`` (one each, as a worker is placed: a shaped fabric's namespaces, Fabric.places); their
+    addresses, stopped on exit."""
     procs: list[subprocess.Popen] = []
     addresses: list[str] = []
     with contextlib.ExitStack() as logs:
         logs.callback(_stop, procs)  # first in, last out: every server started is stopped, whatever fails
         for k in range(n):
-            place = places[k] if places else Place()
-            port = SERVER_PORT if places else _free_port()
+            place = places[k] if places else Placed()
+            host, port = place.host or "127.0.0.1", SERVER_PORT if places else _free_port()
             out = logs.enter_context((log.parent / f"{log.name}-{k}.log").open("wb"))
-            argv = _held([str(binary), "-H", place.host, "-p", str(port), "-t", str(threads)], cpus)
+            argv = _held([str(binary), "-H", host, "-p", str(port), "-t", str(threads)], cpus)
             procs.append(
                 subprocess.Popen(
                     [*place.prefix, *argv], stdout=out, stderr=subprocess.STDOUT, env=_on_huge_pages(env)
                 )
             )
-            _wait_listening(place.host, port, procs[-1])
-            addresses.append(f"{place.host}:{port}")
+            _wait_listening(host, port, procs[-1])
+            addresses.append(f"{host}:{port}")
         yield addresses
 
 

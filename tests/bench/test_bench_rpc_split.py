@@ -293,7 +293,7 @@ def _on_fabric(name, link, support, tools, splits, rounds, model, cmd, stubs, en
     got = Shaped(name=name, link=link, ours={w: [] for w in splits}, theirs={w: [] for w in splits})
     fabric = seams.Fabric(links=rpc_shapes.profiles(link, max(splits)), support=support, env=env)
     with fabric, contextlib.ExitStack() as running:
-        placed = rpc_shapes.places(fabric)
+        placed = fabric.places()
         reach = routes.Reach(addresses=None, sink_host=fabric.driver_address)
         clients = {
             w: running.enter_context(
@@ -327,7 +327,7 @@ def test_our_split_against_llama_cpp_rpc_on_shaped_links(
     report: list[Shaped] = []
 
     def sweep() -> None:
-        for name, link in rpc_shapes.LINKS.items():
+        for name, link in rpc_shapes.links().items():
             evidence = tmp_path / name
             args = (tools, splits, rounds, tiny_model.first, cmd, stubs, worker_env, evidence)
             report.append(_on_fabric(name, link, support, *args))

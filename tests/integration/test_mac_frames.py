@@ -66,15 +66,22 @@ def _log(p: Pipeline, stage: int) -> str:
     return p.stages[stage].stderr_path.read_text(errors="replace")
 
 
+@pytest.fixture(scope="module")
+def mono(mac: WorkerCommand, stubs, worker_env, tmp_path_factory) -> tuple[list, drive.Trace]:
+    """The prompts and the monolithic worker's run of them, once for every placement."""
+    evidence = tmp_path_factory.mktemp("mono-mac")
+    with launch(mac, [(0, N_LAYER)], stubs=stubs, evidence=evidence, env=worker_env) as p:
+        prompts = [p.clients[0].tokenize(text, add_special=True) for text in TEXTS]
+        return prompts, drive.run_placement(p.clients, prompts, N_DECODE)
+
+
 @pytest.mark.parametrize("name", list(PLACEMENTS))
 def test_staged_equals_monolithic_in_authenticated_frames(
-    name: str, mac: WorkerCommand, stubs, worker_env, tmp_path: Path
+    name: str, mono, mac: WorkerCommand, stubs, worker_env, tmp_path: Path
 ) -> None:
-    with launch(mac, [(0, N_LAYER)], stubs=stubs, evidence=tmp_path / "mono", env=worker_env) as mono:
-        prompts = [mono.clients[0].tokenize(text, add_special=True) for text in TEXTS]
-        reference = drive.run_placement(mono.clients, prompts, N_DECODE)
+    prompts, reference = mono
     placement = PLACEMENTS[name]
-    with launch(mac, placement, stubs=stubs, evidence=tmp_path / "staged", env=worker_env) as p:
+    with launch(mac, placement, stubs=stubs, evidence=tmp_path, env=worker_env) as p:
         assert {c.info().pass_frames for c in p.clients} == {"mac"}
         for route_name, route in ROUTES.items():
             got = drive.run_placement(p.clients, prompts, N_DECODE, route=route)

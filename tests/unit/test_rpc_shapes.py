@@ -33,3 +33,12 @@ def test_plots_go_where_dgr_bench_plots_says(tmp_path: Path, monkeypatch) -> Non
     assert rpc_shapes.plot_folder(tmp_path) == tmp_path
     monkeypatch.setenv("DGR_BENCH_PLOTS", str(tmp_path / "docs"))
     assert rpc_shapes.plot_folder(tmp_path) == tmp_path / "docs"
+
+
+def test_the_link_classes_are_the_wan_recipes_without_jitter() -> None:
+    from pipeline.shaper import Link
+
+    assert rpc_shapes.links() == {
+        "rack": Link.of(delay_ms=1, rate_mbit=10000),
+        "metro": Link.of(delay_ms=20, rate_mbit=1000),
+    }

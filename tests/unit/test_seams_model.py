@@ -281,3 +281,20 @@ def test_netem_fabric_links() -> None:
         ["ip", "link", "add", "dgr00abcdd", "type", "veth", "peer", "name", "drv", "netns", "dgr00abcdh"],
         seams.netem_argv("dgr00abcdh", "drv", wan),
     ]
+
+
+def test_stage_k_runs_in_namespace_k_at_its_address() -> None:
+    """Fabric.places: what the certifier's pipelines and the RPC bench both start stage k with."""
+    fabric = seams.Fabric(
+        links=seam_model.Profiles(driver=Link(), stages=(Link(), Link())),
+        support=seams.SeamSupport(backend="netem", reason=""),
+        env={},
+        tag="a1b2c3",
+        subnet=ipaddress.ip_network("10.77.5.0/24"),
+    )
+    places = fabric.places()
+    assert [p.prefix for p in places] == [
+        ("ip", "netns", "exec", "dgra1b2c3s0"),
+        ("ip", "netns", "exec", "dgra1b2c3s1"),
+    ]
+    assert [p.host for p in places] == ["10.77.5.10", "10.77.5.11"] and all(p.private for p in places)

@@ -48,7 +48,7 @@ const char * usage_text() {
            "Without it the worker serves plaintext, on a loopback --listen only, unless --insecure says so.\n"
            "The pass port and the ring's delivery streams then run mutual TLS too.\n"
            "--pass-frames mac: with --tls, a pass port connection whose other end allows it too carries\n"
-           "authenticated frames (an AES-GMAC tag per 16 KiB, keyed by the TLS handshake) instead of TLS\n"
+           "authenticated frames (a Poly1305 tag per 24 KiB, keyed by the TLS handshake) instead of TLS\n"
            "records: cheaper per crossing, but the boundary crosses unencrypted. Default tls (encrypted).\n"
            "--max-pass-connections N: connections held at once on the pass port (default 16); one more\n"
            "evicts the oldest not yet proven (TLS handshake, or a first whole pass) or is refused.\n"

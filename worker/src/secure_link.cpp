@@ -86,7 +86,12 @@ SSL_CTX * make_context(const TlsFiles & files, bool accepting) {
     return ctx;
 }
 
-SSL_CTX * allowing_mac_frames(SSL_CTX * ctx, bool accepting) {
+// ``ctx`` allowing authenticated frames where ``mac_frames`` says so: the accepting end chooses them when
+// offered, the dialing end offers them; unchanged otherwise.
+SSL_CTX * with_frames(SSL_CTX * ctx, bool accepting, bool mac_frames) {
+    if (!mac_frames) {
+        return ctx;
+    }
     if (accepting) {
         SSL_CTX_set_alpn_select_cb(ctx, choose_mac_frames, nullptr);
     } else if (SSL_CTX_set_alpn_protos(ctx, kMacFramesAlpn, sizeof kMacFramesAlpn - 1) != 0) {  // 0: set
@@ -125,9 +130,8 @@ std::string unbracket(const std::string & host) {
 }  // namespace
 
 TlsContexts::TlsContexts(const TlsFiles & files, bool mac_frames)
-    : accepting_(mac_frames ? allowing_mac_frames(make_context(files, true), true) : make_context(files, true)),
-      dialing_pass_(mac_frames ? allowing_mac_frames(make_context(files, false), false) : make_context(files, false)),
-      dialing_(make_context(files, false)) {}
+    : accepting_(with_frames(make_context(files, true), true, mac_frames)),
+      dialing_pass_(with_frames(make_context(files, false), false, mac_frames)), dialing_(make_context(files, false)) {}
 
 Link::~Link() {
     if (ssl_ != nullptr) {

@@ -1,6 +1,6 @@
 // dgr-link-floor: what one crossing of a worker's raw connection costs, plain, over mutual TLS and in
-// authenticated frames (issue 43): the pass port's own code (secure_link.h over sockets.h), two processes on loopback, no
-// model and no protobuf in the way.
+// authenticated frames (issue 43): the pass port's own code (secure_link.h over sockets.h), two
+// processes on loopback, no model and no protobuf in the way.
 //
 //   dgr-link-floor --tls DIR [--bytes 1024,65536] [--trips 2000] [--rounds 8]
 //
