@@ -6,8 +6,10 @@ worker and on each placement it names, the placements held to it by three gates.
   the same depth, with the hardware class's staging-parity limits (bitwise on the CPU lane), and the
   greedy continuation after every prompt.
 * ``kv-at-depth``: the KV bytes the stages allocate for the scenario's context, as each worker reports
-  them (llama.cpp's memory breakdown, not a formula), sum to what the monolithic worker allocates: a
-  stage that holds another stage's layers, or drops some of its own, is caught here.
+  them (llama.cpp's memory breakdown, not a formula), sum to what the monolithic worker allocates, and
+  each stage's memory, layer by layer as its worker reads it from its own graph, is the monolithic
+  worker's for those layers (certify/kv_stages.py): a stage that holds another stage's layers, or drops
+  some of its own, is caught and named here.
 * ``state-at-depth`` (architectures with compressed caches, certify/state.py): every stage's workers
   count the compressed and sliding-window state their passes filled (``--census``); each placement's
   counts, layer by layer, equal the monolithic worker's, which meet the recipe's ``exercised``
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from certify import depth_prompt, gates, metrics, state
+from certify import depth_prompt, gates, kv_stages, metrics, state
 from certify.measure import Outcome, Plan, logit_figures, reach, route_change_gate
 from certify.verdict import Result, Status
 from manifests.recipe_model import Depth, Placement, RouteChange
@@ -224,7 +226,13 @@ def kv_bytes_of(infos: Sequence[StageInfo]) -> list[int]:
 def kv_figures(ref: Sequence[StageInfo], cur: Sequence[StageInfo]) -> dict[str, Any]:
     """The stages' KV summed against the monolithic worker's (each stage's own figure is in _record)."""
     stages, mono = sum(kv_bytes_of(cur)), sum(kv_bytes_of(ref))
-    return {"kv_bytes_sum": stages, "kv_bytes_monolithic": mono, "kv_bytes_difference": abs(stages - mono)}
+    faults = kv_stages.stage_faults(ref[0], cur) if len(ref) == 1 else []
+    return {
+        "kv_bytes_sum": stages,
+        "kv_bytes_monolithic": mono,
+        "kv_bytes_difference": abs(stages - mono),
+        "kv_stage_faults": faults,
+    }
 
 
 def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[dict[str, Any], list[Result]]:
@@ -257,10 +265,16 @@ def judge(plan: Plan, p: Placement, mono: _AtDepth, staged: _AtDepth) -> tuple[d
 
 
 def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Result:
-    """PASS when the stages' KV sums to the monolithic worker's; a FAIL lists what each stage holds.
-    ``kv``: kv_figures with each stage's ``kv_bytes``."""
-    check = gates.AtMost(name="KV bytes off the monolithic worker's", metric="kv_bytes_difference", limit=0)
-    result = gates.evaluate(KV_AT_DEPTH, p.name, [check], {"kv_bytes_difference": kv["kv_bytes_difference"]})
+    """PASS when the stages' KV sums to the monolithic worker's and each stage's, layer by layer, is
+    the monolithic worker's for its layers (certify/kv_stages.py); a FAIL names the stages that differ
+    and lists what each stage holds.  ``kv``: kv_figures with each stage's ``kv_bytes``."""
+    faults = list(kv.get("kv_stage_faults", []))
+    checks = [
+        gates.AtMost(name="KV bytes off the monolithic worker's", metric="kv_bytes_difference", limit=0),
+        gates.AtMost(name="stages whose memory differs by layer", metric="kv_stages_differing", limit=0),
+    ]
+    figures = {"kv_bytes_difference": kv["kv_bytes_difference"], "kv_stages_differing": len(faults)}
+    result = gates.evaluate(KV_AT_DEPTH, p.name, checks, figures)
     if result.status is Status.PASS:
         return result
     held = ", ".join(
@@ -268,9 +282,12 @@ def kv_result(p: Placement, kv: Mapping[str, Any], depth: Depth | None) -> Resul
         for k, ((b, e), n) in enumerate(zip(p.stages, kv["kv_bytes"], strict=True))
     )
     context = depth.context if depth is not None else 0
-    reason = (
-        f"at a context of {context} the stages hold {kv['kv_bytes_sum']} bytes of KV, the monolithic worker "
-        f"{kv['kv_bytes_monolithic']}: {held}"
+    reason = "; ".join(
+        [
+            *faults,
+            f"at a context of {context} the stages hold {kv['kv_bytes_sum']} bytes of KV, the monolithic "
+            f"worker {kv['kv_bytes_monolithic']}: {held}",
+        ]
     )
     return dataclasses.replace(result, reason=reason)
 

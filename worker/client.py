@@ -9,7 +9,7 @@ its dtype and shape), so a worker answering with a malformed tensor fails here w
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal, TypeAlias, overload
@@ -60,6 +60,10 @@ class Memory:
     has_output_head: bool
     load_mode: str = ""  # how the weights were loaded (llama's name: none, mmap, ...); "": an older worker
     huge_page_bytes: int = -1  # the worker's memory on transparent huge pages at Info time; -1: unknown
+    # The memory the stage's graph reads, by layer (-1: a tensor naming no layer), and what it allocated
+    # that no node reads (worker/src/memory_layers.h); empty and 0 from an older worker.
+    kv_bytes_by_layer: Mapping[int, int] = field(default_factory=dict)
+    kv_unread_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +348,8 @@ class StageClient:
                 has_output_head=m.has_output_head,
                 load_mode=m.load_mode,
                 huge_page_bytes=m.huge_page_bytes if m.load_mode else -1,
+                kv_bytes_by_layer={int(x.layer): int(x.bytes) for x in m.kv_layers},
+                kv_unread_bytes=m.kv_unread_bytes,
             ),
         )
 

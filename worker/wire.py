@@ -19,6 +19,11 @@ class Tensor(Protocol):
     data: bytes
 
 
+class LayerBytes(Protocol):
+    layer: int
+    bytes: int
+
+
 class MemoryAccount(Protocol):
     weight_bytes: int
     kv_bytes: int
@@ -27,6 +32,8 @@ class MemoryAccount(Protocol):
     has_output_head: bool
     load_mode: str
     huge_page_bytes: int
+    kv_layers: Sequence[LayerBytes]
+    kv_unread_bytes: int
 
 
 class InfoReply(Protocol):

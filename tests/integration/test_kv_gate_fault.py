@@ -94,7 +94,14 @@ def test_a_stage_holding_state_for_layers_it_does_not_own_fails_the_kv_gate(
     result = depth.kv_result(SPLIT, faulty, SCENARIO)
     assert result.status is Status.FAIL and faulty["kv_bytes_sum"] > faulty["kv_bytes_monolithic"]
     extra = [w - r for w, r in zip(depth.kv_bytes_of(wrong), depth.kv_bytes_of(right), strict=True)]
+    assert [i.memory.kv_unread_bytes for i in right] == [0, 0]
     assert extra[1] > 0, "the one-layer stage holds state for the ten layers it does not own"
     assert f"stage 1 (layers 11:12) {depth.kv_bytes_of(wrong)[1]} bytes" in result.reason
+    # the stage is named: the state it holds for layers it does not own is memory no node of its graph
+    # reads (worker/src/memory_layers.h), and the stage that holds none is not named
+    named = f"stage 1 (layers 11:12): {extra[1]} bytes allocated that none of its layers reads"
+    assert result.reason.startswith(named), result.reason
+    assert "stage 0 (layers 0:11):" not in result.reason
+    assert wrong[1].memory.kv_bytes_by_layer == {11: mono[0].memory.kv_bytes_by_layer[11]}
     assert f"at a context of {CONTEXT}" in result.reason
     print(f"\nkv-at-depth on the unfiltered build: {result.reason} (extra bytes per stage {extra})")

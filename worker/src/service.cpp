@@ -94,6 +94,12 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         m->set_kv_bytes(in.memory.kv_bytes);
         m->set_compute_bytes(in.memory.compute_bytes);
         m->set_load_mode(in.memory.load_mode);
+        for (const auto & [layer, bytes] : in.memory.kv_bytes_by_layer) {
+            auto * l = m->add_kv_layers();
+            l->set_layer(layer);
+            l->set_bytes(bytes);
+        }
+        m->set_kv_unread_bytes(in.memory.kv_unread_bytes);
         m->set_huge_page_bytes(anon_huge_page_bytes());  // live: khugepaged may add pages later
         m->set_has_token_embedding(in.has_token_embd);
         m->set_has_output_head(in.has_output_head);

@@ -1,6 +1,7 @@
 #include "stage.h"
 
 #include "memory_fit.h"
+#include "memory_layers.h"
 #include "request_checks.h"
 
 #include "argmax.h"  // greedy_token
@@ -109,6 +110,9 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
         in.memory.kv_bytes += mb.context;
         in.memory.compute_bytes += mb.compute;
     }
+    const MemoryLayers by_layer = memory_layers(idle_.back(), in.memory.kv_bytes);
+    in.memory.kv_bytes_by_layer = by_layer.bytes_by_layer;
+    in.memory.kv_unread_bytes = by_layer.unread_bytes;
 }
 
 Stage::~Stage() {

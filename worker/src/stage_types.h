@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -68,7 +69,9 @@ struct MemoryFigures {
     uint64_t weight_bytes = 0;
     uint64_t kv_bytes = 0;
     uint64_t compute_bytes = 0;
-    std::string load_mode;  // llama's name of the mode the weights were loaded with (weights.h)
+    std::string load_mode;                          // llama's name of the mode the weights were loaded with (weights.h)
+    std::map<int32_t, uint64_t> kv_bytes_by_layer;  // the memory the stage's graph reads (memory_layers.h)
+    int64_t kv_unread_bytes = 0;                    // memory allocated that no node of its graph reads
 };
 
 struct SessionFigures {  // what one session holds now (Stage::session_figures)
