@@ -151,6 +151,14 @@ def catalog(session: nox.Session) -> None:
     session.run("dgr", "catalog", *_posargs(session))
 
 
+@nox.session(requires=["deps", "build-cpu"])
+def roster(session: nox.Session) -> None:
+    """Stage every architecture the pinned tree's fixture generator writes, at every cut, bitwise against
+    the monolithic worker: a signed table (`dgr roster`; `nox -s report` shows the latest)."""
+    _install(session)
+    session.run("dgr", "roster", *_posargs(session))
+
+
 @nox.session
 def matrix(session: nox.Session) -> None:
     """Print the CI matrix as JSON."""

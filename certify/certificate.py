@@ -23,6 +23,9 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://dgr-certify/certification/v1"
 CATALOG_TYPE = "https://dgr-certify/catalog/v1"  # certify/catalog.py: what is certified, signed the same way
 CATALOG_SCHEMA_VERSION = 1
+# certify/roster.py: which architectures stage (dgr roster), signed the same way
+ROSTER_TYPE = "https://dgr-certify/roster/v1"
+ROSTER_SCHEMA_VERSION = 1
 PREDICATE_SCHEMA_VERSION = 2  # 2: the parity claim split into the staging-parity and backend-agreement gates
 READABLE_PREDICATE_VERSIONS = (1, 2)  # verify still reads the certificates made before the split
 # We sign with one key; DSSE allows several (a key rotation signs with both), not thousands: each one is

@@ -4,7 +4,7 @@ One launch per placement.  On a lane other than the CPU: the CPU monolithic refe
 with the residual captured at every cut any placement uses.  Then the lane's monolithic run (teacher-forced
 on the CPU reference's tokens for the backend-agreement gate, then free-running: the staging-parity
 reference, its speed and route change), with the residual at every cut captured by the worker on every
-lane (on Vulkan since patch 0007: docs/upstream/vulkan-stale-descriptors.md); then each staged
+lane (on Vulkan since patch 0006: docs/upstream/vulkan-stale-descriptors.md); then each staged
 placement: parity trace, speed samples and, on the recipe's route-change placement, the epoch switch.
 Workers are always stopped by the launcher; a worker that dies, hangs or answers with the wrong shape
 raises StageFailed ("stage K (layers a:b) failed: ...").

@@ -53,6 +53,11 @@ class Verification:
         return (self.statement or {}).get("predicateType") == cert.CATALOG_TYPE
 
     @property
+    def roster(self) -> bool:
+        """A roster (certify/roster.py) rather than a certificate."""
+        return (self.statement or {}).get("predicateType") == cert.ROSTER_TYPE
+
+    @property
     def predicate(self) -> Mapping[str, Any]:
         pred = (self.statement or {}).get("predicate")
         return pred if isinstance(pred, dict) else {}
@@ -95,7 +100,9 @@ def verify(
         _check_subjects(v, stmt, store, store_only=store_only)
     else:
         v.add(SKIP, "subjects", "digests not recomputed (use `dgr verify` for that)")
-    if not v.catalog:  # a catalog has no page of its own
+    if v.roster:
+        _check_table(v, html)
+    elif not v.catalog:  # a catalog has no page of its own
         _check_html(v, html)
     return v
 
@@ -140,6 +147,8 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
         return False
     if stmt.get("predicateType") == cert.CATALOG_TYPE:
         return _check_catalog(v, stmt)
+    if stmt.get("predicateType") == cert.ROSTER_TYPE:
+        return _check_roster(v, stmt)
     if stmt.get("predicateType") != cert.PREDICATE_TYPE:
         v.add(FAIL, "predicateType", f"is {stmt.get('predicateType')!r}, expected {cert.PREDICATE_TYPE!r}")
         return False
@@ -164,13 +173,20 @@ def _check_statement(v: Verification, stmt: Mapping[str, Any]) -> bool:
     return True
 
 
+def _predicate_of(v: Verification, stmt: Mapping[str, Any], kind: str, supported: int) -> dict | None:
+    """A signed document's predicate when its schema version is the one this dgr reads; else None, said."""
+    pred = stmt.get("predicate")
+    if isinstance(pred, dict) and pred.get("schema_version") == supported:
+        return pred
+    got = pred.get("schema_version") if isinstance(pred, dict) else None
+    v.add(FAIL, kind, f"schema_version {got!r} is not supported (this dgr reads {supported})")
+    return None
+
+
 def _check_catalog(v: Verification, stmt: Mapping[str, Any]) -> bool:
     """A catalog's statement: its schema, and at least one certificate it was made from."""
-    pred = stmt.get("predicate")
-    if not isinstance(pred, dict) or pred.get("schema_version") != cert.CATALOG_SCHEMA_VERSION:
-        got = pred.get("schema_version") if isinstance(pred, dict) else None
-        supported = cert.CATALOG_SCHEMA_VERSION
-        v.add(FAIL, "catalog", f"schema_version {got!r} is not supported (this dgr reads {supported})")
+    pred = _predicate_of(v, stmt, "catalog", cert.CATALOG_SCHEMA_VERSION)
+    if pred is None:
         return False
     subjects = _held(v, stmt, "catalog", "catalog", none="the catalog names no certificate")
     if subjects is None:
@@ -180,6 +196,24 @@ def _check_catalog(v: Verification, stmt: Mapping[str, Any]) -> bool:
         "statement",
         f"in-toto Statement v1, catalog of {len(pred['entries'])} certified placements and "
         f"{len(pred['failures'])} failures from {len(subjects)} certificates",
+    )
+    return True
+
+
+def _check_roster(v: Verification, stmt: Mapping[str, Any]) -> bool:
+    """A roster's statement: its schema, and at least one subject (the worker it staged with)."""
+    pred = _predicate_of(v, stmt, "roster", cert.ROSTER_SCHEMA_VERSION)
+    if pred is None:
+        return False
+    subjects = _held(v, stmt, "roster", "roster", none="the roster names no subject")
+    if subjects is None:
+        return False
+    s = pred["summary"]
+    v.add(
+        OK,
+        "statement",
+        f"in-toto Statement v1, roster: {s['staged_bitwise']} of {s['generated']} generated architectures "
+        f"staged bitwise, {s['failed']} failed, {len(subjects)} subjects",
     )
     return True
 
@@ -259,6 +293,23 @@ def _check_subjects(
             )
         else:
             v.add(OK, f"subject {name}", f"{' + '.join(sorted(expected))} match {found}")
+
+
+def _check_table(v: Verification, page: Path | None) -> None:
+    """A roster's Markdown page (beside it, or ``page``) against the digest it signed."""
+    table = v.predicate["table"]
+    target = Path(page) if page is not None else v.path.parent / str(table["file"])
+    if not target.is_file():
+        v.add(SKIP, "roster table", f"{target} not present; its digest was not checked")
+    elif (actual := sha256_file(target)) != table["sha256"]:
+        edited = "the page was edited or is another run's"
+        v.add(
+            FAIL,
+            "roster table",
+            f"{target} does not match: sha256 {actual}, signed {table['sha256']} ({edited})",
+        )
+    else:
+        v.add(OK, "roster table", f"sha256 matches {target}")
 
 
 def _check_html(v: Verification, html: Path | None) -> None:

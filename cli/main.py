@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "certify": ("cli.certify", "run the parity and speed gates and write a signed certificate"),
     "verify": ("cli.verify", "verify a certificate's (or a catalog's) signature, digests and HTML"),
     "catalog": ("cli.catalog", "one signed document of what is certified, read from the certificates"),
+    "roster": ("cli.roster", "stage every architecture the pinned tree's fixtures cover; a signed table"),
     "admit": ("cli.admit", "is a proposed split certified? (a router's admission check against a catalog)"),
     "report": ("cli.report", "rebuild the report index (lane x recipe matrix)"),
     "matrix": ("cli.matrix", "print the CI matrix (lane, recipe, runner labels) as JSON"),

@@ -9,9 +9,11 @@ from core.context import Context
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="certificate.json or a catalog (a DSSE envelope)")
+    parser.add_argument("path", type=Path, help="certificate.json, a catalog or a roster (a DSSE envelope)")
     add_key_option(parser)
-    parser.add_argument("--html", type=Path, help="report HTML to check (default: the one beside PATH)")
+    parser.add_argument(
+        "--html", type=Path, help="report HTML (a roster's table) to check (default: the one beside PATH)"
+    )
     parser.add_argument("--store", help="artifact store to recompute artifact digests from")
 
 
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     # A store the user named (--store or DGR_STORE) is the one checked, not the paths recorded.
     named = bool(args.store or ctx.env.get("DGR_STORE"))
     result = verify(args.path, keys, html=args.html, store=store, store_only=named)
-    print(f"{'catalog' if result.catalog else 'certificate'}: {args.path.resolve()}")
+    kind = "catalog" if result.catalog else "roster" if result.roster else "certificate"
+    print(f"{kind}: {args.path.resolve()}")
     for line in result.lines:
         print(f"  {line.text()}")
     if not result.ok:
@@ -49,6 +52,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if result.catalog:
         entries, failures = len(result.predicate["entries"]), len(result.predicate["failures"])
         print(f"verified: catalog of {entries} certified placements, {failures} failures")
+        return 0
+    if result.roster:
+        from certify.roster import summary_line
+
+        print(f"verified: roster {result.predicate['run_id']}: {summary_line(result.predicate['summary'])}")
         return 0
     verdict = result.predicate.get("verdict", {}).get("status", "?")
     recipe = result.predicate.get("recipe", {}).get("name", "?")

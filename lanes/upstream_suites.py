@@ -31,8 +31,8 @@ from core.clock import utc_now
 from core.context import Context
 
 SCHEMA_VERSION = 1
-# The architectures the patch stack stages (0002 llama, 0004 deepseek4, 0005 gemma3): their
-# test-llama-archs rows are named in the table's notes.
+# The architectures the certified recipes stage (llama and gemma3 by 0002's stage cut, deepseek4 by
+# 0004): their test-llama-archs rows are named in the table's notes.
 STAGED_ARCHS = ("llama", "deepseek4", "gemma3")
 SIDES = ("pristine", "patched")
 ARCHS_SEED = "1234"
@@ -148,8 +148,8 @@ SUITES: tuple[Suite, ...] = (
         name="test-save-load-state (gemma3-270m)",
         target="test-save-load-state",
         args=("-m", "{gemma3}", "-t", "2"),
-        note="same on the store's gemma-3-270m q4_k_m (sliding-window KV, 0005); upstream's generator "
-        "does not save gemma3",
+        note="same on the store's gemma-3-270m q4_k_m (sliding-window KV, 0003's iSWA pair); "
+        "upstream's generator does not save gemma3",
     ),
     Suite(
         name="test-state-restore-fragmented (tiny-llama)",

@@ -154,8 +154,10 @@ def render_index(ctx: Context, reports: Path) -> Path:
     from lanes.base import LANE_NAMES
     from manifests import recipe_model as recipes
     from reports.render import environment
+    from reports.roster import latest
 
-    entries = scan(reports, trusted_keys(ws=ctx.workspace))
+    keys = trusted_keys(ws=ctx.workspace)
+    entries = scan(reports, keys)
     names = sorted(set(recipes.available(ctx.env)) | {e.recipe for e in entries})
     loaded: dict[str, Any] = {}
     for name in names:
@@ -190,6 +192,7 @@ def render_index(ctx: Context, reports: Path) -> Path:
             matrix=matrix,
             entries=sorted(entries, key=lambda e: (e.finished, e.run_id), reverse=True),
             certified=certified_placements(entries),
+            roster=latest(reports, keys),
             rel=lambda p: os.path.relpath(p, reports),
         )
     )

@@ -7,7 +7,7 @@ into ``<workspace>/builds/bench-rpc-<tree>``; a rebuild is a no-op once both pro
 
 Both sides hold their weights alike: read into the process's own memory on transparent huge pages.
 Our worker does that by default on the CPU lane (worker/README.md, "Weights in memory"); llama-bench
-here runs with ``-mmp 0``, and since the pristine tree lacks patch 0006 its processes ask glibc's
+here runs with ``-mmp 0``, and since the pristine tree lacks patch 0005 its processes ask glibc's
 malloc for huge pages instead (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: the same madvise on every
 large allocation), so the side by side compares the splits, not the page sizes.
 """

@@ -2,7 +2,7 @@
 (worker/README.md, "Weights in memory").
 
 On the CPU lane the worker reads its weights (llama's load mode "none") into buffers that ggml advises
-for transparent huge pages (patch 0006); ``--load mmap`` keeps them in the page cache on 4 KiB pages,
+for transparent huge pages (patch 0005); ``--load mmap`` keeps them in the page cache on 4 KiB pages,
 as before.  A decode pass streams every weight once, so the page size decides how many page-table
 walks it takes, in the monolithic worker and in every stage alike.  Every placement decoded as a
 token-only ring both ways, interleaved, each divided by the better monolithic figure; the kernel's

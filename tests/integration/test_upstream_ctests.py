@@ -4,7 +4,7 @@ runs them (a targeted build of the patched tree with tests on, then ctest), on t
 0001 adds tests/test-layer-range.cpp, 0002 tests/test-stage-boundary.cpp, 0003
 tests/test-layer-filtered-kv.cpp, each registered in tests/CMakeLists.txt with label ``main`` and
 run on the llama model upstream's ``test-generate-models`` fixture writes (test-llama-archs -o);
-0006 adds tests/test-host-huge-pages.cpp (no model: a large CPU buffer is advised for huge pages,
+0005 adds tests/test-host-huge-pages.cpp (no model: a large CPU buffer is advised for huge pages,
 skipped with exit 77 where the kernel has no transparent huge pages).
 The build is lanes.upstream_build's (the CPU lane's switches with tests on, ccache through the
 workspace), so on a machine that built the CPU lane only the five test executables compile.

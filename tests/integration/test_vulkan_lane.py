@@ -6,7 +6,7 @@ vulkan` with VK_ICD_FILENAMES on lavapipe); on a 2-core CI box that takes longer
 give it beside the rest, so this test runs the recipe's own vulkan-software parity gates on the
 monolithic placement, the middle cut, a three-stage cut (with the route change) and the f16 seam, with
 one speed repetition of a few tokens and no concurrency runs, and checks that the workers really ran on
-lavapipe and that the Vulkan monolithic worker captured the residual at every cut (patch 0007).
+lavapipe and that the Vulkan monolithic worker captured the residual at every cut (patch 0006).
 The recipe's prompts and greedy length stay whole: the f16 seam's top-1 limit is a fraction of rows,
 and fewer rows would make one near-tie flip fail it. With the two gates this is the longest test here
 (about 11 minutes of measurement on a quiet 2-core box, plus the lane's build in a fresh clone), so it
@@ -110,7 +110,7 @@ def test_vulkan_workers_on_lavapipe_match_the_cpu_reference(lavapipe_ctx: Contex
     failed = [f"{r.name}: {r.reason}" for r in parity if r.status is not Verdict.PASS]
     assert not failed, failed
     # Issue 42: the Vulkan monolithic worker captures the residual at every cut itself (layer-input
-    # captures crashed lavapipe before patch 0007), and every seam is held to that capture.
+    # captures crashed lavapipe before patch 0006), and every seam is held to that capture.
     (lane_mono,) = [p for p in out.figures["placements"] if p["role"] == "reference"]
     assert lane_mono["lane"] == "vulkan" and "residuals_from" not in lane_mono
     for p in out.figures["placements"]:

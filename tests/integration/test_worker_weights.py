@@ -1,5 +1,5 @@
 """How the real worker holds its weights (worker/README.md, "Weights in memory"): on the CPU lane it
-reads them into its own memory, where ggml advises them for transparent huge pages (patch 0006), instead
+reads them into its own memory, where ggml advises them for transparent huge pages (patch 0005), instead
 of mapping the file on 4 KiB pages; ``--load MODE`` takes llama.cpp's load modes, an unknown one is a
 usage error (exit 2, its line first); and where the weights sit changes no logit."""
 

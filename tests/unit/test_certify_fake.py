@@ -198,7 +198,7 @@ def test_a_lane_other_than_cpu_gets_both_gates(tmp_path: Path) -> None:
     roles = {(p["name"], p["lane"], p["role"]) for p in pred["figures"]["placements"]}
     assert ("mono", "cpu", "backend-reference") in roles and ("mono", "vulkan", "reference") in roles
     # The lane's monolithic worker captures its own residuals at the cuts, as the CPU's does (issue 42:
-    # the Vulkan capture crash is fixed by patch 0007); no run with a seam at every cut stands in.
+    # the Vulkan capture crash is fixed by patch 0006); no run with a seam at every cut stands in.
     lane_mono = next(p for p in pred["figures"]["placements"] if p["role"] == "reference")
     assert "residuals_from" not in lane_mono
     assert not (w.evidence / "residuals-vulkan").exists()

@@ -1,13 +1,13 @@
-"""The architectures the patch stack stages are named in four places; they must agree.
+"""Which layer inputs a worker can capture, said in two places that must agree.
 
-- the patches: each architecture patch adds its ``case LLM_ARCH_X:`` to 0001's
-  ``llm_arch_supports_layer_range()`` (a layer range of any other is refused at load);
-- the worker: ``staged_architecture()`` and the ``STAGED_ARCHITECTURES`` text of its refusal
-  (a capture on any other is FAILED_PRECONDITION);
-- the recipe schema's ``architecture`` enum (a recipe naming another is exit 2 at load).
-
-A new architecture patch that forgets one of them would let a recipe through that the worker refuses,
-or a worker refuse what the loader stages.
+Every architecture is staged by one mechanism, 0002's stage cut, except those whose builder stages
+itself (``llm_arch_stages_itself()``, 0004's deepseek4).  The cut records each layer's input as the
+previous layer's named output, so a capture after the first layer works wherever the graph names
+its layer outputs; the first layer's input, and every input of a builder the cut does not touch,
+only where the builder records them itself.  The worker's ``records_every_layer_input()`` (and the
+``RECORDING_ARCHITECTURES`` text of its refusal) must therefore name every architecture that stages
+itself: otherwise the worker would refuse captures the builder supports, or (without the check)
+abort on one it does not.  Recipes name any architecture (the schema has no list of its own).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import re
 from core.workspace import MANIFESTS, PATCHES, WORKER
 
 
-def _from_patches() -> set[str]:
+def _self_staged_in_patches() -> set[str]:
     names: set[str] = set()
     for patch in sorted(PATCHES.glob("[0-9][0-9][0-9][0-9]-*.patch")):
         for section in re.split(r"^diff --git ", patch.read_text(), flags=re.M)[1:]:
             if section.startswith("a/src/llama-arch.cpp "):
-                names |= {m.lower() for m in re.findall(r"^\+\s+case LLM_ARCH_(\w+):", section, re.M)}
+                names |= {m.lower() for m in re.findall(r"^\+.*arch == LLM_ARCH_(\w+)", section, re.M)}
     return names
 
 
@@ -32,25 +32,26 @@ def _worker_source() -> str:
 
 
 def _from_worker_check() -> set[str]:
-    body = re.search(r"bool staged_architecture\([^)]*\) \{(.*?)\n\}", _worker_source(), re.S)
-    assert body is not None, "staged_architecture() not found in worker/src/request_checks.cpp"
+    body = re.search(r"bool records_every_layer_input\([^)]*\) \{(.*?)\n\}", _worker_source(), re.S)
+    assert body is not None, "records_every_layer_input() not found in worker/src/request_checks.cpp"
     return set(re.findall(r'arch == "(\w+)"', body.group(1)))
 
 
 def _from_worker_message() -> set[str]:
-    text = re.search(r'STAGED_ARCHITECTURES = "([^"]*)"', _worker_source())
-    assert text is not None, "STAGED_ARCHITECTURES not found in worker/src/request_checks.cpp"
+    text = re.search(r'RECORDING_ARCHITECTURES = "([^"]*)"', _worker_source())
+    assert text is not None, "RECORDING_ARCHITECTURES not found in worker/src/request_checks.cpp"
     return {name.strip() for name in text.group(1).split(",")}
 
 
-def _from_recipe_schema() -> set[str]:
+def test_every_architecture_that_stages_itself_records_its_layer_inputs_in_the_worker() -> None:
+    self_staged = _self_staged_in_patches()
+    assert self_staged == {"deepseek4"}, self_staged
+    recording = _from_worker_check()
+    assert self_staged <= recording, recording
+    assert _from_worker_message() == recording
+
+
+def test_recipes_name_any_architecture() -> None:
     schema = json.loads((MANIFESTS / "schemas" / "recipe.schema.json").read_text())
-    return set(schema["properties"]["architecture"]["enum"])
-
-
-def test_the_four_lists_of_staged_architectures_agree() -> None:
-    staged = _from_patches()
-    assert "llama" in staged and len(staged) >= 3, staged
-    assert _from_worker_check() == staged
-    assert _from_worker_message() == staged
-    assert _from_recipe_schema() == staged
+    architecture = schema["properties"]["architecture"]
+    assert "enum" not in architecture and re.fullmatch(architecture["pattern"], "falcon-h1")

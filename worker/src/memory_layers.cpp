@@ -72,6 +72,9 @@ MemoryLayers memory_layers(llama_context * ctx, uint64_t allocated) {
         throw std::runtime_error("could not reserve the stage's graph to account its memory by layer");
     }
     MemoryLayers out;
+    for (int i = 0; i < ggml_graph_n_nodes(gf) && !out.names_layer_outputs; ++i) {
+        out.names_layer_outputs = strncmp(ggml_get_name(ggml_graph_node(gf, i)), "l_out-", 6) == 0;
+    }
     uint64_t read = 0;
     for (ggml_tensor * t : memory_read_by(gf)) {
         const uint64_t bytes = allocated_bytes(t);

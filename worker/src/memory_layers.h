@@ -8,7 +8,8 @@
 // shape llama reserves at start) and counts every memory tensor a node reads, by the layer its name
 // ends in; what the stage allocated but no node reads is the state no owned layer uses. Both are
 // measured, not computed from the model's shape, so the certifier can compare each stage with the
-// monolithic worker layer by layer and name the stage and the layers that differ.
+// monolithic worker layer by layer and name the stage and the layers that differ. The same walk tells
+// whether the graph names its layer outputs (captures, request_checks.h).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,9 @@ namespace dgr {
 struct MemoryLayers {
     std::map<int32_t, uint64_t> bytes_by_layer;  // memory the graph reads, by layer (-1: no layer in its name)
     int64_t unread_bytes = 0;                    // allocated memory that no node of the graph reads
+    // The graph names its layers' outputs ("l_out-<il>"), which 0002's stage cut records as the next
+    // layer's input: a capture of any layer after the first then has a tensor to read.
+    bool names_layer_outputs = false;
 };
 
 // `allocated`: the context's memory bytes (llama_get_memory_breakdown's context, every buffer type).

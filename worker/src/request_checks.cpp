@@ -12,14 +12,19 @@ size_t dtype_size(DType t) {
     return t == DType::F16 ? sizeof(uint16_t) : sizeof(float);  // F16: ggml_fp16_t, an IEEE half in 16 bits
 }
 
-// The architectures whose graph builder the patch stack stages (0002 llama, 0004 deepseek4, 0005 gemma3):
-// only these honour a layer range and record each layer's input. Upstream's other builders run every
-// layer and leave the per-layer inputs null, so a capture there would abort the process in llama-graph.
-bool staged_architecture(const std::string & arch) {
-    return arch == "llama" || arch == "gemma3" || arch == "deepseek4";
+// 0002's stage cut records each layer's input as the previous layer's named output ("l_out"), so a layer
+// after the first can be captured wherever the graph names its outputs; the first layer's input (the
+// embedding as the builder made it) only where the builder records it. Anywhere else llama-graph would
+// abort the process on the capture.
+bool records_every_layer_input(const std::string & arch) {
+    return arch == "llama" || arch == "deepseek4";
 }
 
-const char * const STAGED_ARCHITECTURES = "llama, gemma3, deepseek4";
+const char * const RECORDING_ARCHITECTURES = "llama, deepseek4";
+
+static bool capturable(const StageInfo & in, int32_t layer) {
+    return records_every_layer_input(in.architecture) || (layer > 0 && in.names_layer_outputs);
+}
 
 // Every id in the stage's vocabulary; ``what`` names them in the refusal.
 static void check_vocabulary(const StageInfo & in, const std::vector<int32_t> & tokens, const char * what) {
@@ -88,13 +93,15 @@ void check_request(const StageInfo & in, const ForwardArgs & a, int32_t n_tokens
         }
         check_vocabulary(in, a.tokens, "sideband token id");
     }
-    if (!a.capture_layers.empty() && !staged_architecture(in.architecture)) {
-        throw StageError(Kind::FailedPrecondition,
-                         "capture is not supported for architecture " + in.architecture +
-                             ": its graph records no per-layer input (the patch stack stages " + STAGED_ARCHITECTURES +
-                             ")");
-    }
     for (int32_t l : a.capture_layers) {
+        if (!capturable(in, l)) {
+            throw StageError(Kind::FailedPrecondition,
+                             "capture of layer " + std::to_string(l) + " is not supported for architecture " +
+                                 in.architecture + ": its graph records no input for it (" +
+                                 (l == 0 ? std::string("the first layer's, only ") + RECORDING_ARCHITECTURES
+                                         : std::string("it names no layer output")) +
+                                 ")");
+        }
         if (l < in.layer_begin || l >= in.layer_end) {
             throw StageError(Kind::InvalidArgument,
                              "capture layer " + std::to_string(l) + " is not owned by this stage [" +

@@ -13,14 +13,14 @@ namespace dgr {
 // Bytes of one element of a boundary of this dtype.
 size_t dtype_size(DType t);
 
-// The architectures whose graph builder the patch stack stages, so a capture of layer inputs is
-// possible: their names, as a refusal says them.
-bool staged_architecture(const std::string & arch);
-extern const char * const STAGED_ARCHITECTURES;
+// The architectures whose graph builder records every layer's input itself, the first layer's included
+// (upstream's llama; 0004's deepseek4, which stages itself): their names, as a refusal says them.
+bool records_every_layer_input(const std::string & arch);
+extern const char * const RECORDING_ARCHITECTURES;
 
 // The request alone against the stage: a session, 1..n_batch positions, token ids (first stage) or a
 // boundary of the stage's width and the bytes its shape needs, sideband ids in the vocabulary,
-// captures only of owned layers of a staged architecture.
+// captures only of owned layers whose input the graph records.
 void check_request(const StageInfo & in, const ForwardArgs & a, int32_t n_tokens);
 
 // Positions p0, p0+1, ... with no gap (after check_request: at least one).

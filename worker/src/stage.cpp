@@ -113,6 +113,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
     const MemoryLayers by_layer = memory_layers(idle_.back(), in.memory.kv_bytes);
     in.memory.kv_bytes_by_layer = by_layer.bytes_by_layer;
     in.memory.kv_unread_bytes = by_layer.unread_bytes;
+    in.names_layer_outputs = by_layer.names_layer_outputs;
 }
 
 Stage::~Stage() {

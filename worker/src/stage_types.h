@@ -82,6 +82,7 @@ struct SessionFigures {  // what one session holds now (Stage::session_figures)
 
 struct StageInfo {
     std::string architecture;
+    bool names_layer_outputs = false;  // its graph names "l_out-<il>" (memory_layers.h): captures after layer 0
     std::string backend_devices;
     int32_t n_layer = 0, layer_begin = 0, layer_end = 0;
     bool first_stage = false, last_stage = false;

@@ -2,7 +2,7 @@
 //
 // Where the weights stay in host memory (the CPU lane, or --n-gpu-layers 0) the worker reads them into
 // its own memory (llama's load mode "none") instead of mapping the file: ggml then allocates them with
-// ggml_aligned_malloc, which advises large buffers for transparent huge pages (patch 0006), and a
+// ggml_aligned_malloc, which advises large buffers for transparent huge pages (patch 0005), and a
 // decode pass streams them with far fewer TLB misses (figures: worker/README.md, "Weights in memory").
 // Mapped weights stay in the page cache on 4 KiB pages. Where the weights go to a device, llama's own
 // choice ("auto": mmap where every device supports it) is kept.
