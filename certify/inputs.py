@@ -87,7 +87,7 @@ def _verified_set(ctx: Context, set_name: str, variant: str | None, *, store: Pa
     from manifests.artifact_sets import load_set
 
     provisioned = provision(ctx, set_name, store=store, variant=variant, tools=fetch_tools(ctx))
-    entries = load_set(set_name).variant(provisioned.variant).files
+    entries = load_set(set_name, env=ctx.env).variant(provisioned.variant).files
     subjects, paths = [], {}
     store_root = provisioned.store.parent.parent  # <store>/<set>/<variant>
     for entry, path in zip(entries, provisioned.files, strict=True):

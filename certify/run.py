@@ -544,7 +544,7 @@ def certify(
     from manifests.artifact_sets import load_set, require_sealed
 
     # Cheap refusals first, in the order a user fixes them: artifacts, machine, key.
-    require_sealed(load_set(recipe.artifacts), recipe.variant)
+    require_sealed(load_set(recipe.artifacts, env=ctx.env), recipe.variant)
     here = take_machine(ctx, recipe, lane)
     key = signing_key(ctx.env, ctx.workspace)  # fail early on a bad key, before provisioning or building
     sealed = _load_reference(ctx, recipe, reference, store)

@@ -119,7 +119,7 @@ def _this_checkouts_digest(recipe: str, ctx: Context) -> str:
     from manifests.artifact_sets import load_set
     from manifests.recipe_model import load
 
-    return load_set(load(recipe, ctx.env).artifacts).digest
+    return load_set(load(recipe, ctx.env).artifacts, env=ctx.env).digest
 
 
 def _this_checkouts_recipe_digest(recipe: str, ctx: Context) -> str | None:

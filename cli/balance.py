@@ -75,10 +75,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from pipeline.balance import balanced_stages, decode_cost, even_stages, held_bytes, megabytes
 
     recipe = recipes.load(args.recipe or recipes.DEFAULT_RECIPE, ctx.env)
-    headers = _headers(ctx, recipe.artifacts, recipe.variant, args.store)
+    headers = set_headers(ctx, recipe.artifacts, recipe.variant, args.store)
     mtp = recipe.mtp if isinstance(recipe.mtp, recipes.Mtp) else None
     mtp_set = mtp.artifacts if mtp is not None else None  # an MTP-only set the last stage loads beside
-    mtp_file = _headers(ctx, mtp_set, mtp.variant, args.store) if mtp is not None and mtp_set else []
+    mtp_file = set_headers(ctx, mtp_set, mtp.variant, args.store) if mtp is not None and mtp_set else []
     cost, held = decode_cost(headers), held_bytes(headers, mtp=bool(recipe.mtp), mtp_file=mtp_file)
     cut = balanced_stages(cost, args.stages, held=held, limit=args.fit)
     total = cost.total
@@ -134,7 +134,7 @@ def route_change_cost(ctx: Context, path: Path, recipe: str) -> str:
     )
 
 
-def _headers(ctx: Context, artifacts: str, variant: str | None, store: str | None) -> list:
+def set_headers(ctx: Context, artifacts: str, variant: str | None, store: str | None) -> list:
     """The GGUF headers of every file of a set, provisioned first (a verified set is not read again)."""
     from fetch.gguf_header import read_header
     from fetch.provision import provision

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "provision": ("cli.provision", "provision a recipe's artifact set into the store (resumable)"),
     "reference": ("cli.reference", "make a sealed reference (the monolithic run stored once) or compare two"),
     "balance": ("cli.balance", "cut a recipe's model into stages by the bytes of weights a token reads"),
+    "recipe": ("cli.recipe", "write a recipe for an artifact set (init: placements, prompts, thresholds)"),
     "certify": ("cli.certify", "run the parity and speed gates and write a signed certificate"),
     "verify": ("cli.verify", "verify a certificate's (or a catalog's) signature, digests and HTML"),
     "catalog": ("cli.catalog", "one signed document of what is certified, read from the certificates"),

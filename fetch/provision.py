@@ -32,7 +32,6 @@ from fetch.progress import Progress, factory
 from fetch.store import check_policy, ensure_store, file_lock, free_bytes, preflight, prepare_dir, publish
 from fetch.tools import NO_TOOLS, Tools
 from manifests.artifact_sets import (
-    ARTIFACTS,
     DEFAULT_SET,
     ArtifactFile,
     ArtifactSet,
@@ -80,13 +79,13 @@ def provision(
     progress: ProgressFactory | None = None,
     policy: RetryPolicy | None = None,
     lock_wait_s: float = 0.0,
-    manifests: Path = ARTIFACTS,
+    manifests: Path | None = None,  # the folder of the set's manifest (default: the user's, then ours)
     free: Callable[[Path], int] = free_bytes,
     tools: Tools = NO_TOOLS,
 ) -> Provisioned:
     """Provision one variant of an artifact set into the store (the module's docstring says how)."""
     started = time.monotonic()
-    aset = load_set(set_name or DEFAULT_SET, root=manifests)
+    aset = load_set(set_name or DEFAULT_SET, root=manifests, env=ctx.env)
     vname = aset.variant_name(variant)
     spec = require_sealed(aset, vname)
     root, vdir = _variant_dir(ctx, aset, vname, store)

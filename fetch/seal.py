@@ -8,6 +8,9 @@ writes the manifest back as sorted, indented JSON.  Sealing the same files twice
 A variant that lists no files yet (the real target before anyone produced it) takes the ``*.gguf``
 files found in the directory, in name order (llama-gguf-split names sort in split order).
 
+``seal_new`` (and ``seal_hub`` with a draft) seals a set no manifest folder has: its manifest is
+described from the files' headers first (fetch.describe) and written into the user's artifacts folder.
+
 ``seal_hub`` seals from a Hugging Face Hub repository instead (``--from hub:OWNER/REPO@REVISION``):
 the revision is resolved once to its commit, which the manifest's hub origin records; each file is
 downloaded once, hashed as it lands and held to the hub's own sha256 for that commit (fetch.hub).
@@ -45,6 +48,7 @@ from manifests.artifact_sets import (
 from manifests.loader import build
 
 if TYPE_CHECKING:
+    from fetch.describe import HubDraft
     from fetch.hub import Hub, HubFile
 
 
@@ -94,6 +98,29 @@ def seal(
             _seal_variant(vdata, vname, source, make_bar)
     parse_set(data, source=f"{path} (sealed)")  # what we write must load
     write_json(path, data)
+    return path
+
+
+def seal_new(
+    set_name: str,
+    source: Path,
+    *,
+    variant: str | None = None,
+    ctx: Context,
+    progress: Callable[[str, int], Progress] | None = None,
+) -> Path:
+    """A set no manifest folder has, described from the one model in ``source`` (fetch.describe: its
+    headers) with ``source`` as its local origin, then sealed; the manifest lands in the user's
+    artifacts folder only once sealed, so a failed seal leaves no half-made set behind."""
+    from fetch import describe
+
+    model = describe.read_dir(source)
+    path = describe.target(set_name, ctx.env)
+    origin = {"kind": "local", "path": str(source.resolve())}
+    data = describe.manifest(set_name, model, origin, variant=variant, where=str(source))
+    with tempfile.TemporaryDirectory(prefix=f".seal-{set_name}-", dir=path.parent) as tmp:
+        write_json(Path(tmp) / path.name, data)
+        os.replace(seal(set_name, source, ctx=ctx, root=Path(tmp), progress=progress), path)
     return path
 
 
@@ -195,14 +222,15 @@ def seal_hub(
     root: Path = ARTIFACTS,
     progress: Callable[..., Progress] | None = None,
     policy: RetryPolicy | None = None,
+    draft: HubDraft | None = None,
 ) -> tuple[Path, str]:
     """Seal one variant from a hub repository (``OWNER/REPO@REVISION``) in one pass: download each file
     once into staging (resumable), hash as it lands, hold it to the hub's sha256 and size for that
-    commit and the headers to the manifest, record the commit.  Returns the manifest path and commit."""
+    commit and the headers to the manifest, record the commit.  Returns the manifest path and commit.
+    ``draft``: the set is new (fetch.describe), its manifest drafted from the downloaded headers."""
     from fetch import hub
 
-    path, data, aset = _read_set(set_name, root)
-    vname = aset.variant_name(variant)
+    path, data, vname = _hub_target(set_name, variant, root, draft)
     wanted = hub.parse_ref(ref)
     odata, origin = _hub_origin(data, wanted.repo, allow_hosts or [])
     make_bar = progress or factory()
@@ -218,6 +246,8 @@ def seal_hub(
         files = _download_hub_files(
             repo, commit, entries, _Staging(ctx.workspace, staging), int(vdata["chunk_size"]), make_bar
         )
+    if draft is not None:
+        vname = draft.describe([staging / n for n in names])
     _hold_headers(vdata, vname, [staging / n for n in names])
     vdata["files"] = files
     _record_revision(odata, commit, names)
@@ -225,6 +255,16 @@ def seal_hub(
     write_json(path, data)
     shutil.rmtree(staging, ignore_errors=True)
     return path, commit
+
+
+def _hub_target(
+    set_name: str, variant: str | None, root: Path, draft: HubDraft | None
+) -> tuple[Path, dict[str, Any], str]:
+    """The manifest's path, its JSON and the variant sealed: an existing set's, or a new one's draft."""
+    if draft is None:
+        path, data, aset = _read_set(set_name, root)
+        return path, data, aset.variant_name(variant)
+    return set_path(set_name, root=root), draft.data, draft.variant
 
 
 def _hub_origin(data: dict[str, Any], repo: str, allow_hosts: list[str]) -> tuple[dict[str, Any], Origin]:

@@ -1,6 +1,8 @@
 """Artifact-set manifests: the exact split-GGUF files a recipe runs on, and where they come from.
 
-A set lives in ``manifests/artifacts/<name>.json`` (schema ``artifact-set``).  It names its origins
+A set lives in ``manifests/artifacts/<name>.json`` (schema ``artifact-set``), or in the user's own
+``artifacts/`` folder (manifests.user_folder: ``dgr seal --from`` creates a set there for a model nobody
+wrote a manifest for), which is searched first.  It names its origins
 (HTTP(S) base URLs with the redirect hosts they may use, a Hugging Face Hub repository at a commit,
 local directories, or a ``generated`` origin for the synthetic tiny model), a storage policy, and one
 or more *variants* (``f32``, ``q8_0``, ``q4_k_m``): each variant lists its files in split order with
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from typing import Any
 from core.canonical import canonical_digest, is_json_array, is_json_object, parse_json
 from core.errors import ConfigurationError, IntegrityError
 from core.workspace import MANIFESTS
+from manifests import user_folder
 from manifests.loader import build, validate
 
 ARTIFACTS = MANIFESTS / "artifacts"
@@ -229,8 +233,23 @@ def set_path(name: str, *, root: Path = ARTIFACTS) -> Path:
     return root / f"{name}.json"
 
 
-def known_sets(root: Path = ARTIFACTS) -> list[str]:
-    return sorted(p.stem for p in root.glob("*.json"))
+def set_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
+    """Where sets are looked up: the user's artifacts folder first, then ours."""
+    return [user_folder.artifacts_dir(os.environ if env is None else env), ARTIFACTS]
+
+
+def find_set(name: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """The manifest of set ``name``, the user's before ours; None when neither folder has it."""
+    for folder in set_dirs(env):
+        path = set_path(name, root=folder)
+        if path.is_file():
+            return path
+    return None
+
+
+def known_sets(root: Path | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    folders = [root] if root is not None else set_dirs(env)
+    return sorted({p.stem for folder in folders for p in folder.glob("*.json")})
 
 
 def parse_set(data: Any, *, source: str) -> ArtifactSet:
@@ -317,13 +336,13 @@ def _check_hub_origin(source: str, origin: Origin, aset: ArtifactSet) -> None:
 _LOADED: dict[tuple[str, str], ArtifactSet] = {}
 
 
-def load_set(name: str, *, root: Path = ARTIFACTS) -> ArtifactSet:
-    """Load, validate and freeze ``manifests/artifacts/<name>.json``."""
-    path = set_path(name, root=root)
-    if not path.is_file():
-        raise ConfigurationError(
-            f"unknown artifact set {name!r}", hint=f"known sets: {', '.join(known_sets(root)) or 'none'}"
-        )
+def load_set(name: str, *, root: Path | None = None, env: Mapping[str, str] | None = None) -> ArtifactSet:
+    """Load, validate and freeze set ``name``: ``root/<name>.json``, else the first found of the user's
+    folder and ``manifests/artifacts`` (``env``: whose user folder, the process's by default)."""
+    path = set_path(name, root=root) if root is not None else find_set(name, env)
+    if path is None or not path.is_file():
+        known = ", ".join(known_sets(root, env)) or "none"
+        raise ConfigurationError(f"unknown artifact set {name!r}", hint=f"known sets: {known}")
     raw = path.read_bytes()
     key = (str(path), hashlib.sha256(raw).hexdigest())
     aset = _LOADED.get(key)

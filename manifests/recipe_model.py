@@ -21,6 +21,7 @@ from typing import Any
 from core.canonical import canonical_digest, is_json_object, read_json
 from core.errors import ConfigurationError
 from core.workspace import MANIFESTS
+from manifests import user_folder
 from manifests.loader import build, validate
 from manifests.tiling import Break, first_break
 
@@ -310,13 +311,9 @@ class Recipe:
 
 
 def recipe_dirs(env: Mapping[str, str]) -> list[Path]:
-    """Where recipes are looked up: ``DGR_RECIPES_DIR`` first (tests, private recipes), then ours."""
-    dirs: list[Path] = []
-    extra = env.get("DGR_RECIPES_DIR")
-    if extra:
-        dirs.append(Path(extra))
-    dirs.append(RECIPES)
-    return dirs
+    """Where recipes are looked up: the user's folder first (``DGR_RECIPES_DIR``, else ``recipes/`` in
+    the user's manifests folder: tests, private recipes, ``dgr recipe init``'s), then ours."""
+    return [user_folder.recipes_dir(env), RECIPES]
 
 
 def available(env: Mapping[str, str] | None = None) -> list[str]:
@@ -345,7 +342,7 @@ def find(name: str, env: Mapping[str, str] | None = None) -> Path:
 
 
 def load(name: str, env: Mapping[str, str] | None = None) -> Recipe:
-    """Load the recipe called ``name`` (``DGR_RECIPES_DIR`` first, then ``manifests/recipes``)."""
+    """Load the recipe called ``name`` (the user's recipes folder first, then ``manifests/recipes``)."""
     path = find(name, env)
     recipe = load_file(path)
     if recipe.name != name:

@@ -8,11 +8,14 @@ installed with --no-deps into a fresh venv that borrows this environment's depen
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -111,8 +114,9 @@ def test_the_wheel_carries_every_data_file(wheel: Path) -> None:
     assert not [n for n in names if n.startswith(("tests/", ".work/", "evidence/"))]
 
 
-def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+def install(wheel: Path, venv: Path) -> Path:
+    """A fresh venv with the wheel installed (no index, no deps: this environment's borrowed); returns
+    its site-packages folder."""
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
@@ -135,10 +139,11 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
             str(wheel),
         ]
     )
+    return site
 
-    outside = tmp_path / "elsewhere"
-    outside.mkdir()
-    home = tmp_path / "home"
+
+def user_shell(venv: Path, home: Path) -> dict[str, str]:
+    """A user's environment: a home of its own, the venv's `dgr` first on PATH, no DGR_ variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DGR_", "PYTHON", "XDG_"))}
     env.update(
         HOME=str(home),
@@ -147,6 +152,18 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
         DGR_CACHE=str(Workspace.from_env(os.environ).cache),
         DGR_FETCH_SOURCES="sdist",
     )
+    return env
+
+
+def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    site = install(wheel, venv)
+    python = venv / "bin" / "python"
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    home = tmp_path / "home"
+    env = user_shell(venv, home)
     where = run(
         [
             str(python),
@@ -177,3 +194,77 @@ def test_installed_dgr_runs_outside_the_checkout(wheel: Path, tmp_path: Path) ->
     assert "verified: tiny-llama-wan on cpu, verdict PASS" in verify
     assert verify.count("blake3 + sha256 match") == 3, "the provisioned files are the certified ones"
     assert not (outside / ".work").exists() and list(outside.iterdir()) == []
+
+
+ROSTER_SET = "roster-llama"
+
+
+def ccache_dir() -> str | None:
+    """This machine's ccache folder, which a test's own home would not find: the installed run's lane
+    build then hits what the checkout's builds compiled (CCACHE_BASEDIR is each run's workspace)."""
+    if os.environ.get("CCACHE_DIR"):
+        return os.environ["CCACHE_DIR"]
+    ccache = shutil.which("ccache")
+    if ccache is None:
+        return None
+    return subprocess.run(
+        [ccache, "-k", "cache_dir"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+@pytest.mark.timeout(1800)
+def test_installed_dgr_brings_its_own_gguf_to_a_pass(
+    wheel: Path, tmp_path: Path, real_ctx, arch_generator
+) -> None:
+    """Issue 44 from an installed wheel, outside any checkout: `dgr seal --from DIR` on a roster fixture
+    (tests/integration/test_byo_gguf.py has the same steps in the checkout), `dgr recipe init`, `dgr
+    certify --recipe NAME`: PASS.  The set and the recipe land in the user's folders, never in the
+    installed package.  The run has a workspace of its own, so certify fetches, patches and builds the
+    CPU lane there first (ccache shared); each step's time is printed."""
+    from fetch import source
+    from tests.integration import arch_fixtures
+    from tests.integration.byo_model import with_vocabulary
+    from tests.integration.dgr_cli import load_bound_misses
+
+    dense = arch_fixtures.generate(arch_generator, "llama", tmp_path / "generated")["dense"]
+    model = tmp_path / "model"
+    with_vocabulary(dense, model, source.ensure_pristine(real_ctx).path, split=2)
+    venv = tmp_path / "venv"
+    site = install(wheel, venv)
+    outside, user = tmp_path / "elsewhere", tmp_path / "user"
+    outside.mkdir()
+    (user / "recipes").mkdir(parents=True)
+    env = user_shell(venv, tmp_path / "home")
+    env.update(
+        DGR_WORK=str(user / "work"),
+        DGR_MANIFESTS_DIR=str(user / "manifests"),
+        DGR_RECIPES_DIR=str(user / "recipes"),
+        **({"CCACHE_DIR": cache} if (cache := ccache_dir()) else {}),
+    )
+    dgr, took = str(venv / "bin" / "dgr"), {}
+
+    def step(*argv: str) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
+        done = subprocess.run(
+            [dgr, *argv], cwd=outside, env=env, capture_output=True, text=True, timeout=1500
+        )
+        took[argv[0]] = time.monotonic() - started
+        assert done.returncode in ((0, 5) if argv[0] == "certify" else (0,)), done.stdout + done.stderr
+        return done
+
+    step("seal", "--artifacts", ROSTER_SET, "--from", str(model))
+    assert (user / "manifests" / "artifacts" / f"{ROSTER_SET}.json").is_file()
+    step("recipe", "init", "--artifacts", ROSTER_SET)
+    assert (user / "recipes" / f"{ROSTER_SET}.json").is_file()
+    done = step("certify", "--recipe", ROSTER_SET, "--lane", "cpu")
+    certificate = Path(done.stdout.split("certificate: ", 1)[1].split()[0])
+    predicate = json.loads(base64.b64decode(json.loads(certificate.read_text())["payload"]))["predicate"]
+    status = predicate["verdict"]["status"]
+    assert (status == "PASS") == (done.returncode == 0) == (not load_bound_misses(predicate)), done.stdout
+    assert certificate.is_relative_to(user / "work")
+    verify = step("verify", str(certificate)).stdout
+    assert f"verified: {ROSTER_SET} on cpu, verdict {status}" in verify
+    print(f"\ninstalled: {', '.join(f'{k} {v:.1f} s' for k, v in took.items())}; certify says {status}")
+    for folder in ("artifacts", "recipes"):
+        assert not (site / "manifests" / folder / f"{ROSTER_SET}.json").exists()
+    assert list(outside.iterdir()) == []

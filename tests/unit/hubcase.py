@@ -36,7 +36,7 @@ class HubCase:
 
     @property
     def manifests(self) -> Path:
-        return self.tmp / "m"
+        return self.tmp / "m" / "artifacts"  # the user's artifacts folder (DGR_MANIFESTS_DIR=tmp/m)
 
     @property
     def store(self) -> Path:
@@ -70,7 +70,8 @@ def hub_case(tmp_path: Path, ctx: Context) -> Iterator[HubCase]:
         fake.add_repo(REPO, files)
         env = {k: v for k, v in ctx.env.items() if not k.startswith(("HF_", "HUGGING"))}
         env.update(HOME=str(tmp_path / "home"), HF_ENDPOINT=fake.endpoint, HF_TOKEN=TOKEN)
-        (tmp_path / "m").mkdir()
+        env.update(DGR_MANIFESTS_DIR=str(tmp_path / "m"))  # where `dgr seal` finds the set
+        (tmp_path / "m" / "artifacts").mkdir(parents=True)
         template = {
             "schema_version": 1,
             "name": "hubset",
@@ -87,7 +88,7 @@ def hub_case(tmp_path: Path, ctx: Context) -> Iterator[HubCase]:
                 }
             },
         }
-        (tmp_path / "m" / "hubset.json").write_text(json.dumps(template))
+        (tmp_path / "m" / "artifacts" / "hubset.json").write_text(json.dumps(template))
         yield HubCase(hub=fake, storage=storage, tmp=tmp_path, env=env, files=files)
 
 
