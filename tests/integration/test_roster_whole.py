@@ -1,12 +1,12 @@
 """The whole roster (issue 44) as CI runs it: every model the pinned tree's fixture generator writes,
 staged by 0002's stage cut at every cut and on four stages, bitwise against the monolithic worker.
 
-What the roster says today is pinned here, so a regression shows as a failure: at least 88 of the
-101 generated architectures stage bitwise (89 with minimax-01), and every fixture that does not is one of those named
-below, each for its reason.  The exit status is 5 (a bitwise mismatch): cogvlm's builder chooses its
-weights by whether the batch carries token ids, which a later stage is not given; the graph shows no
-such dependency, so the cut cannot refuse it, and the roster reports it.  minimax-01 aborts now and then
-on the monolithic worker as well (n_head of a layer index past the model, before any stage cut:
+What the roster says today is pinned here, so a regression shows as a failure: at least 88 of the 101
+generated architectures stage bitwise (89 with minimax-01), and every fixture that does not is one of
+those named below, each for its reason. The exit status is 5 (a bitwise mismatch): cogvlm's builder
+chooses its weights by whether the batch carries token ids, which a later stage is not given; the graph
+shows no such dependency, so the cut cannot refuse it, and the roster reports it. minimax-01 aborts now
+and then on the monolithic worker as well (n_head of a layer index past the model, before any stage cut:
 the same fixture aborts 1 run in 12 on a worker built without the cut), so it may pass or not."""
 
 from __future__ import annotations
