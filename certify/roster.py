@@ -181,12 +181,15 @@ def failures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def gate(rows: Sequence[Mapping[str, Any]], envelope: Path) -> None:
     """GateFailed (exit 5) when an architecture that stages gave other logits or tokens than the
-    monolithic worker; refusals and unstaged architectures are data, not failures."""
+    monolithic worker, or one of its workers crashed or hung; refusals and unstaged architectures are
+    data, not failures."""
     failed = failures(rows)
     if failed:
         more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
         raise GateFailed(
-            f"{len(failed)} fixtures staged with a bitwise mismatch: " + "; ".join(failed[:3]) + more,
+            f"{len(failed)} fixtures failed (a bitwise mismatch, or a worker that crashed or hung): "
+            + "; ".join(failed[:3])
+            + more,
             hint=f"the signed roster is {envelope}",
         )
 

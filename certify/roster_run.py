@@ -181,10 +181,10 @@ def stage_fixture(workers: Workers, arch: str, model: Path) -> Row:
     whole = ((0, n_layer),)
     try:
         ref = run_prompts(workers, command, whole, evidence / "0-whole")
-    except StageFailed as exc:
-        _, why = failure(exc, evidence / "0-whole")
+    except StageFailed as exc:  # refused at load by itself, or FAIL: a crash is never a refusal
+        status, why = failure(exc, evidence / "0-whole")
         reason = f"0:{n_layer} (the whole model): {why}"
-        return Row(arch=arch, fixture=model.name, status=Status.REFUSED, reason=reason, n_layer=n_layer)
+        return Row(arch=arch, fixture=model.name, status=status, reason=reason, n_layer=n_layer)
     judged: list[Placed] = []
     sideband: set[str] = set()
     for stages in placements(n_layer):

@@ -145,6 +145,25 @@ def test_a_worker_that_dies_in_a_pass_fails_the_placement(workers: roster_run.Wo
     assert status is Status.FAIL and detail.startswith("stage 1 (6:12) ")
 
 
+@pytest.mark.parametrize(
+    ("fault", "status", "said"),
+    [
+        ("die-after-forwards:0", Status.FAIL, "0:12 (the whole model): stage 0 (0:12) "),
+        ("exit-at-start", Status.REFUSED, "0:12 (the whole model): fake worker: refusing to start"),
+    ],
+)
+def test_a_whole_model_that_crashes_fails_and_one_that_refuses_is_refused(
+    workers: roster_run.Workers, monkeypatch: pytest.MonkeyPatch, fault: str, status: Status, said: str
+) -> None:
+    """The monolithic reference's own failure: a worker that crashed in a pass is a FAIL (minimax-01's
+    whole model aborts now and then), never a refusal, which is a worker exiting at load by itself."""
+    monkeypatch.setattr(roster_run, "_n_layer", lambda model: 12)  # the toy has 12 layers and no GGUF header
+    faulty = {**workers.env, "DGR_FAKE_FAULT": fault, "DGR_FAKE_FAULT_BEGIN": "0"}
+    run = dataclasses.replace(workers, env=faulty)
+    row = roster_run.stage_fixture(run, "toy", workers.command.model)
+    assert row.status is status and row.reason.startswith(said), row
+
+
 def test_an_architecture_the_tree_does_not_know_is_one_line_with_the_closest() -> None:
     known = ("gemma3", "llama", "qwen2")
     assert roster_run.select(known, []) == known
