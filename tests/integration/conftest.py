@@ -162,8 +162,11 @@ SHARED_RUNS = {
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The WAN test last: it reads the background run, which has then had the longest to finish.
-    items.sort(key=lambda item: item.nodeid.startswith(WAN_TEST))
+    # The WAN test last: it reads the background run, which has then had the longest to finish. The
+    # longest test first: collected last, the Vulkan lane's (a cold lane build, ~400 s) started on one
+    # worker after the other had nearly finished, which then sat idle its last 318 s (the quiet run on
+    # ed23305: 1,475 s against 1,160 s).
+    items.sort(key=lambda item: (item.nodeid.startswith(WAN_TEST), not item.nodeid.startswith(LONGEST_TEST)))
     for item in items:
         names = getattr(item, "fixturenames", ())
         group = next((g for fixture, g in SHARED_RUNS.items() if fixture in names), None)
@@ -183,6 +186,7 @@ WAN_RECIPE = "tiny-llama-wan"
 # 20 ms links what TLS adds per crossing (tens of microseconds) is lost in the waiting
 WAN_ARGS = ("--recipe", WAN_RECIPE, "--tls")
 WAN_TEST = "tests/integration/test_certify_wan.py"
+LONGEST_TEST = "tests/integration/test_vulkan_lane.py"
 BACKGROUND = pytest.StashKey[dict[str, Any]]()
 
 
