@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from certify import metrics
 from certify.roster import Placed, Roster, Row, Status, cuts_passed, not_staged, reduce
 from certify.run import new_run_id
 from core.canonical import read_json
@@ -102,13 +103,13 @@ def mismatch(ref: Sequence[drive.PromptTrace], cur: Sequence[drive.PromptTrace])
         rows = np.flatnonzero((_bits(r.logits) != _bits(c.logits)).any(axis=1))
         if rows.size:
             row = int(rows[0])
-            diff = float(np.max(np.abs(r.logits[row].astype(np.float64) - c.logits[row])))
+            diff = metrics.max_abs_diff(r.logits[row], c.logits[row])
             return (
                 f"prompt {i}, position {r.logit_positions[row]}: logits differ (max |diff| {diff:.3g}; "
                 f"{rows.size} of {len(r.logit_positions)} rows)"
             )
         if r.tokens != c.tokens:
-            k = next(k for k, (a, b) in enumerate(zip(r.tokens, c.tokens, strict=True)) if a != b)
+            k = metrics.common_prefix(r.tokens, c.tokens)
             return f"prompt {i}: greedy token {k} is {c.tokens[k]}, the monolithic worker's {r.tokens[k]}"
     return None
 
