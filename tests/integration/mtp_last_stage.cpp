@@ -43,8 +43,10 @@ static llama_model * load(const char * path, int32_t begin, int32_t end, bool mt
     return m;
 }
 
-static llama_context * context(llama_model * model, bool mtp) {
+static llama_context * context(llama_model * model, bool mtp, bool boundary_out = false) {
     llama_context_params cp = llama_context_default_params();
+    cp.embeddings      = boundary_out;  // a stage before the last outputs its residual as its embeddings
+    cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
     cp.n_ctx           = 256;
     cp.n_batch         = 256;
     cp.n_ubatch        = 256;
@@ -130,22 +132,22 @@ int main(int argc, char ** argv) {
 
     const int32_t n_layer = llama_model_n_layer(whole);
     const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(whole));
-    const int32_t width   = llama_model_n_embd_boundary(first);
+    const int32_t width   = llama_model_n_embd_out(first);
     const int32_t h_width = llama_model_n_embd_out(last);
     CHECK(cut < n_layer);
     printf("n_layer: %d\nn_layer_nextn whole: %d\nn_layer_nextn last: %d\n", n_layer,
            llama_model_n_layer_nextn(whole), llama_model_n_layer_nextn(last));
-    printf("last stage has token_embd: %d\nlast stage has output head: %d\n",
-           (int) llama_model_has_token_embd(last), (int) llama_model_has_output_head(last));
     printf("last stage bytes with mtp: %llu\nlast stage bytes without mtp: %llu\n",
            (unsigned long long) llama_model_size(last), (unsigned long long) llama_model_size(last_off));
+    printf("first stage bytes: %llu\nwhole bytes without mtp: %llu\n", (unsigned long long) llama_model_size(first),
+           (unsigned long long) llama_model_size(whole_off));
     printf("boundary width: %d\nnextn hidden width: %d\n", width, h_width);
     CHECK(llama_model_n_layer_nextn(last) == 1);
     CHECK(h_width == width);
 
     llama_context * ctx_whole     = context(whole, false);
     llama_context * ctx_whole_off = context(whole_off, false);
-    llama_context * ctx_first     = context(first, false);
+    llama_context * ctx_first     = context(first, false, true);
     llama_context * ctx_last      = context(last, false);
     llama_context * mtp_whole     = context(whole, true);
     llama_context * mtp_last      = context(last, true);
@@ -172,7 +174,7 @@ int main(int argc, char ** argv) {
         decode(ctx_whole, batch_toks.data(), n, pos, nullptr, 0, true);
         decode(ctx_whole_off, batch_toks.data(), n, pos, nullptr, 0, true);
         decode(ctx_first, batch_toks.data(), n, pos, nullptr, 0, true);
-        const float * boundary = llama_get_boundary(ctx_first);
+        const float * boundary = llama_get_embeddings(ctx_first);
         CHECK(boundary != nullptr);
         const std::vector<float> rows(boundary, boundary + (size_t) n * (size_t) width);
         decode(ctx_last, batch_toks.data(), n, pos, rows.data(), width, true);

@@ -12,6 +12,7 @@ scales are powers of two that change the logits, so a stage that dropped its own
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,22 +94,25 @@ def _rename_tensor(path: Path, tree: Path, old: str, new: str) -> None:
     del reader
 
 
-def test_an_unasked_tensor_in_an_owned_layer_is_named_with_the_range(
+def test_an_unasked_tensor_fails_every_stage_as_it_fails_the_whole_model(
     scaled, tree, worker_command, stubs, worker_env, tmp_path
 ) -> None:
-    """A stray tensor in a layer the stage owns is still an error (only unowned layers are accounted
-    for wholesale), and the message says which layer range was being loaded."""
+    """A stray tensor no loader asks for is an error on every stage, whether or not it owns the
+    tensor's layer: a stage asks for the tensors of the layers it does not own too (as placeholders),
+    so it checks the file as the whole model's load does; the worker's line names the range."""
     odd = tmp_path / "odd.gguf"
     odd.write_bytes(scaled.read_bytes())
     _rename_tensor(odd, tree, "blk.3.attn_q.scale", "blk.3.attn_q.scalf")
     command = dataclasses.replace(worker_command, model=odd, ctx_size=256)
-    with launch(command, [(0, 2)], stubs=stubs, evidence=tmp_path / "first", env=worker_env) as p:
-        assert p.clients[0].info().layer_end == 2  # layer 3 is not its own: it loads
-    with pytest.raises(RuntimeFailure) as caught:
-        _run(command, [(0, 2), (2, N_LAYER)], stubs, worker_env, tmp_path / "ev")
-    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "ev").rglob("*.log"))
-    text = f"{caught.value.one_line()} {caught.value.hint or ''} {logs}"
-    assert "wrong number of tensors" in text and "loading layers [2, 4) of 4" in text, text[-2000:]
+    for placement in ([(0, N_LAYER)], [(0, 2), (2, N_LAYER)]):
+        evidence = tmp_path / f"ev-{len(placement)}"
+        with pytest.raises(RuntimeFailure) as caught:
+            _run(command, placement, stubs, worker_env, evidence)
+        logs = "".join(p.read_text(errors="replace") for p in evidence.rglob("*.log"))
+        text = f"{caught.value.one_line()} {caught.value.hint or ''} {logs}"
+        assert "wrong number of tensors" in text and re.search(r"failed to load layers \d+:\w+ of", text), (
+            text[-2000:]
+        )
 
 
 # Token ids, not text: the tree's fixtures carry a 128-token vocabulary and no tokenizer.

@@ -1,7 +1,7 @@
 """Which layer inputs a worker can capture, said in two places that must agree.
 
 Every architecture is staged by one mechanism, 0002's stage cut, except those whose builder stages
-itself (``llm_arch_stages_itself()``, 0004's deepseek4).  The cut records each layer's input as the
+itself (0004's deepseek4, which ``llama_model::build_graph`` does not cut).  The cut records each layer's input as the
 previous layer's named output, so a capture after the first layer works wherever the graph names
 its layer outputs; the first layer's input, and every input of a builder the cut does not touch,
 only where the builder records them itself.  The worker's ``records_every_layer_input()`` (and the
@@ -22,8 +22,9 @@ def _self_staged_in_patches() -> set[str]:
     names: set[str] = set()
     for patch in sorted(PATCHES.glob("[0-9][0-9][0-9][0-9]-*.patch")):
         for section in re.split(r"^diff --git ", patch.read_text(), flags=re.M)[1:]:
-            if section.startswith("a/src/llama-arch.cpp "):
-                names |= {m.lower() for m in re.findall(r"^\+.*arch == LLM_ARCH_(\w+)", section, re.M)}
+            if section.startswith("a/src/llama-model.cpp "):
+                found = re.findall(r"^\+.*arch != LLM_ARCH_(\w+).*stages itself", section, re.M)
+                names |= {m.lower() for m in found}
     return names
 
 

@@ -42,6 +42,16 @@ static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DTy
     return t;
 }
 
+// A later stage's rows are embeddings, for which an M-RoPE model reads one position per RoPE section (an
+// image's layout) where it broadcasts a token's one: the text positions, once per section (empty: as sent).
+static std::vector<llama_pos> position_sections(const StageInfo & in, const std::vector<int32_t> & positions) {
+    std::vector<llama_pos> sections;
+    for (int32_t k = 0; !in.first_stage && in.positions_per_row > 1 && k < in.positions_per_row; ++k) {
+        sections.insert(sections.end(), positions.begin(), positions.end());
+    }
+    return sections;
+}
+
 Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? new StateCensus() : nullptr) {
     llama_model_params mp = llama_model_default_params();
     mp.layer_begin = opts.layer_begin;
@@ -62,13 +72,18 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
     StageInfo & in = info_;
     in.architecture = meta_str(model_, "general.architecture");
     in.n_layer = llama_model_n_layer(model_);
-    llama_model_layer_range(model_, &in.layer_begin, &in.layer_end);
+    in.layer_begin = opts.layer_begin;
+    in.layer_end = opts.layer_end < 0 ? in.n_layer : opts.layer_end;
     in.first_stage = in.layer_begin == 0;
     in.last_stage = in.layer_end == in.n_layer;
-    in.has_token_embd = llama_model_has_token_embd(model_);
-    in.has_output_head = llama_model_has_output_head(model_);
+    in.has_token_embd = in.first_stage;  // llama loads the embedding with the first layer, the head with the last
+    in.has_output_head = in.last_stage;
     in.n_embd = llama_model_n_embd(model_);
-    in.boundary_width = llama_model_n_embd_boundary(model_);
+    // a stage before the last outputs its last layer's output as its embeddings (patch 0002): n_embd_out
+    // floats a token, the hyper-connection state for DeepSeek V4
+    in.boundary_width = llama_model_n_embd_out(model_);
+    const llama_rope_type rope = llama_model_rope_type(model_);
+    in.positions_per_row = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE ? 4 : 1;
     in.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_));
     in.n_ctx = opts.n_ctx;
     in.n_batch = opts.n_batch;
@@ -80,9 +95,6 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
     const std::string hash_layers = meta_str(model_, (in.architecture + ".hash_layer_count").c_str());
     in.needs_token_sideband = !in.first_stage && !hash_layers.empty() && in.layer_begin < std::stoi(hash_layers);
 
-    if (in.last_stage && !in.has_output_head) {
-        throw std::runtime_error("the last stage loaded no output head (model without output.weight?)");
-    }
     if (!opts.mtp_model_path.empty() && in.last_stage) {
         load_mtp_model();
     }
@@ -225,7 +237,9 @@ llama_context_params Stage::context_params() const {
     cp.n_rs_seq = (uint32_t) opts_.max_rewind;
     cp.n_threads = opts_.n_threads;
     cp.n_threads_batch = opts_.n_threads;
-    cp.embeddings = false;
+    // a stage before the last hands on its residual as its embeddings, every token's, unpooled
+    cp.embeddings = !info_.last_stage;
+    cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
     cp.no_perf = true;
     if (census_) {
         cp.cb_eval = &StateCensus::observe;
@@ -434,7 +448,11 @@ ForwardResult Stage::forward_here(const ForwardArgs & a) {
     const auto t0 = std::chrono::steady_clock::now();
     ForwardResult r;
     CaptureFlags capture(s.ctx, a.capture_layers);
+    const std::vector<llama_pos> sections = position_sections(in, a.positions);
+    llama_pos * own_positions = batch.pos;
+    batch.pos = sections.empty() ? own_positions : const_cast<llama_pos *>(sections.data());
     const int32_t rc = llama_decode(s.ctx, batch);
+    batch.pos = own_positions;
     llama_batch_free(batch);
 
     if (rc == 0) {
@@ -459,7 +477,7 @@ ForwardResult Stage::forward_here(const ForwardArgs & a) {
                 }
             }
         } else {
-            const float * b = llama_get_boundary(s.ctx);
+            const float * b = llama_get_embeddings(s.ctx);
             if (b == nullptr) {
                 throw StageError(Kind::Internal, "llama produced no boundary for a non-last stage");
             }

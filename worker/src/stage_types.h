@@ -91,7 +91,8 @@ struct StageInfo {
     int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
     std::string cpus;  // --cpus as given; "": free to run anywhere
     bool needs_token_sideband = false;
-    bool mtp = false;  // the last stage drafts with the nextn block
+    int32_t positions_per_row = 1;  // M-RoPE: llama reads this many positions for each embedding row
+    bool mtp = false;               // the last stage drafts with the nextn block
     MemoryFigures memory;
 };
 

@@ -218,15 +218,17 @@ struct Stage {
         cp.n_seq_max = 1;
         cp.n_threads = cp.n_threads_batch = o.threads;
         cp.no_perf = true;
+        last = end < 0 || end == llama_model_n_layer(model);
+        cp.embeddings = !last;  // a stage before the last outputs its residual as its embeddings, as a worker's
+        cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
         ctx = llama_init_from_model(model, cp);
         if (ctx == nullptr) {
             std::fprintf(stderr, "dgr-ring-floor: no context for layers %d:%d\n", begin, end);
             std::exit(1);
         }
-        width = llama_model_n_embd_boundary(model);
+        width = llama_model_n_embd_out(model);
         n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-        first = llama_model_has_token_embd(model);
-        last = llama_model_has_output_head(model);
+        first = begin == 0;
     }
 
     // Decode one token; the last stage returns its pick, the others fill ``boundary`` for the next.
@@ -257,7 +259,7 @@ struct Stage {
         if (last) {
             pick = dgr::greedy_token(llama_get_logits_ith(ctx, -1), n_vocab);
         } else {
-            std::memcpy(boundary.data(), llama_get_boundary(ctx), (size_t) width * sizeof(float));
+            std::memcpy(boundary.data(), llama_get_embeddings(ctx), (size_t) width * sizeof(float));
         }
         decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
         return pick;
