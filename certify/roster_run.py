@@ -17,7 +17,6 @@ signal), hung, or loaded and then failed a pass fails its placement, as a mismat
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -245,16 +244,6 @@ class Setup:
     identity: Mapping[str, str]
 
 
-def _generator(tree: Path, build_dir: Path, folder: Path, n_layer: int) -> Path:
-    """The generator at this depth, built once per CPU lane build (whose key covers the tree)."""
-    out = folder / "test-llama-archs"
-    if not out.is_file():
-        part = folder / f"test-llama-archs.{os.getpid()}.part"  # another run may be building it too
-        arch_fixtures.build_generator(tree, build_dir, part, n_layer=n_layer)
-        part.replace(out)  # whole or absent: a build cut short is never taken for the generator
-    return out
-
-
 def prepare(ctx: Context, *, n_layer: int, run_id: str, wanted: Sequence[str] = ()) -> Setup:
     """The patched tree (a name it does not know stops here, before any build), the CPU lane built (a
     no-op when it is), the generator, the worker command."""
@@ -268,7 +257,7 @@ def prepare(ctx: Context, *, n_layer: int, run_id: str, wanted: Sequence[str] = 
     build = ensure_build(ctx, "cpu")
     if build.worker is None:
         raise RuntimeFailure("the CPU lane built no dgr-shard-worker", hint="run `dgr build --lane cpu`")
-    folder = ctx.workspace.ensure(ctx.workspace.root / "roster" / f"{build.key[:16]}-{n_layer}-layers")
+    folder = ctx.workspace.ensure(arch_fixtures.folder(ctx.workspace.root, build.key, n_layer))
     command = WorkerCommand(
         program=(str(build.worker),),
         model=build.worker,  # replaced by each fixture
@@ -286,7 +275,7 @@ def prepare(ctx: Context, *, n_layer: int, run_id: str, wanted: Sequence[str] = 
     return Setup(
         workers=workers,
         worker=build.worker,
-        generator=_generator(patched.path, build.dir, folder, n_layer),
+        generator=arch_fixtures.generator_in(folder, patched.path, build.dir, n_layer),
         fixtures=folder / "fixtures",
         archs=archs,
         skipped=arch_fixtures.skipped(patched.path),

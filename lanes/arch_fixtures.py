@@ -18,8 +18,10 @@ stages.  ``build_generator(..., n_layer=N)`` compiles a copy of the source with 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +29,6 @@ from pathlib import Path
 
 from core import proc
 from core.errors import CommandTimeout, RuntimeFailure
-from lanes import upstream_models
 
 SOURCE = "tests/test-llama-archs.cpp"
 NAMES_SOURCE = "src/llama-arch.cpp"  # LLM_ARCH_NAMES: what llm_arch_all() walks, and the generator with it
@@ -44,6 +45,7 @@ ARCHIVES = (
 )
 # Seconds the generator may print nothing: it writes every model of one architecture in well under one.
 GENERATOR_TIMEOUT = 120
+SEED = "1"  # upstream's own (the ctest of test-recurrent-state-rollback); every roster fixture has it
 VARIANTS = ("dense", "moe")  # the files the generator writes per architecture: ARCH-dense.gguf, ARCH-moe.gguf
 
 _DEFAULT_DEPTH = re.compile(r"(\buint32_t\s+n_layer\s*=\s*)(\d+)(\s*;)")
@@ -55,6 +57,12 @@ _SKIP = re.compile(
 )
 _PREPROCESSED = re.compile(r"^#if.*?^#endif[^\n]*", re.S | re.M)  # another backend's exceptions
 _ENUM = re.compile(r"LLM_ARCH_(\w+)")
+
+
+def folder(workspace_root: Path, build_key: str, n_layer: int) -> Path:
+    """Where the generator of one CPU lane build (whose key covers the tree) at one depth and its models
+    are kept: ``dgr roster`` and the generated sets of roster fixtures (fetch.arch_fixture) share it."""
+    return workspace_root / "roster" / f"{build_key[:16]}-{n_layer}-layers"
 
 
 def _cache_value(build_dir: Path, name: str) -> str:
@@ -112,6 +120,17 @@ def build_generator(tree: Path, build_dir: Path, out: Path, *, n_layer: int | No
         "-ldl",
     ]
     proc.run(argv, no_output_timeout=600)
+    return out
+
+
+def generator_in(where: Path, tree: Path, build_dir: Path, n_layer: int) -> Path:
+    """The generator at this depth in ``where`` (``folder``), built there on first use."""
+    out = where / "test-llama-archs"
+    if not out.is_file():
+        where.mkdir(parents=True, exist_ok=True)
+        part = where / f"test-llama-archs.{os.getpid()}.part"  # another run may be building it too
+        build_generator(tree, build_dir, part, n_layer=n_layer)
+        part.replace(out)  # whole or absent: a build cut short is never taken for the generator
     return out
 
 
@@ -185,8 +204,10 @@ def why_none(output: str, returncode: int, known: str | None) -> str:
     return known or "the generator wrote no model of it"
 
 
-def fixtures(generator: Path, arch: str, out_dir: Path, *, known: str | None = None) -> Fixtures:
-    """The generator's models of ``arch`` in ``out_dir`` (written with upstream's seed when absent), one
+def fixtures(
+    generator: Path, arch: str, out_dir: Path, *, known: str | None = None, seed: str = SEED
+) -> Fixtures:
+    """The generator's models of ``arch`` in ``out_dir`` (written with ``seed`` when absent), one
     generator process per architecture so that one crash costs one architecture.  Each file is written
     in a folder of its own and moved in whole, so a model found in ``out_dir`` is a finished one.
     ``known``: the source's reason should it write none (``skipped``)."""
@@ -194,7 +215,7 @@ def fixtures(generator: Path, arch: str, out_dir: Path, *, known: str | None = N
     if not any(p.is_file() for p in found.values()):
         out_dir.mkdir(parents=True, exist_ok=True)
         part = Path(tempfile.mkdtemp(prefix=f".{arch}.", suffix=".part", dir=out_dir))  # one per run
-        argv = [generator, "-a", arch, "-s", upstream_models.GENERATOR_SEED, "-o", part]
+        argv = [generator, "-a", arch, "-s", seed, "-o", part]
         try:
             done = proc.run(argv, check=False, no_output_timeout=GENERATOR_TIMEOUT)
         except CommandTimeout as exc:  # a hang costs this architecture, not the run
@@ -210,9 +231,45 @@ def fixtures(generator: Path, arch: str, out_dir: Path, *, known: str | None = N
     return Fixtures(arch=arch, models={v: p for v, p in found.items() if p.is_file()})
 
 
+def models(
+    where: Path, tree: Path, build_dir: Path, arch: str, n_layer: int, *, seed: int = int(SEED)
+) -> Mapping[str, Path]:
+    """The generator's models of ``arch`` at ``n_layer`` layers (variant -> file), kept in ``where``
+    (``folder``) beside the generator, both made there when absent (upstream's seed: the roster's own
+    files): what a generated set of a roster fixture is made from (fetch.arch_fixture).  RuntimeFailure
+    with the reason when it writes none."""
+    generator = generator_in(where, tree, build_dir, n_layer)
+    out = where / ("fixtures" if str(seed) == SEED else f"fixtures-seed-{seed}")
+    got = fixtures(generator, arch, out, known=skipped(tree).get(arch), seed=str(seed))
+    if not got.models:
+        raise RuntimeFailure(f"the pinned tree's fixture generator wrote no model of {arch}: {got.note}")
+    return got.models
+
+
 def generate(generator: Path, arch: str, out_dir: Path) -> dict[str, Path]:
     """The generator's models of ``arch`` ({"dense": path, "moe": path} as it wrote them), through
-    lanes.upstream_models (the upstream suites' own call, same seed)."""
-    dense = upstream_models.generated(generator, arch, out_dir)
+    ``generated`` (the upstream suites' own call, same seed)."""
+    dense = generated(generator, arch, out_dir)
     moe = out_dir / f"{arch}-moe.gguf"
     return {"dense": dense, **({"moe": moe} if moe.is_file() else {})}
+
+
+def generated(generator: Path, arch: str, out: Path) -> Path:
+    """``out/ARCH-dense.gguf``, written by upstream's generator when absent."""
+    path = out / f"{arch}-dense.gguf"
+    if path.is_file():
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [str(generator), "-a", arch, "-s", SEED, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0 or not path.is_file():
+        raise RuntimeFailure(
+            f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
+            f"{done.stderr.strip().splitlines()[-1:] or done.returncode}"
+        )
+    return path

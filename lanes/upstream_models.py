@@ -8,35 +8,15 @@ provisioned (and verified) from the store like any recipe's artifact set.  Names
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Collection
 from pathlib import Path
 
 from core.context import Context
 from core.errors import RuntimeFailure
+from lanes import arch_fixtures
 
-GENERATOR_SEED = "1"
-
-
-def generated(generator: Path, arch: str, out: Path) -> Path:
-    """``out/ARCH-dense.gguf``, written by upstream's generator when absent."""
-    path = out / f"{arch}-dense.gguf"
-    if path.is_file():
-        return path
-    out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [str(generator), "-a", arch, "-s", GENERATOR_SEED, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode != 0 or not path.is_file():
-        raise RuntimeFailure(
-            f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
-            f"{done.stderr.strip().splitlines()[-1:] or done.returncode}"
-        )
-    return path
+GENERATOR_SEED = arch_fixtures.SEED
+generated = arch_fixtures.generated  # the ctest's own call: ARCH-dense.gguf
 
 
 # Names a suite may use for a provisioned artifact set (its default variant's first split file).

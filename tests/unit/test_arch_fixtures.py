@@ -130,7 +130,7 @@ import sys, pathlib
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 arch, out = args["-a"], pathlib.Path(args["-o"])
 with open({runs!r}, "a") as f:
-    f.write(arch + "\\n")
+    f.write(arch + " " + args["-s"] + "\\n")
 if arch == "hang":
     print("main: using seed 1", flush=True)
     import time
@@ -158,7 +158,7 @@ def test_fixtures_are_generated_once_and_moved_in_whole(generator: Path, tmp_pat
     got = arch_fixtures.fixtures(generator, "llama", out)
     assert got.models == {"dense": out / "llama-dense.gguf", "moe": out / "llama-moe.gguf"} and got.note == ""
     assert arch_fixtures.fixtures(generator, "llama", out) == got
-    assert (tmp_path / "runs").read_text() == "llama\n"  # the second call found them
+    assert (tmp_path / "runs").read_text() == "llama 1\n"  # upstream's seed; the second call found them
     assert sorted(p.name for p in out.iterdir()) == ["llama-dense.gguf", "llama-moe.gguf"]
 
 
@@ -180,3 +180,23 @@ def test_a_generator_that_hangs_costs_its_architecture_only(
     hung = arch_fixtures.fixtures(generator, "hang", tmp_path / "fixtures")
     assert hung.models == {} and hung.note.startswith("the generator hung: ")
     assert list((tmp_path / "fixtures").iterdir()) == []
+
+
+def test_a_generated_set_takes_the_generators_models_from_the_folder_the_roster_keeps(
+    generator: Path, tree: Path, tmp_path: Path
+) -> None:
+    """``models`` (what Tools.fixture runs for fetch.arch_fixture): the generator found in the folder is
+    used as it is (no build), upstream's seed writes into the roster's own fixtures, another seed beside
+    them, and an architecture it writes nothing of is a RuntimeFailure with the reason."""
+    where = arch_fixtures.folder(tmp_path / "work", "0123456789abcdef" * 4, 8)
+    assert where == tmp_path / "work" / "roster" / "0123456789abcdef-8-layers"
+    where.mkdir(parents=True)
+    (where / "test-llama-archs").write_bytes(generator.read_bytes())
+    (where / "test-llama-archs").chmod(0o755)
+    got = arch_fixtures.models(where, tree, tmp_path / "no-build", "llama", 8)
+    assert got == {v: where / "fixtures" / f"llama-{v}.gguf" for v in ("dense", "moe")}
+    other = arch_fixtures.models(where, tree, tmp_path / "no-build", "llama", 8, seed=7)
+    assert other["dense"] == where / "fixtures-seed-7" / "llama-dense.gguf"
+    assert (tmp_path / "runs").read_text() == "llama 1\nllama 7\n"
+    with pytest.raises(RuntimeFailure, match="wrote no model of none: the generator wrote no model of it"):
+        arch_fixtures.models(where, tree, tmp_path / "no-build", "none", 8)
