@@ -379,13 +379,13 @@ class _Run:
     def _generate(self, origin: Origin) -> Path:
         """Regenerate the synthetic set into staging once per run; verified like any download."""
         if self._generated is None:
-            from fetch import source, tinymodel
+            from fetch import generated, source
 
             tree = source.ensure_pristine(self.ctx).path
             out = self._staging_dir()
             params = {**dict(origin.parameters), **dict(self.spec.parameters)}
             try:
-                tinymodel.generate(out, params, self.vname, tree=tree)
+                generated.generate(origin.generator, out, params, self.vname, tree=tree, tools=self.tools)
             except BaseException:
                 shutil.rmtree(out, ignore_errors=True)  # a failed generation leaves nothing behind
                 raise

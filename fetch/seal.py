@@ -91,7 +91,7 @@ def seal(
                     _from_index(ctx, generated, odata, Path(tmp), tools)
                     _seal_variant(vdata, vname, Path(tmp) / "split", make_bar)
                     continue
-                _generate(ctx, generated, vdata, vname, Path(tmp))
+                _generate(ctx, generated, vdata, vname, Path(tmp), tools)
                 _seal_variant(vdata, vname, Path(tmp), make_bar)
                 _record_conditioning(ctx, set_name, generated, vdata, vname, Path(tmp), tools)
         else:
@@ -138,11 +138,12 @@ def _staging(ctx: Context) -> Path:
     return ctx.workspace.ensure(ctx.workspace.staging)
 
 
-def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out: Path) -> None:
-    from fetch import source, tinymodel
+def _generate(ctx: Context, origin: Any, vdata: dict[str, Any], vname: str, out: Path, tools: Tools) -> None:
+    from fetch import generated, source
 
     tree = source.ensure_pristine(ctx).path
-    tinymodel.generate(out, {**dict(origin.parameters), **vdata.get("parameters", {})}, vname, tree=tree)
+    params = {**dict(origin.parameters), **vdata.get("parameters", {})}
+    generated.generate(origin.generator, out, params, vname, tree=tree, tools=tools)
 
 
 def _record_conditioning(

@@ -450,7 +450,19 @@ def _locked(where: Path) -> AbstractContextManager[Path]:
 
 
 def fetch_tools(ctx: Context) -> Tools:
-    """The programs provisioning and sealing run (the split tool, the top-k probe), from the CPU lane's
-    build, built on first use and a no-op when current. fetch cannot import lanes; callers pass this."""
+    """The programs provisioning and sealing run (the split tool, the top-k probe, the fixture generator),
+    from the CPU lane's build, built on first use and a no-op when current. fetch cannot import lanes;
+    callers pass this."""
     cpu = functools.cache(lambda: ensure_build(ctx, "cpu"))  # checked once, however many sets or variants
-    return Tools(split=lambda: cpu().binaries["llama-gguf-split"], probe_build=lambda: cpu().dir)
+
+    def fixture(arch: str, n_layer: int, seed: int) -> Mapping[str, Path]:
+        from lanes import arch_fixtures
+        from patches.stack import ensure_patched
+
+        build = cpu()
+        where = ctx.workspace.ensure(arch_fixtures.folder(ctx.workspace.root, build.key, n_layer))
+        return arch_fixtures.models(where, ensure_patched(ctx).path, build.dir, arch, n_layer, seed=seed)
+
+    return Tools(
+        split=lambda: cpu().binaries["llama-gguf-split"], probe_build=lambda: cpu().dir, fixture=fixture
+    )

@@ -4,7 +4,8 @@ A set lives in ``manifests/artifacts/<name>.json`` (schema ``artifact-set``), or
 ``artifacts/`` folder (manifests.user_folder: ``dgr seal --from`` creates a set there for a model nobody
 wrote a manifest for), which is searched first.  It names its origins
 (HTTP(S) base URLs with the redirect hosts they may use, a Hugging Face Hub repository at a commit,
-local directories, or a ``generated`` origin for the synthetic tiny model), a storage policy, and one
+local directories, or a ``generated`` origin: our synthetic tiny models, or a roster fixture of the pinned
+tree's own generator, fetch.generated), a storage policy, and one
 or more *variants* (``f32``, ``q8_0``, ``q4_k_m``): each variant lists its files in split order with
 size, sha256, blake3, the chunk size and one digest per chunk, plus the GGUF metadata every header
 must show.  A recipe picks a set and a variant (``artifacts`` + ``variant``).

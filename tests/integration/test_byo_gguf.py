@@ -3,7 +3,7 @@ and seals a set nobody wrote a manifest for, `dgr recipe init` writes its recipe
 certifies it with the real CPU worker, each the command a user runs.
 
 The model is upstream's own llama fixture (lanes/arch_fixtures.py: 2 layers, every optional scale,
-rope_freqs, biases) given a vocabulary and split over two files (tests/integration/byo_model.py): the
+rope_freqs, biases) given a vocabulary and split over two files (fetch/arch_fixture.py): the
 generator writes no tokenizer, and certify tokenizes its prompts with the model's.  Two layers allow
 one cut, so the recipe has the monolithic reference and two stages, and says why it has no more.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from fetch import source
+from fetch.arch_fixture import with_vocabulary
 from tests.integration import arch_fixtures
-from tests.integration.byo_model import with_vocabulary
 from tests.integration.dgr_cli import certified, run_dgr, user_env, verified
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

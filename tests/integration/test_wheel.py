@@ -222,8 +222,8 @@ def test_installed_dgr_brings_its_own_gguf_to_a_pass(
     installed package.  The run has a workspace of its own, so certify fetches, patches and builds the
     CPU lane there first (ccache shared); each step's time is printed."""
     from fetch import source
+    from fetch.arch_fixture import with_vocabulary
     from tests.integration import arch_fixtures
-    from tests.integration.byo_model import with_vocabulary
     from tests.integration.dgr_cli import load_bound_misses
 
     dense = arch_fixtures.generate(arch_generator, "llama", tmp_path / "generated")["dense"]
