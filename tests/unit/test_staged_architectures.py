@@ -1,10 +1,10 @@
 """Which layer inputs a worker can capture, said in two places that must agree.
 
 Every architecture is staged by one mechanism, 0002's stage cut, except those whose builder stages
-itself (0004's deepseek4, which ``llama_model::build_graph`` does not cut).  The cut records each layer's input as the
-previous layer's named output, so a capture after the first layer works wherever the graph names
-its layer outputs; the first layer's input, and every input of a builder the cut does not touch,
-only where the builder records them itself.  The worker's ``records_every_layer_input()`` (and the
+itself (0004's deepseek4, which ``llama_model::build_graph`` does not cut).  The cut records each
+layer's input as the previous layer's named output, so a capture after the first layer works wherever
+the graph names its layer outputs; the first layer's input, and every input of a builder the cut does
+not touch, only where the builder records them itself.  The worker's ``records_every_layer_input()`` (and the
 ``RECORDING_ARCHITECTURES`` text of its refusal) must therefore name every architecture that stages
 itself: otherwise the worker would refuse captures the builder supports, or (without the check)
 abort on one it does not.  Recipes name any architecture (the schema has no list of its own).
