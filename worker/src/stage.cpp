@@ -42,6 +42,16 @@ static TensorOut make_tensor(const float * src, int64_t rows, int64_t width, DTy
     return t;
 }
 
+// Whether a later stage takes the token ids next to the boundary: where the model reads them past its first
+// layer. DeepSeek-V4's hash-routed MoE layers (the first <arch>.hash_layer_count) pick their experts by
+// them; CogVLM's builder picks its text or its vision expert's weights by whether a batch carries token
+// ids at all, a choice made outside the graph, so the stage cut (patch 0002) cannot see it.
+static bool needs_token_ids(const llama_model * model, const StageInfo & in) {
+    const std::string hash_layers = meta_str(model, (in.architecture + ".hash_layer_count").c_str());
+    const bool hash_routed = !hash_layers.empty() && in.layer_begin < std::stoi(hash_layers);
+    return !in.first_stage && (hash_routed || in.architecture == "cogvlm");
+}
+
 // A later stage's rows are embeddings, for which an M-RoPE model reads one position per RoPE section (an
 // image's layout) where it broadcasts a token's one: the text positions, once per section (empty: as sent).
 static std::vector<llama_pos> position_sections(const StageInfo & in, const std::vector<int32_t> & positions) {
@@ -90,10 +100,7 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
     in.n_threads = opts.n_threads;
     in.cpus = opts.cpus_text;
     in.max_rewind = opts.max_rewind;
-    // hash-routed MoE layers (DeepSeek-V4: the first <arch>.hash_layer_count layers) pick their experts from
-    // the token id, so a later stage owning one needs the ids next to the boundary; dense models never do
-    const std::string hash_layers = meta_str(model_, (in.architecture + ".hash_layer_count").c_str());
-    in.needs_token_sideband = !in.first_stage && !hash_layers.empty() && in.layer_begin < std::stoi(hash_layers);
+    in.needs_token_sideband = needs_token_ids(model_, in);
 
     if (!opts.mtp_model_path.empty() && in.last_stage) {
         load_mtp_model();
