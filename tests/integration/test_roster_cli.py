@@ -96,3 +96,15 @@ def test_the_signed_roster_verifies_and_the_index_shows_it(ran, tmp_path: Path) 
     html = (reports / "index.html").read_text()
     assert '<h2 id="roster">Roster</h2>' in html and predicate["made"] in html
     assert f"<td>0:1 + 1:4: {TALKIE}</td>" in html
+
+
+def test_a_stage_before_the_last_passes_without_a_warning_from_llama(ran) -> None:
+    """A stage before the last outputs every row's residual as its embeddings, so the worker marks every
+    row an output; llama warned on each pass ("... were not marked as outputs -> overriding") while the
+    worker marked none."""
+    _, envelope, _ = ran
+    runs = envelope.parents[3] / "runs" / f"roster-{envelope.parent.name}"
+    first_stages = list(runs.rglob("stage-0-*.stderr"))
+    assert first_stages, runs
+    warned = [p for p in first_stages if "were not marked as outputs" in p.read_text(errors="replace")]
+    assert not warned, warned[:3]

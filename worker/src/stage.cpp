@@ -440,8 +440,10 @@ ForwardResult Stage::forward_here(const ForwardArgs & a) {
         batch.n_seq_id[i] = 1;
         batch.seq_id[i][0] = 0;
         // with MTP the rows that judge the drafts are outputs too (the nextn block reads every row's hidden
-        // state without them: embeddings_nextn unmasked), so a plain pass computes what it would without MTP
-        batch.logits[i] = in.last_stage && (want_all || i == n_tokens - 1 || (in.mtp && i >= n_tokens - a.drafted - 1));
+        // state without them: embeddings_nextn unmasked), so a plain pass computes what it would without MTP;
+        // a stage before the last outputs every row (its residual, as embeddings: llama warns otherwise)
+        const bool judged = want_all || i == n_tokens - 1 || (in.mtp && i >= n_tokens - a.drafted - 1);
+        batch.logits[i] = !in.last_stage || judged;
     }
     if (!in.first_stage) {
         const int64_t n = (int64_t) n_tokens * in.boundary_width;
