@@ -31,7 +31,7 @@ from core.canonical import read_json
 from core.context import Context
 from core.environment import worker_load
 from core.errors import ConfigurationError, RuntimeFailure
-from lanes import arch_fixtures, upstream_models
+from lanes import arch_fixtures
 from pipeline import drive
 from worker.client import StageFailed
 from worker.launcher import WorkerCommand, launch
@@ -321,7 +321,7 @@ def run_roster(ctx: Context, *, n_layer: int, wanted: Sequence[str], say: Say) -
     settings = {
         "lane": "cpu",
         "n_layer": n_layer,
-        "seed": upstream_models.GENERATOR_SEED,
+        "seed": arch_fixtures.SEED,
         "threads": setup.workers.command.threads,
         "ctx": CTX,
         "prompts": [list(p) for p in setup.workers.prompts],

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -247,29 +246,15 @@ def models(
 
 
 def generate(generator: Path, arch: str, out_dir: Path) -> dict[str, Path]:
-    """The generator's models of ``arch`` ({"dense": path, "moe": path} as it wrote them), through
-    ``generated`` (the upstream suites' own call, same seed)."""
-    dense = generated(generator, arch, out_dir)
-    moe = out_dir / f"{arch}-moe.gguf"
-    return {"dense": dense, **({"moe": moe} if moe.is_file() else {})}
+    """The generator's models of ``arch`` ({"dense": path, "moe": path} as it wrote them, upstream's
+    seed), through ``fixtures``; RuntimeFailure when it wrote no dense model."""
+    got = fixtures(generator, arch, out_dir)
+    if "dense" not in got.models:
+        said = f"{generator.name} -a {arch} -o {out_dir} wrote no {arch}-dense.gguf"
+        raise RuntimeFailure(f"{said}: {got.note}")
+    return dict(got.models)
 
 
 def generated(generator: Path, arch: str, out: Path) -> Path:
-    """``out/ARCH-dense.gguf``, written by upstream's generator when absent."""
-    path = out / f"{arch}-dense.gguf"
-    if path.is_file():
-        return path
-    out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [str(generator), "-a", arch, "-s", SEED, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode != 0 or not path.is_file():
-        raise RuntimeFailure(
-            f"{generator.name} -a {arch} -o {out} wrote no {path.name}: "
-            f"{done.stderr.strip().splitlines()[-1:] or done.returncode}"
-        )
-    return path
+    """``out/ARCH-dense.gguf`` (the upstream ctests' model), written by upstream's generator when absent."""
+    return generate(generator, arch, out)["dense"]

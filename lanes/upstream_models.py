@@ -15,10 +15,6 @@ from core.context import Context
 from core.errors import RuntimeFailure
 from lanes import arch_fixtures
 
-GENERATOR_SEED = arch_fixtures.SEED
-generated = arch_fixtures.generated  # the ctest's own call: ARCH-dense.gguf
-
-
 # Names a suite may use for a provisioned artifact set (its default variant's first split file).
 STORE_SETS = {"tiny": "tiny-llama", "gemma3": "gemma3-270m-q4"}
 
@@ -39,7 +35,7 @@ def models(
     found = {}
     for arch in archs:
         try:
-            found[f"gen:{arch}"] = generated(generator, arch, out)
+            found[f"gen:{arch}"] = arch_fixtures.generated(generator, arch, out)
         except RuntimeFailure as exc:  # its suites say NOT_RUN ("no model gen:ARCH here") on both sides
             say(str(exc))
     for name, set_name in STORE_SETS.items():

@@ -101,8 +101,8 @@ grpc::Status ShardService::Info(grpc::ServerContext *, const pb::InfoRequest *, 
         }
         m->set_kv_unread_bytes(in.memory.kv_unread_bytes);
         m->set_huge_page_bytes(anon_huge_page_bytes());  // live: khugepaged may add pages later
-        m->set_has_token_embedding(in.has_token_embd);
-        m->set_has_output_head(in.has_output_head);
+        m->set_has_token_embedding(in.first_stage);  // llama loads the embedding with layer 0, the head with the last
+        m->set_has_output_head(in.last_stage);
         reply->set_identity_json(id_.identity_json);
         for (const LayerState & s : stage_.census()) {
             put_layer_state(s, reply->add_census());

@@ -56,7 +56,10 @@ static bool needs_token_ids(const llama_model * model, const StageInfo & in) {
 // image's layout) where it broadcasts a token's one: the text positions, once per section (empty: as sent).
 static std::vector<llama_pos> position_sections(const StageInfo & in, const std::vector<int32_t> & positions) {
     std::vector<llama_pos> sections;
-    for (int32_t k = 0; !in.first_stage && in.positions_per_row > 1 && k < in.positions_per_row; ++k) {
+    if (in.first_stage || in.positions_per_row == 1) {
+        return sections;
+    }
+    for (int32_t k = 0; k < in.positions_per_row; ++k) {
         sections.insert(sections.end(), positions.begin(), positions.end());
     }
     return sections;
@@ -86,8 +89,6 @@ Stage::Stage(const WorkerOptions & opts) : opts_(opts), census_(opts.census ? ne
     in.layer_end = opts.layer_end < 0 ? in.n_layer : opts.layer_end;
     in.first_stage = in.layer_begin == 0;
     in.last_stage = in.layer_end == in.n_layer;
-    in.has_token_embd = in.first_stage;  // llama loads the embedding with the first layer, the head with the last
-    in.has_output_head = in.last_stage;
     in.n_embd = llama_model_n_embd(model_);
     // a stage before the last outputs its last layer's output as its embeddings (patch 0002): n_embd_out
     // floats a token, the hyper-connection state for DeepSeek V4

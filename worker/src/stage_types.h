@@ -86,7 +86,6 @@ struct StageInfo {
     std::string backend_devices;
     int32_t n_layer = 0, layer_begin = 0, layer_end = 0;
     bool first_stage = false, last_stage = false;
-    bool has_token_embd = false, has_output_head = false;
     int32_t n_embd = 0, boundary_width = 0, n_vocab = 0;
     int32_t n_ctx = 0, n_batch = 0, n_threads = 0, max_rewind = 0;
     std::string cpus;  // --cpus as given; "": free to run anywhere
